@@ -1,0 +1,45 @@
+# Two commands a user needs: `make demo` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup lint unit pg-start pg-stop clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/sparkonce demo
+
+lint: setup
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
+
+# The PostgreSQL tests start a throwaway cluster on 127.0.0.1 themselves
+# (tests/services/postgres.py); this only makes sure the server binaries exist.
+test: setup lint
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+# Start / stop a PostgreSQL server by hand (same helper the tests use).
+pg-start: setup
+	bash scripts/ensure-postgres.sh
+	$(PY) -m tests.services.postgres start .services/postgres
+
+pg-stop: setup
+	$(PY) -m tests.services.postgres stop .services/postgres
+
+clean:
+	rm -rf $(VENV) .demo .services .pytest_cache .mypy_cache .ruff_cache

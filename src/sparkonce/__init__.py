@@ -1,0 +1,48 @@
+"""sparkonce: effectively-once streaming pipelines on Apache Spark (PySpark).
+
+The public API is what ``__all__`` lists; everything else is internal.
+"""
+
+from sparkonce.errors import (
+    CheckpointError,
+    CheckpointLostError,
+    ConfigError,
+    FencedError,
+    LedgerError,
+    SinkError,
+    SinkUnavailableError,
+    SourceError,
+    SparkOnceError,
+)
+from sparkonce.log import IdempotentProducer, Topic
+from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
+from sparkonce.protocol import CrashPoint
+from sparkonce.sinks import PostgresSink, Sink, SQLiteSink, sink_from_url
+from sparkonce.sources import EmbeddedLogSource, Source
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchReport",
+    "CheckpointError",
+    "CheckpointLostError",
+    "ConfigError",
+    "CrashPoint",
+    "EmbeddedLogSource",
+    "FencedError",
+    "IdempotentProducer",
+    "LedgerError",
+    "Pipeline",
+    "PostgresSink",
+    "RunReport",
+    "SQLiteSink",
+    "Sink",
+    "SinkError",
+    "SinkUnavailableError",
+    "Source",
+    "SourceError",
+    "SparkOnceError",
+    "Topic",
+    "build_session",
+    "sink_from_url",
+]

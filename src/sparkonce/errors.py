@@ -1,0 +1,103 @@
+"""The one error hierarchy of sparkonce.
+
+Every error sparkonce raises derives from :class:`SparkOnceError`. Each class says
+whether retrying the same call can help (``retryable``) and its message names the
+ids involved (pipeline, epoch, partition, offsets, host) and ends with what to do.
+
+This module imports nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+
+class SparkOnceError(Exception):
+    """Root of every sparkonce error.
+
+    ``retryable`` is True when the same operation may succeed if tried again
+    (a database that is restarting, say). Terminal errors need an operator.
+    """
+
+    retryable: bool = False
+
+
+class ConfigError(SparkOnceError, ValueError):
+    """A pipeline, source or sink was configured with a bad value.
+
+    The message names the field, the bad value (never a secret) and what is
+    expected instead. Nothing was read or written.
+    """
+
+
+class SourceError(SparkOnceError):
+    """A source could not be read as configured (missing topic, bad offsets)."""
+
+
+class TopicNotFoundError(SourceError, LookupError):
+    """The named topic does not exist in the log."""
+
+
+class SequenceError(SourceError):
+    """An idempotent producer sent a sequence number that skips ahead.
+
+    The append was refused and nothing was written. A gap means records between
+    the last acknowledged sequence and this one were never appended: resend them
+    first, in order.
+    """
+
+
+class SinkError(SparkOnceError):
+    """A sink refused a write (schema mismatch, constraint violation, bad rows)."""
+
+
+class SinkUnavailableError(SinkError, ConnectionError):
+    """The sink's store could not be reached after bounded retries."""
+
+    retryable = True
+
+
+class FencedError(SinkError):
+    """A newer run owns the pipeline; this run's epoch is no longer current.
+
+    Raised at step 1 of the commit protocol. The batch was not committed and the
+    run must stop: continuing would let a zombie write beside its successor.
+    """
+
+    def __init__(self, pipeline: str, epoch: int, owner_epoch: int, inspect_hint: str = "") -> None:
+        self.pipeline = pipeline
+        self.epoch = epoch
+        self.owner_epoch = owner_epoch
+        hint = inspect_hint or f"sparkonce status --pipeline {pipeline} --sink <SINK_URL>"
+        super().__init__(
+            f"pipeline {pipeline!r}: this run holds epoch {epoch}, but the sink's owner epoch "
+            f"is now {owner_epoch}, so a newer run owns the pipeline. This run was fenced and "
+            f"its batch was not committed. Operator action: let the newer run continue, and "
+            f"stop this process; inspect the owner and ledger with: {hint}"
+        )
+
+
+class LedgerError(SinkError):
+    """The ledger contradicts the batch being committed (a broken invariant).
+
+    Examples: the batch starts after the ledger's end offsets (a gap, so records
+    would be skipped), or it overlaps them only in part. Nothing was committed.
+    """
+
+
+class CheckpointError(SparkOnceError):
+    """Spark's checkpoint and the ledger disagree in a way sparkonce cannot repair."""
+
+
+class CheckpointLostError(CheckpointError):
+    """A stateful pipeline found an empty checkpoint but a non-empty ledger.
+
+    Its aggregation state lived in the lost checkpoint, so resuming from the
+    ledger alone would silently restart every aggregate from zero.
+    """
+
+
+class PipelineError(SparkOnceError):
+    """A pipeline run failed for a reason other than the above (see ``__cause__``)."""
+
+
+class VerificationError(SparkOnceError):
+    """A verification trial found a sink whose content differs from the oracle."""

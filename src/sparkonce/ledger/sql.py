@@ -1,0 +1,202 @@
+"""The owner and ledger tables inside a SQL sink (SQLite or PostgreSQL).
+
+Tables (created by :meth:`SqlLedger.ensure_schema`)::
+
+    sparkonce_owner (pipeline PK, epoch, acquired_at, holder)
+    sparkonce_ledger(pipeline, seq, ranges JSON, epoch, row_count, committed_at,
+                     spark_batch_id, checkpoint_id, PK (pipeline, seq))
+
+The ledger's newest entry holds the pipeline's resume point: its end offsets.
+Every method takes a connection, so the sink can run the ledger's statements in
+the same transaction as its own rows (steps 1, 2 and 4 of the protocol).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from sparkonce.db import Dialect, execute, fetchall, fetchone, write_transaction
+from sparkonce.errors import FencedError
+from sparkonce.ledger.base import LedgerEntry, Owner
+from sparkonce.offsets import BatchRanges, TopicPartition
+
+OWNER_TABLE = "sparkonce_owner"
+LEDGER_TABLE = "sparkonce_ledger"
+
+
+class SqlLedger:
+    """Owner epochs and the batch ledger, as SQL over one connection at a time."""
+
+    def __init__(self, dialect: Dialect, *, inspect_hint: str = "") -> None:
+        self.dialect = dialect
+        self.inspect_hint = inspect_hint
+
+    # -- schema ------------------------------------------------------------
+    def ensure_schema(self, conn: Any) -> None:
+        ts = "TEXT" if self.dialect.name == "sqlite" else "TIMESTAMPTZ"
+        big = "INTEGER" if self.dialect.name == "sqlite" else "BIGINT"
+        stmts = [
+            f"CREATE TABLE IF NOT EXISTS {OWNER_TABLE} ("
+            f" pipeline TEXT PRIMARY KEY, epoch {big} NOT NULL CHECK (epoch >= 1),"
+            f" acquired_at {ts} NOT NULL, holder TEXT NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ("
+            f" pipeline TEXT NOT NULL, seq {big} NOT NULL CHECK (seq >= 0),"
+            f" ranges TEXT NOT NULL, epoch {big} NOT NULL, row_count {big} NOT NULL,"
+            f" committed_at {ts} NOT NULL, spark_batch_id {big}, checkpoint_id TEXT,"
+            " PRIMARY KEY (pipeline, seq))",
+        ]
+        if self.dialect.name == "postgresql":
+            # Two first runs may race to create the tables; serialise them.
+            with write_transaction(conn, self.dialect):
+                conn.execute("SELECT pg_advisory_xact_lock(727274)")
+                for s in stmts:
+                    conn.execute(s)
+        else:
+            for s in stmts:
+                conn.execute(s)
+
+    # -- owner epochs ---------------------------------------------------------
+    def acquire(self, conn: Any, pipeline: str) -> Owner:
+        """Take ``epoch + 1`` for ``pipeline`` in its own transaction (fences older runs)."""
+        now = _now()
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        with write_transaction(conn, self.dialect):
+            row = fetchone(
+                conn,
+                self.dialect,
+                f"INSERT INTO {OWNER_TABLE}(pipeline, epoch, acquired_at, holder) "
+                "VALUES (%s, 1, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET "
+                f"epoch = {OWNER_TABLE}.epoch + 1, acquired_at = excluded.acquired_at, "
+                "holder = excluded.holder RETURNING epoch",
+                (pipeline, self._ts(now), holder),
+            )
+        return Owner(pipeline, int(row[0]), now, holder)
+
+    def owner(self, conn: Any, pipeline: str) -> Owner | None:
+        row = fetchone(
+            conn,
+            self.dialect,
+            f"SELECT epoch, acquired_at, holder FROM {OWNER_TABLE} WHERE pipeline = %s",
+            (pipeline,),
+        )
+        if row is None:
+            return None
+        return Owner(pipeline, int(row[0]), _parse_ts(row[1]), str(row[2]))
+
+    def check_owner(self, conn: Any, pipeline: str, epoch: int) -> None:
+        """Step 1, inside the commit transaction: raise FencedError unless we own it."""
+        row = fetchone(
+            conn,
+            self.dialect,
+            f"SELECT epoch FROM {OWNER_TABLE} WHERE pipeline = %s" + self.dialect.lock_suffix(),
+            (pipeline,),
+        )
+        current = int(row[0]) if row else 0
+        if current != epoch:
+            raise FencedError(pipeline, epoch, current, self.inspect_hint)
+
+    # -- ledger ---------------------------------------------------------------
+    def last(self, conn: Any, pipeline: str) -> LedgerEntry | None:
+        row = fetchone(
+            conn,
+            self.dialect,
+            f"SELECT {_COLS} FROM {LEDGER_TABLE} WHERE pipeline = %s ORDER BY seq DESC LIMIT 1",
+            (pipeline,),
+        )
+        return None if row is None else _entry(pipeline, row)
+
+    def end_offsets(self, conn: Any, pipeline: str) -> dict[TopicPartition, int]:
+        """The resume point: end offsets of the newest ledger entry (empty if none)."""
+        last = self.last(conn, pipeline)
+        return {} if last is None else last.end_offsets
+
+    def entries(self, conn: Any, pipeline: str) -> list[LedgerEntry]:
+        rows = fetchall(
+            conn,
+            self.dialect,
+            f"SELECT {_COLS} FROM {LEDGER_TABLE} WHERE pipeline = %s ORDER BY seq",
+            (pipeline,),
+        )
+        return [_entry(pipeline, r) for r in rows]
+
+    def find_no_data_batch(
+        self, conn: Any, pipeline: str, checkpoint_id: str | None, spark_batch_id: int
+    ) -> int | None:
+        """The seq of a committed no-data batch with this Spark identity, if any."""
+        if checkpoint_id is None:
+            return None
+        row = fetchone(
+            conn,
+            self.dialect,
+            f"SELECT seq FROM {LEDGER_TABLE} WHERE pipeline = %s AND checkpoint_id = %s "
+            "AND spark_batch_id = %s",
+            (pipeline, checkpoint_id, spark_batch_id),
+        )
+        return None if row is None else int(row[0])
+
+    def record(
+        self,
+        conn: Any,
+        *,
+        pipeline: str,
+        seq: int,
+        ranges: BatchRanges,
+        epoch: int,
+        row_count: int,
+        spark_batch_id: int | None,
+        checkpoint_id: str | None,
+    ) -> None:
+        """Step 4: insert the ledger row (inside the commit transaction)."""
+        execute(
+            conn,
+            self.dialect,
+            f"INSERT INTO {LEDGER_TABLE}(pipeline, seq, ranges, epoch, row_count, committed_at, "
+            "spark_batch_id, checkpoint_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                pipeline,
+                seq,
+                ranges.to_json(),
+                epoch,
+                row_count,
+                self._ts(_now()),
+                spark_batch_id,
+                checkpoint_id,
+            ),
+        )
+
+    def pipelines(self, conn: Any) -> list[str]:
+        return [
+            str(r[0]) for r in fetchall(conn, self.dialect, f"SELECT pipeline FROM {OWNER_TABLE}")
+        ]
+
+    def _ts(self, value: datetime) -> Any:
+        return value.isoformat() if self.dialect.name == "sqlite" else value
+
+
+_COLS = "seq, ranges, epoch, row_count, committed_at, spark_batch_id, checkpoint_id"
+
+
+def _entry(pipeline: str, row: Any) -> LedgerEntry:
+    return LedgerEntry(
+        pipeline=pipeline,
+        seq=int(row[0]),
+        ranges=BatchRanges.from_json(row[1]),
+        epoch=int(row[2]),
+        row_count=int(row[3]),
+        committed_at=_parse_ts(row[4]),
+        spark_batch_id=None if row[5] is None else int(row[5]),
+        checkpoint_id=row[6],
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parse_ts(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))

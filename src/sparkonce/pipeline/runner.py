@@ -1,0 +1,278 @@
+"""Running a pipeline: epoch, resume point, the streaming query, and per-batch commits.
+
+Order at start (take over by writing before reading):
+
+1. ``sink.acquire`` takes a new epoch; any older run is fenced from now on.
+2. ``sink.end_offsets`` reads the ledger's resume point.
+3. The checkpoint is compared with the ledger: an empty checkpoint resumes from
+   the ledger (stateless pipelines) or stops with ``CheckpointLostError``
+   (stateful ones); a checkpoint *ahead* of the ledger stops with
+   ``CheckpointError`` because its batches never reached this sink.
+4. The query starts; each micro-batch's ranges come from Spark's offset log and
+   ``sink.commit`` runs the commit protocol inside ``foreachBatch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sparkonce.errors import (
+    CheckpointError,
+    CheckpointLostError,
+    ConfigError,
+    PipelineError,
+    SparkOnceError,
+)
+from sparkonce.ledger.base import BatchContext, CommitResult
+from sparkonce.offsets import BatchRanges, TopicPartition
+from sparkonce.pipeline.checkpoint import Checkpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sparkonce.pipeline.pipeline import Pipeline
+
+log = logging.getLogger("sparkonce.run")
+
+_STATEFUL_NODES = (
+    "Aggregate",
+    "Deduplicate",
+    "FlatMapGroupsWithState",
+    "TransformWithState",
+    "Join",
+    "GlobalLimit",
+)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What happened to one micro-batch."""
+
+    spark_batch_id: int
+    ranges: BatchRanges
+    result: CommitResult
+    seconds: float
+
+
+@dataclass
+class RunReport:
+    """What one run did."""
+
+    pipeline: str
+    epoch: int
+    resumed_from: str  # "start", "checkpoint" or "ledger"
+    batches_committed: int = 0
+    batches_skipped: int = 0
+    rows_committed: int = 0
+    end_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    batches: list[BatchReport] = field(default_factory=list)
+
+
+def is_stateful(df: DataFrame) -> bool:
+    """Whether the streaming plan holds state across batches (aggregations, joins...)."""
+    plan = str(df._jdf.queryExecution().analyzed().toString())
+    return any(node in plan for node in _STATEFUL_NODES)
+
+
+class _BatchHandler:
+    """The ``foreachBatch`` function: runs on the driver, in this Python process."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        epoch: int,
+        checkpoint: Checkpoint,
+        report: RunReport,
+        on_batch: Callable[[BatchReport], None] | None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.epoch = epoch
+        self.checkpoint = checkpoint
+        self.report = report
+        self.on_batch = on_batch
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            if self.error is not None:
+                raise self.error
+            try:
+                self._commit(df, batch_id)
+            except BaseException as exc:
+                self.error = exc
+                raise
+
+    def _commit(self, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        p = self.pipeline
+        current = self.checkpoint.source_offset(batch_id)
+        if current is None:
+            raise CheckpointError(
+                f"pipeline {p.name!r}: Spark's offset log has no entry for batch {batch_id} in "
+                f"{self.checkpoint.path}; the checkpoint was changed while the query ran"
+            )
+        previous = self.checkpoint.source_offset(batch_id - 1) if batch_id > 0 else None
+        ranges = p.source.batch_ranges(previous, current)
+        ctx = BatchContext(p.name, self.epoch, ranges, batch_id, self.checkpoint.query_id())
+        result = p.sink.commit(ctx, df)
+        report = BatchReport(batch_id, ranges, result, time.monotonic() - started)
+        r = self.report
+        r.batches.append(report)
+        if result.skipped:
+            r.batches_skipped += 1
+            log.info(
+                "pipeline %s batch %d: skipped, %s [%s]", p.name, batch_id, result.reason, ranges
+            )
+        else:
+            r.batches_committed += 1
+            r.rows_committed += result.row_count
+            log.info(
+                "pipeline %s batch %d: committed %d rows as ledger entry %s in %.2f s [%s]",
+                p.name,
+                batch_id,
+                result.row_count,
+                result.seq,
+                report.seconds,
+                ranges,
+            )
+        if self.on_batch is not None:
+            self.on_batch(report)
+
+
+def _resume_point(
+    pipeline: Pipeline,
+    checkpoint: Checkpoint,
+    ledger_end: dict[TopicPartition, int],
+    stateful: bool,
+) -> str:
+    sink = pipeline.sink
+    if checkpoint.is_new:
+        if not ledger_end:
+            return "start"
+        if stateful:
+            raise CheckpointLostError(
+                f"pipeline {pipeline.name!r}: the checkpoint {checkpoint.path} is empty, but the "
+                f"ledger in {sink.describe()} already covers offsets up to "
+                f"{BatchRanges.at(ledger_end)}. The pipeline is stateful (its query plan "
+                "aggregates, deduplicates or joins), and that state lived in the lost "
+                "checkpoint: resuming from the ledger would silently restart every aggregate. "
+                "Operator action: restore the checkpoint directory; or, to recompute from "
+                "scratch, delete the output table and this pipeline's rows in sparkonce_ledger "
+                "and sparkonce_owner. If the transform is in fact stateless, pass stateful=False."
+            )
+        log.warning(
+            "pipeline %s: checkpoint %s is empty; resuming from the sink ledger at %s",
+            pipeline.name,
+            checkpoint.path,
+            BatchRanges.at(ledger_end),
+        )
+        return "ledger"
+    last = checkpoint.last_committed_batch()
+    if last is not None:
+        raw = checkpoint.source_offset(last)
+        if raw is not None:
+            done = pipeline.source.batch_ranges(None, raw).ends()
+            ahead = {tp: o for tp, o in done.items() if o > ledger_end.get(tp, 0)}
+            if ahead:
+                raise CheckpointError(
+                    f"pipeline {pipeline.name!r}: Spark's checkpoint {checkpoint.path} has "
+                    f"finished batches up to {BatchRanges.at(done)}, beyond the ledger in "
+                    f"{sink.describe()} ({BatchRanges.at(ledger_end) if ledger_end else 'empty'}). "
+                    "Those batches never reached this sink, so resuming would lose them. "
+                    "Operator action: use the checkpoint that belongs to this sink, or delete "
+                    "the checkpoint directory of a stateless pipeline to resume from the ledger."
+                )
+    return "checkpoint"
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    spark: SparkSession,
+    *,
+    timeout: float | None = None,
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> RunReport:
+    """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps."""
+    from pyspark.errors import StreamingQueryException
+    from pyspark.sql import DataFrame
+
+    from sparkonce.config import Trigger
+
+    sink = pipeline.sink
+    if sink.guarantee != "effectively-once":
+        log.warning(
+            "pipeline %s: sink %s is only %s; replays after a failure may write twice",
+            pipeline.name,
+            sink.describe(),
+            sink.guarantee,
+        )
+    sink.open()
+    try:
+        owner = sink.acquire(pipeline.name)  # write before read: fences older runs now
+        ledger_end = sink.end_offsets(pipeline.name)
+        checkpoint = Checkpoint(pipeline.checkpoint_path)
+
+        stream = pipeline.source.stream(spark, ledger_end or None)
+        out = pipeline.transform(stream)
+        if not isinstance(out, DataFrame) or not out.isStreaming:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
+                f"derived from its input, got {type(out).__name__}"
+            )
+        stateful = is_stateful(out) if pipeline.stateful is None else pipeline.stateful
+        resumed = _resume_point(pipeline, checkpoint, ledger_end, stateful)
+        sink.validate(out.schema)
+
+        report = RunReport(pipeline.name, owner.epoch, resumed)
+        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch)
+        trigger = Trigger.parse(pipeline.trigger)
+        writer = (
+            out.writeStream.foreachBatch(handler)
+            .option("checkpointLocation", str(checkpoint.path))
+            .outputMode(pipeline.output_mode)
+        )
+        if trigger.kind == "availableNow":
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=str(trigger.interval))
+        log.info(
+            "pipeline %s: epoch %d, %s -> %s, resuming from %s",
+            pipeline.name,
+            owner.epoch,
+            pipeline.source.describe(),
+            sink.describe(),
+            resumed,
+        )
+        query = writer.start()
+        try:
+            if timeout is None:
+                query.awaitTermination()
+            elif not query.awaitTermination(int(max(1, round(timeout)))):
+                query.stop()
+        except StreamingQueryException as exc:
+            if isinstance(handler.error, SparkOnceError):
+                raise handler.error from None
+            raise PipelineError(
+                f"pipeline {pipeline.name!r}: the streaming query failed: {_short(exc)}. "
+                "Committed batches are safe in the sink; fix the cause and run again to resume."
+            ) from exc
+        except KeyboardInterrupt:
+            query.stop()
+            raise
+        if isinstance(handler.error, SparkOnceError):
+            raise handler.error
+        report.end_offsets = sink.end_offsets(pipeline.name)
+        return report
+    finally:
+        sink.close()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__

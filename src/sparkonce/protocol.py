@@ -1,0 +1,108 @@
+"""The sparkonce commit protocol, written down once, and its named crash points.
+
+Every effectively-once sink keeps two pieces of metadata inside its own store:
+the **owner** row ``(pipeline, epoch)`` and the **ledger**, one row per
+committed batch. A run takes ``epoch = epoch + 1`` when it starts, *before* it
+reads the ledger's end offsets (take over by writing before reading). Then each
+micro-batch commits in **one transaction of the sink**:
+
+1. Check that this run's epoch is still the owner's; if not raise
+   :class:`~sparkonce.errors.FencedError` and stop the run.
+2. If the ledger already covers the batch's offset ranges, do nothing: this is
+   a replay of a committed batch (see :func:`sparkonce.offsets.classify`).
+3. Make the batch's rows visible (insert, upsert, or flip pre-committed rows).
+4. Insert the ledger row (pipeline, offset ranges, epoch, row count, time).
+5. Commit.
+
+Only after step 5 does Spark write its own commit log for the batch. A crash
+before step 5 leaves nothing visible; a crash after it makes the next run skip
+the batch at step 2. The ledger, not Spark's checkpoint, is the source of truth
+for progress.
+
+Crash points
+------------
+:class:`CrashPoint` names the moments the crash tests and ``sparkonce verify``
+kill a driver at. They are named after the steps above. Code marks them with
+:func:`crash_point`, which does nothing unless the environment variable
+``SPARKONCE_CRASH_AT`` asks for a crash there::
+
+    SPARKONCE_CRASH_AT=after-ledger-commit        # first time the point is reached
+    SPARKONCE_CRASH_AT=after-ledger-commit@3      # third time, in this process
+
+The crash is a SIGKILL of this process's whole process group when the process
+leads its group (the verifier starts drivers that way, so the JVM and Python
+workers die with it, as on a machine failure), otherwise of this process alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from enum import StrEnum
+
+from sparkonce.errors import ConfigError
+
+CRASH_ENV = "SPARKONCE_CRASH_AT"
+
+
+class CrashPoint(StrEnum):
+    """Named crash points, in the order a batch reaches them."""
+
+    BEFORE_COMMIT = "before-commit"
+    """The batch's offsets are in Spark's checkpoint; the sink transaction has not begun."""
+
+    AFTER_ROWS = "after-rows"
+    """Step 3 done: rows written inside the open transaction, no ledger row yet."""
+
+    BEFORE_LEDGER_COMMIT = "before-ledger-commit"
+    """Step 4 done: rows and ledger row written, transaction not yet committed."""
+
+    AFTER_LEDGER_COMMIT = "after-ledger-commit"
+    """Step 5 done: committed in the sink, Spark's commit log not yet written."""
+
+
+_lock = threading.Lock()
+_hits: dict[str, int] = {}
+
+
+def parse_crash_spec(spec: str) -> tuple[CrashPoint, int]:
+    """Parse ``NAME`` or ``NAME@N`` into a crash point and the hit number."""
+    name, _, nth = spec.strip().partition("@")
+    try:
+        point = CrashPoint(name)
+    except ValueError:
+        names = ", ".join(p.value for p in CrashPoint)
+        raise ConfigError(
+            f"{CRASH_ENV}={spec!r}: unknown crash point {name!r}; choose one of: {names}"
+        ) from None
+    try:
+        hit = int(nth) if nth else 1
+    except ValueError:
+        raise ConfigError(f"{CRASH_ENV}={spec!r}: the part after '@' must be an integer") from None
+    if hit < 1:
+        raise ConfigError(f"{CRASH_ENV}={spec!r}: the hit number must be >= 1")
+    return point, hit
+
+
+def crash_point(point: CrashPoint) -> None:
+    """Mark ``point``; SIGKILL this process (group) if ``SPARKONCE_CRASH_AT`` says so."""
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    target, nth = parse_crash_spec(spec)
+    if target is not point:
+        return
+    with _lock:
+        _hits[point.value] = _hits.get(point.value, 0) + 1
+        if _hits[point.value] != nth:
+            return
+    kill_self()
+
+
+def kill_self() -> None:
+    """SIGKILL this process, and its group if it leads one (as a machine failure would)."""
+    pid = os.getpid()
+    if os.getpgid(0) == pid:
+        os.killpg(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)

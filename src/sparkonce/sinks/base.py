@@ -1,0 +1,84 @@
+"""The contract every sparkonce sink follows.
+
+A sink owns the ledger of the pipelines that write to it (the owner epoch and
+one entry per committed batch, inside the sink's own store), and commits each
+micro-batch following :mod:`sparkonce.protocol`. The pipeline runner calls the
+hooks below in this order::
+
+    open()                       driver, once per run
+    acquire(pipeline)            driver, once per run: epoch + 1, fences older runs
+    end_offsets(pipeline)        driver, once per run, *after* acquire (the resume point)
+    validate(schema)             driver, once per run, before the query starts
+    commit(ctx, df)              driver, once per micro-batch, inside foreachBatch
+    close()                      driver, when the run ends
+
+``commit`` may be called again for a batch it already committed (a crash
+after step 5 and before Spark's commit log); it must then do nothing and
+return ``CommitResult(skipped=True, ...)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sparkonce.config import Guarantee
+from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
+from sparkonce.offsets import TopicPartition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+
+class Sink(ABC):
+    """Base class of sinks. Subclasses state their guarantee in their docstring."""
+
+    guarantee: ClassVar[Guarantee]
+
+    @abstractmethod
+    def open(self) -> None:
+        """Connect and create the metadata tables if missing. Called on the driver."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections. Safe to call twice."""
+
+    @abstractmethod
+    def acquire(self, pipeline: str) -> Owner:
+        """Take a new, strictly higher epoch for ``pipeline``. Older runs are fenced."""
+
+    @abstractmethod
+    def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
+        """The ledger's resume point for ``pipeline`` (empty when nothing is committed)."""
+
+    @abstractmethod
+    def validate(self, schema: StructType) -> None:
+        """Check the output schema against the sink's table before the query starts."""
+
+    @abstractmethod
+    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
+        """Commit one micro-batch in one transaction of the store (steps 1-5)."""
+
+    @abstractmethod
+    def owner(self, pipeline: str) -> Owner | None:
+        """The current owner row, or None if no run ever started."""
+
+    @abstractmethod
+    def ledger(self, pipeline: str) -> list[LedgerEntry]:
+        """Every ledger entry of ``pipeline``, oldest first."""
+
+    @abstractmethod
+    def rows(self) -> list[dict[str, Any]]:
+        """What readers of the output see now (for status and verification)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A one-line description, safe for logs (no secrets)."""
+
+    def __enter__(self) -> Sink:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,47 @@
+"""The contract every sparkonce source follows.
+
+A source is a **replayable input** (DESIGN.md section 3c): each micro-batch is
+a set of per-partition offset ranges, written into Spark's checkpoint before
+the batch runs, and re-reading a range returns exactly the same records. The
+pipeline runner (on the driver) calls:
+
+    stream(spark, start)            once per run: a streaming DataFrame that starts at
+                                    ``start`` (the sink ledger's end offsets) when the
+                                    checkpoint is new; Spark's checkpoint wins otherwise
+    batch_ranges(prev, offset)      once per micro-batch: the batch's offset ranges from
+                                    Spark's offset log entries (this batch and the one before)
+    latest_offsets()                for status and lag, never as the truth
+
+Sources never import sinks; the runner passes the ledger's offsets in.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from sparkonce.offsets import BatchRanges, TopicPartition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class Source(ABC):
+    """Base class of sources. Subclasses state their guarantee in their docstring."""
+
+    @abstractmethod
+    def stream(self, spark: SparkSession, start: Mapping[TopicPartition, int] | None) -> DataFrame:
+        """A streaming DataFrame over the source. Runs on the driver."""
+
+    @abstractmethod
+    def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
+        """Offset ranges of a batch, from Spark's serialized offsets (previous may be None)."""
+
+    @abstractmethod
+    def latest_offsets(self) -> dict[TopicPartition, int]:
+        """The source's current end offsets (next offset to be written)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A one-line description, safe for logs (no secrets)."""

@@ -1,0 +1,328 @@
+"""PySpark streaming source over the embedded log (Python Data Source API).
+
+Guarantee: a **replayable input** with deterministic batches. Each micro-batch
+is a set of per-partition offset ranges, one Spark input partition per
+non-empty range. The ranges themselves are the source offset Spark writes into
+its checkpoint before the batch runs, so after a driver crash Spark rebuilds the
+same batch from the same ranges, and re-reading a range returns exactly the
+same records (the log is append-only with dense offsets). Paired with an
+effectively-once sink, each record takes effect exactly once.
+
+Where things run: ``initialOffset``, ``latestOffset`` and ``partitions`` run on
+the driver side (in Spark's Python planner process); ``read`` runs on executors
+and opens its own SQLite connection.
+
+Read limits: ``max_records_per_partition`` caps each partition's range per
+batch, ``max_records_per_batch`` caps the batch (shared out round-robin). Both
+are ignored when Spark asks for everything available.
+
+Offsets (the wire form of :mod:`sparkonce.offsets`)::
+
+    {"<topic>": {"<partition>": [start, end], ...}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.errors import ConfigError
+from sparkonce.log.storage import Topic, validate_topic_name
+from sparkonce.offsets import BatchRanges, TopicPartition, plan_batch
+from sparkonce.sources.base import Source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+FORMAT = "sparkonce_log"
+SCHEMA_DDL = (
+    "topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
+    "timestamp TIMESTAMP, record_id STRING"
+)
+
+
+class EmbeddedLogSource(Source):
+    """Read a topic of the embedded log as a stream (see the module docstring).
+
+    ``starting_offsets`` applies only when neither Spark's checkpoint nor the
+    sink's ledger has a position: ``"earliest"`` (default), ``"latest"``, or a
+    JSON object ``{"<partition>": offset}``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        topic: str,
+        *,
+        max_records_per_partition: int | None = None,
+        max_records_per_batch: int | None = None,
+        starting_offsets: str = "earliest",
+    ) -> None:
+        self.path = Path(path).resolve()
+        self.topic = validate_topic_name(topic)
+        for name, value in (
+            ("max_records_per_partition", max_records_per_partition),
+            ("max_records_per_batch", max_records_per_batch),
+        ):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        self.max_records_per_partition = max_records_per_partition
+        self.max_records_per_batch = max_records_per_batch
+        _parse_starting(starting_offsets, self.topic)
+        self.starting_offsets = starting_offsets
+
+    def describe(self) -> str:
+        return f"EmbeddedLogSource({self.path} topic={self.topic})"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
+        opts = {"path": str(self.path), "topic": self.topic}
+        if self.max_records_per_partition:
+            opts["maxRecordsPerPartition"] = str(self.max_records_per_partition)
+        if self.max_records_per_batch:
+            opts["maxRecordsPerBatch"] = str(self.max_records_per_batch)
+        if start:
+            opts["startingOffsets"] = json.dumps(
+                {str(p): o for (t, p), o in sorted(start.items()) if t == self.topic}
+            )
+        else:
+            opts["startingOffsets"] = self.starting_offsets
+        return opts
+
+    def stream(self, spark: SparkSession, start: Mapping[TopicPartition, int] | None) -> DataFrame:
+        with Topic(self.path, self.topic):
+            pass  # fail fast, on the driver, with TopicNotFoundError
+        register(spark)
+        return spark.readStream.format(FORMAT).options(**self.options(start)).load()
+
+    def read_all(self, spark: SparkSession) -> DataFrame:
+        """The whole topic as a batch DataFrame (for oracles and inspection)."""
+        register(spark)
+        return spark.read.format(FORMAT).options(**self.options()).load()
+
+    def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
+        return BatchRanges.from_json(current)
+
+    def latest_offsets(self) -> dict[TopicPartition, int]:
+        with Topic(self.path, self.topic) as t:
+            return {(self.topic, p): o for p, o in t.end_offsets().items()}
+
+
+def _parse_starting(value: str, topic: str) -> dict[int, int] | str:
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        obj = json.loads(value)
+        if not isinstance(obj, dict):
+            raise ValueError
+        return {int(p): int(o) for p, o in obj.items()}
+    except (ValueError, TypeError):
+        raise ConfigError(
+            f"starting_offsets {value!r} for topic {topic!r}: use 'earliest', 'latest' or a "
+            'JSON object of partition -> offset such as {"0": 42, "1": 17}'
+        ) from None
+
+
+_registered: set[int] = set()
+
+
+def register(spark: SparkSession) -> None:
+    """Register the data source with ``spark`` (idempotent)."""
+    if id(spark) not in _registered:
+        spark.dataSource.register(EmbeddedLogDataSource)
+        _registered.add(id(spark))
+
+
+# --- The Spark side: Python Data Source API classes --------------------------------
+# Imported lazily by Spark's Python workers; keep pyspark imports inside.
+
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (  # noqa: E402
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+
+class RangePartition(InputPartition):
+    """One offset range of one partition: the unit of a Spark input partition."""
+
+    def __init__(self, path: str, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((path, topic, partition, start, end))
+        self.path = path
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("record_id", pa.string()),
+        ]
+    )
+    with Topic(Path(part.path), part.topic) as t:
+        lo = part.start
+        while lo < part.end:
+            hi = min(part.end, lo + chunk)
+            cols = t.read_columns(part.partition, lo, hi)
+            n = hi - lo
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([part.topic] * n, pa.string()),
+                    pa.array(cols["partition"], pa.int32()),
+                    pa.array(cols["offset"], pa.int64()),
+                    pa.array(cols["key"], pa.binary()),
+                    pa.array(cols["value"], pa.binary()),
+                    pa.array(cols["timestamp_us"], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                    pa.array(cols["record_id"], pa.string()),
+                ],
+                schema=schema,
+            )
+            lo = hi
+
+
+class EmbeddedLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans batches as offset ranges; see the module docstring."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        try:
+            self.path = options["path"]
+            self.topic = options["topic"]
+        except KeyError as exc:
+            raise ConfigError(f"the {FORMAT} source needs option {exc.args[0]!r}") from None
+        self.max_per_partition = _opt_int(options, "maxRecordsPerPartition")
+        self.max_per_batch = _opt_int(options, "maxRecordsPerBatch")
+        self.starting = _parse_starting(options.get("startingOffsets", "earliest"), self.topic)
+        self.target: dict[int, int] | None = None
+
+    def _ends(self) -> dict[int, int]:
+        with Topic(Path(self.path), self.topic) as t:
+            ends = t.end_offsets()
+        if self.target is not None:
+            ends = {p: min(o, self.target.get(p, 0)) for p, o in ends.items()}
+        return ends
+
+    def initialOffset(self) -> dict:
+        ends = self._ends()
+        if self.starting == "earliest":
+            pos = dict.fromkeys(ends, 0)
+        elif self.starting == "latest":
+            pos = ends
+        else:
+            assert isinstance(self.starting, dict)
+            pos = {p: self.starting.get(p, 0) for p in ends}
+        return BatchRanges.at({(self.topic, p): o for p, o in pos.items()}).to_json_obj()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_per_batch is not None:
+            return ReadMaxRows(self.max_per_batch)
+        if self.max_per_partition is not None:
+            with Topic(Path(self.path), self.topic) as t:
+                return ReadMaxRows(self.max_per_partition * t.partitions)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._ends()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        prev = BatchRanges.from_json_obj(start)
+        positions = prev.ends()
+        latest = {(self.topic, p): o for p, o in self._ends().items()}
+        if isinstance(limit, ReadAllAvailable):
+            batch = plan_batch(positions, latest)
+        else:
+            total = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_per_batch
+            batch = plan_batch(
+                positions, latest, max_per_partition=self.max_per_partition, max_total=total
+            )
+        if batch.empty:
+            return start  # nothing new: Spark skips the batch
+        return batch.to_json_obj()
+
+    def reportLatestOffset(self) -> dict | None:
+        ends = self._ends()
+        return BatchRanges.at({(self.topic, p): o for p, o in ends.items()}).to_json_obj()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        batch = BatchRanges.from_json_obj(end)
+        if batch == BatchRanges.from_json_obj(start):
+            return []
+        return [
+            RangePartition(self.path, r.topic, r.partition, r.start, r.end)
+            for r in batch.ranges
+            if not r.empty
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RangePartition)
+        return _arrow_batches(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the sink's ledger, not the source, records progress."""
+
+
+class EmbeddedLogBatchReader(DataSourceReader):
+    """Reads the whole topic up to its current end (``spark.read``)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.path = options["path"]
+        self.topic = options["topic"]
+
+    def partitions(self) -> list[InputPartition]:
+        with Topic(Path(self.path), self.topic) as t:
+            ends = t.end_offsets()
+        return [RangePartition(self.path, self.topic, p, 0, e) for p, e in ends.items() if e > 0]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RangePartition)
+        return _arrow_batches(partition)
+
+
+class EmbeddedLogDataSource(DataSource):
+    """``spark.readStream.format("sparkonce_log")``: see :class:`EmbeddedLogSource`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return EmbeddedLogStreamReader(self.options)
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return EmbeddedLogBatchReader(self.options)
+
+
+def _opt_int(options: Mapping[str, str], name: str) -> int | None:
+    raw = options.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise ConfigError(f"option {name}={raw!r} must be a positive integer") from None
+    if value < 1:
+        raise ConfigError(f"option {name}={raw!r} must be a positive integer")
+    return value
