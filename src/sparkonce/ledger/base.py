@@ -19,6 +19,7 @@ class Owner:
     epoch: int
     acquired_at: datetime
     holder: str  # free text naming the run that took the epoch (host, pid)
+    source: str | None = None  # the source's URI, for status and lag
 
 
 @dataclass(frozen=True)

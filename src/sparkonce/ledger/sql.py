@@ -41,7 +41,7 @@ class SqlLedger:
         stmts = [
             f"CREATE TABLE IF NOT EXISTS {OWNER_TABLE} ("
             f" pipeline TEXT PRIMARY KEY, epoch {big} NOT NULL CHECK (epoch >= 1),"
-            f" acquired_at {ts} NOT NULL, holder TEXT NOT NULL)",
+            f" acquired_at {ts} NOT NULL, holder TEXT NOT NULL, source TEXT)",
             f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ("
             f" pipeline TEXT NOT NULL, seq {big} NOT NULL CHECK (seq >= 0),"
             f" ranges TEXT NOT NULL, epoch {big} NOT NULL, row_count {big} NOT NULL,"
@@ -59,32 +59,35 @@ class SqlLedger:
                 conn.execute(s)
 
     # -- owner epochs ---------------------------------------------------------
-    def acquire(self, conn: Any, pipeline: str) -> Owner:
-        """Take ``epoch + 1`` for ``pipeline`` in its own transaction (fences older runs)."""
+    def acquire(self, conn: Any, pipeline: str, source: str | None = None) -> Owner:
+        """Take ``epoch + 1`` for ``pipeline`` in its own transaction (fences older runs).
+
+        ``source`` (a source URI, for status and lag) is recorded beside the epoch.
+        """
         now = _now()
         holder = f"{socket.gethostname()} pid {os.getpid()}"
         with write_transaction(conn, self.dialect):
             row = fetchone(
                 conn,
                 self.dialect,
-                f"INSERT INTO {OWNER_TABLE}(pipeline, epoch, acquired_at, holder) "
-                "VALUES (%s, 1, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET "
+                f"INSERT INTO {OWNER_TABLE}(pipeline, epoch, acquired_at, holder, source) "
+                "VALUES (%s, 1, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET "
                 f"epoch = {OWNER_TABLE}.epoch + 1, acquired_at = excluded.acquired_at, "
-                "holder = excluded.holder RETURNING epoch",
-                (pipeline, self._ts(now), holder),
+                "holder = excluded.holder, source = excluded.source RETURNING epoch",
+                (pipeline, self._ts(now), holder, source),
             )
-        return Owner(pipeline, int(row[0]), now, holder)
+        return Owner(pipeline, int(row[0]), now, holder, source)
 
     def owner(self, conn: Any, pipeline: str) -> Owner | None:
         row = fetchone(
             conn,
             self.dialect,
-            f"SELECT epoch, acquired_at, holder FROM {OWNER_TABLE} WHERE pipeline = %s",
+            f"SELECT epoch, acquired_at, holder, source FROM {OWNER_TABLE} WHERE pipeline = %s",
             (pipeline,),
         )
         if row is None:
             return None
-        return Owner(pipeline, int(row[0]), _parse_ts(row[1]), str(row[2]))
+        return Owner(pipeline, int(row[0]), _parse_ts(row[1]), str(row[2]), row[3])
 
     def check_owner(self, conn: Any, pipeline: str, epoch: int) -> None:
         """Step 1, inside the commit transaction: raise FencedError unless we own it."""

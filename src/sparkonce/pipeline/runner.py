@@ -214,7 +214,9 @@ def run_pipeline(
         )
     sink.open()
     try:
-        owner = sink.acquire(pipeline.name)  # write before read: fences older runs now
+        owner = sink.acquire(
+            pipeline.name, pipeline.source.uri()
+        )  # write before read: fences older runs now
         ledger_end = sink.end_offsets(pipeline.name)
         checkpoint = Checkpoint(pipeline.checkpoint_path)
 

@@ -45,8 +45,11 @@ class Sink(ABC):
         """Release connections. Safe to call twice."""
 
     @abstractmethod
-    def acquire(self, pipeline: str) -> Owner:
-        """Take a new, strictly higher epoch for ``pipeline``. Older runs are fenced."""
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        """Take a new, strictly higher epoch for ``pipeline``. Older runs are fenced.
+
+        ``source`` is the source's URI, kept beside the epoch for status and lag.
+        """
 
     @abstractmethod
     def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:

@@ -126,8 +126,8 @@ class SqlSink(Sink):
         return self._conn
 
     # -- ownership and progress --------------------------------------------
-    def acquire(self, pipeline: str) -> Owner:
-        owner = self._ledger.acquire(self.conn, pipeline)
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        owner = self._ledger.acquire(self.conn, pipeline, source)
         log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.url)
         return owner
 

@@ -1,6 +1,15 @@
 """Replayable sources: each micro-batch is a set of per-partition offset ranges."""
 
+from sparkonce.errors import ConfigError
 from sparkonce.sources.base import Source
-from sparkonce.sources.embedded import EmbeddedLogSource
+from sparkonce.sources.embedded import URI_SCHEME, EmbeddedLogSource
 
-__all__ = ["EmbeddedLogSource", "Source"]
+
+def source_from_uri(uri: str) -> Source:
+    """Reopen a source from the URI a run recorded in the sink's owner row."""
+    if uri.startswith(f"{URI_SCHEME}://"):
+        return EmbeddedLogSource.from_uri(uri)
+    raise ConfigError(f"source URI {uri!r} is not one this version can open")
+
+
+__all__ = ["EmbeddedLogSource", "Source", "source_from_uri"]

@@ -43,5 +43,9 @@ class Source(ABC):
         """The source's current end offsets (next offset to be written)."""
 
     @abstractmethod
+    def uri(self) -> str:
+        """A URI that :func:`sparkonce.sources.source_from_uri` can reopen (for status)."""
+
+    @abstractmethod
     def describe(self) -> str:
         """A one-line description, safe for logs (no secrets)."""

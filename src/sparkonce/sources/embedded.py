@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
 FORMAT = "sparkonce_log"
+URI_SCHEME = "sparkonce-log"
 SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
     "timestamp TIMESTAMP, record_id STRING"
@@ -75,6 +76,19 @@ class EmbeddedLogSource(Source):
 
     def describe(self) -> str:
         return f"EmbeddedLogSource({self.path} topic={self.topic})"
+
+    def uri(self) -> str:
+        return f"{URI_SCHEME}://{self.path}?topic={self.topic}"
+
+    @classmethod
+    def from_uri(cls, uri: str) -> EmbeddedLogSource:
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(uri)
+        topics = parse_qs(parts.query).get("topic")
+        if parts.scheme != URI_SCHEME or not topics:
+            raise ConfigError(f"{uri!r} is not an embedded log URI ({URI_SCHEME}://PATH?topic=T)")
+        return cls(parts.path, topics[0])
 
     def __repr__(self) -> str:
         return self.describe()

@@ -1,0 +1,3 @@
+from sparkonce.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,344 @@
+"""The ``sparkonce`` command: a thin shell over the public API.
+
+``main()`` is the only place that turns exceptions into messages and exit
+codes; ``--debug`` re-raises instead. Each subcommand imports its
+implementation lazily, so ``sparkonce --help`` does not start Spark.
+
+Exit codes: 0 success, 1 failure (a FAIL, a failed run), 2 bad input,
+3 fenced by a newer run, 4 a store or source unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sparkonce.errors import ConfigError, FencedError, SinkUnavailableError, SparkOnceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkonce.sinks.sql import SqlSink
+
+EXIT_FAIL, EXIT_USAGE, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def _help(text: str, env: str) -> str:
+    return f"{text} (env: {env})"
+
+
+# -- subcommands ------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from sparkonce.pipeline.loader import load_pipeline
+    from sparkonce.pipeline.spark import build_session
+
+    pipeline = load_pipeline(args.pipeline_file)
+    spark = build_session(master=args.master, app_name=f"sparkonce:{pipeline.name}")
+    try:
+        report = pipeline.run(spark, timeout=args.timeout)
+    finally:
+        spark.stop()
+    print(
+        f"pipeline {report.pipeline}: epoch {report.epoch}, resumed from {report.resumed_from}; "
+        f"committed {report.batches_committed} batches ({report.rows_committed} rows), "
+        f"skipped {report.batches_skipped} replayed batches"
+    )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sparkonce.pipeline.status import pipeline_status
+
+    if not args.pipeline:
+        raise ConfigError("--pipeline is required (or set SPARKONCE_PIPELINE)")
+    if not args.sink:
+        raise ConfigError("--sink is required (or set SPARKONCE_SINK)")
+    sink = _open_sink_for_status(args.sink)
+    try:
+        st = pipeline_status(sink, args.pipeline)
+    finally:
+        sink.close()
+    console = Console()
+    if st.owner is None:
+        console.print(f"pipeline {args.pipeline!r} has never run against {st.sink}")
+        return EXIT_FAIL
+    console.print(f"[bold]pipeline[/] {st.pipeline}   [bold]sink[/] {st.sink}")
+    console.print(
+        f"owner epoch {st.owner.epoch} (taken {st.owner.acquired_at:%Y-%m-%d %H:%M:%S %Z} by "
+        f"{st.owner.holder})"
+    )
+    last = f"{st.last_commit_at:%Y-%m-%d %H:%M:%S %Z}" if st.last_commit_at else "never"
+    console.print(
+        f"ledger: {st.batches} batches, {st.rows_committed} rows committed, last commit {last}"
+    )
+    table = Table(title="committed offsets and lag")
+    for col in ("topic", "partition", "committed", "latest", "lag"):
+        table.add_column(col, justify="right" if col != "topic" else "left")
+    for p in st.partitions:
+        table.add_row(
+            p.topic,
+            str(p.partition),
+            str(p.committed),
+            "?" if p.latest is None else str(p.latest),
+            "?" if p.lag is None else str(p.lag),
+        )
+    console.print(table)
+    if st.source_note:
+        console.print(f"[yellow]{st.source_note}[/]")
+    for problem in st.ledger_problems:
+        console.print(f"[red]ledger problem:[/] {problem}")
+    return EXIT_FAIL if st.ledger_problems else 0
+
+
+def _open_sink_for_status(url: str) -> SqlSink:
+    from sparkonce.config import StoreURL
+    from sparkonce.sinks.sql import PostgresSink, SQLiteSink
+
+    parsed = StoreURL.parse(url)
+    if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
+        raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
+    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
+    # The table is irrelevant for status; the ledger lives beside it.
+    sink = cls(parsed, "sparkonce_status_probe")
+    sink.open()
+    return sink
+
+
+def cmd_log_create(args: argparse.Namespace) -> int:
+    from sparkonce.log import Topic
+
+    with Topic.create(args.dir, args.topic, args.partitions, exist_ok=args.exist_ok) as t:
+        print(f"topic {t.name!r} with {t.partitions} partitions in {t.root}")
+    return 0
+
+
+def cmd_log_produce(args: argparse.Namespace) -> int:
+    from sparkonce.log import IdempotentProducer, Topic
+
+    values: Sequence[str] = args.values or [ln.rstrip("\n") for ln in sys.stdin]
+    sep = args.separator
+    with Topic(args.dir, args.topic) as t, IdempotentProducer(t, args.producer_id) as producer:
+        for text in values:
+            key: bytes | None = args.key.encode() if args.key is not None else None
+            value = text
+            if sep is not None:
+                if sep not in text:
+                    raise ConfigError(
+                        f"line {text[:80]!r} has no separator {sep!r}; every line must be "
+                        "KEY<separator>VALUE when --separator is given"
+                    )
+                k, value = text.split(sep, 1)
+                key = k.encode()
+            producer.send(value.encode(), key, partition=args.partition)
+        producer.flush()
+        sent = producer.sent
+    print(f"appended {sent} records to {args.topic!r} as producer {args.producer_id!r}")
+    return 0
+
+
+def cmd_log_tail(args: argparse.Namespace) -> int:
+    from sparkonce.log import Topic
+
+    with Topic(args.dir, args.topic) as t:
+        for r in t.tail(args.partition, args.n):
+            key = r.key.decode(errors="replace") if r.key is not None else ""
+            value = r.value.decode(errors="replace") if r.value is not None else ""
+            print(f"{r.partition}\t{r.offset}\t{r.record_id}\t{key}\t{value}")
+    return 0
+
+
+def cmd_log_describe(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sparkonce.log import Topic, list_topics
+
+    names = [args.topic] if args.topic else list_topics(args.dir)
+    console = Console()
+    if not names:
+        console.print(f"no topics in {args.dir}")
+    for name in names:
+        with Topic(args.dir, name) as t:
+            ends = t.end_offsets()
+            seqs = t.producer_sequences()
+        table = Table(title=f"topic {name} ({len(ends)} partitions, {sum(ends.values())} records)")
+        table.add_column("partition", justify="right")
+        table.add_column("end offset", justify="right")
+        table.add_column("producers (last sequence)")
+        for p, end in ends.items():
+            prods = ", ".join(f"{pid}:{s}" for (pid, pp), s in sorted(seqs.items()) if pp == p)
+            table.add_row(str(p), str(end), prods)
+        console.print(table)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sparkonce.demo import run_demo
+
+    result = run_demo(
+        records=args.records,
+        keys=args.keys,
+        partitions=args.partitions,
+        workdir=args.workdir,
+        seed=args.seed,
+    )
+    return 0 if result.passed else EXIT_FAIL
+
+
+# -- parser -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparkonce",
+        description="Effectively-once streaming pipelines on Apache Spark.",
+    )
+    parser.add_argument("--debug", action="store_true", help="re-raise errors with tracebacks")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a pipeline file (defines `pipeline = Pipeline(...)`)")
+    p.add_argument("pipeline_file")
+    p.add_argument(
+        "--master",
+        default=_env("SPARKONCE_MASTER", "local[2]"),
+        help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop after this many seconds (for processingTime triggers)",
+    )
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("status", help="owner epoch, committed offsets, lag, rows committed")
+    p.add_argument(
+        "--pipeline",
+        default=_env("SPARKONCE_PIPELINE"),
+        help=_help("pipeline name", "SPARKONCE_PIPELINE"),
+    )
+    p.add_argument(
+        "--sink", default=_env("SPARKONCE_SINK"), help=_help("sink URL", "SPARKONCE_SINK")
+    )
+    p.set_defaults(func=cmd_status)
+
+    log_p = sub.add_parser("log", help="the embedded durable log")
+    log_sub = log_p.add_subparsers(dest="log_command", required=True)
+    default_dir = _env("SPARKONCE_LOG_DIR")
+
+    def add_dir_topic(q: argparse.ArgumentParser, topic_required: bool = True) -> None:
+        q.add_argument(
+            "dir",
+            nargs=None if default_dir is None else "?",
+            default=default_dir,
+            help=_help("log directory", "SPARKONCE_LOG_DIR"),
+        )
+        q.add_argument("topic", nargs=None if topic_required else "?")
+
+    q = log_sub.add_parser("create", help="create a topic")
+    add_dir_topic(q)
+    q.add_argument(
+        "--partitions",
+        type=int,
+        default=int(_env("SPARKONCE_PARTITIONS", "4") or 4),
+        help=_help("number of partitions, default 4", "SPARKONCE_PARTITIONS"),
+    )
+    q.add_argument("--exist-ok", action="store_true", help="no error if it already exists")
+    q.set_defaults(func=cmd_log_create)
+
+    q = log_sub.add_parser("produce", help="append values (arguments, or lines on stdin)")
+    add_dir_topic(q)
+    q.add_argument("values", nargs="*")
+    q.add_argument("--key", default=None, help="key for every record")
+    q.add_argument("--separator", default=None, help="split each line into KEY<sep>VALUE")
+    q.add_argument("--partition", type=int, default=None, help="write to this partition")
+    q.add_argument(
+        "--producer-id",
+        default=_env("SPARKONCE_PRODUCER_ID", "cli"),
+        help=_help("idempotent producer id, default 'cli'", "SPARKONCE_PRODUCER_ID"),
+    )
+    q.set_defaults(func=cmd_log_produce)
+
+    q = log_sub.add_parser("tail", help="print the last records")
+    add_dir_topic(q)
+    q.add_argument("-n", type=int, default=10, help="records per partition, default 10")
+    q.add_argument("--partition", type=int, default=None)
+    q.set_defaults(func=cmd_log_tail)
+
+    q = log_sub.add_parser("describe", help="partitions, end offsets and producers")
+    add_dir_topic(q, topic_required=False)
+    q.set_defaults(func=cmd_log_describe)
+
+    p = sub.add_parser("demo", help="crash a real pipeline twice and check the sums are exact")
+    p.add_argument(
+        "--records",
+        type=int,
+        default=int(_env("SPARKONCE_DEMO_RECORDS", "200000") or 0),
+        help=_help("records to produce, default 200000", "SPARKONCE_DEMO_RECORDS"),
+    )
+    p.add_argument("--keys", type=int, default=16, help="distinct keys, default 16")
+    p.add_argument("--partitions", type=int, default=4, help="log partitions, default 4")
+    p.add_argument(
+        "--workdir",
+        default=_env("SPARKONCE_DEMO_DIR", ".demo"),
+        help=_help("work directory (wiped), default .demo", "SPARKONCE_DEMO_DIR"),
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed for the random kill moment")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    from rich.logging import RichHandler
+
+    # sparkonce's own progress (one line per batch) shows by default; -v adds debug output.
+    handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], format="%(message)s")
+    logging.getLogger("sparkonce").setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return int(args.func(args))
+    except Exception as exc:
+        if args.debug:
+            raise
+        return _report(exc)
+
+
+def _report(exc: Exception) -> int:
+    name = type(exc).__name__
+    if isinstance(exc, FencedError):
+        print(f"sparkonce: fenced: {exc}", file=sys.stderr)
+        return EXIT_FENCED
+    if isinstance(exc, SinkUnavailableError):
+        print(f"sparkonce: unavailable: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, ConfigError):
+        print(f"sparkonce: bad input: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, SparkOnceError):
+        print(f"sparkonce: {name}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    print(
+        f"sparkonce: unexpected {name}: {exc} (run with --debug for a traceback)", file=sys.stderr
+    )
+    return EXIT_FAIL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

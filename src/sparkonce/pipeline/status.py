@@ -1,0 +1,78 @@
+"""What ``sparkonce status`` shows: owner epoch, committed offsets, lag, rows committed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from sparkonce.errors import SparkOnceError
+from sparkonce.ledger.base import Owner
+from sparkonce.offsets import TopicPartition, check_chain
+from sparkonce.sinks.base import Sink
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    committed: int  # the ledger's end offset: the next record to process
+    latest: int | None  # the source's end offset, None if the source could not be opened
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.latest is None else max(0, self.latest - self.committed)
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    pipeline: str
+    sink: str
+    owner: Owner | None
+    batches: int
+    rows_committed: int
+    last_commit_at: datetime | None
+    partitions: tuple[PartitionStatus, ...]
+    ledger_problems: tuple[str, ...]
+    source_note: str = ""
+
+    @property
+    def total_lag(self) -> int | None:
+        lags = [p.lag for p in self.partitions]
+        return None if any(x is None for x in lags) else sum(x or 0 for x in lags)
+
+
+def pipeline_status(sink: Sink, pipeline: str) -> PipelineStatus:
+    """Read the owner and ledger of ``pipeline`` from ``sink`` (and the source's end, if known)."""
+    from sparkonce.sources import source_from_uri
+
+    owner = sink.owner(pipeline)
+    entries = sink.ledger(pipeline)
+    committed: dict[TopicPartition, int] = entries[-1].end_offsets if entries else {}
+    latest: dict[TopicPartition, int] | None = None
+    note = ""
+    if owner is not None and owner.source:
+        try:
+            latest = source_from_uri(owner.source).latest_offsets()
+        except SparkOnceError as exc:
+            note = f"source {owner.source} could not be read for lag: {exc}"
+    tps = sorted(set(committed) | set(latest or {}))
+    parts = tuple(
+        PartitionStatus(
+            t, p, committed.get((t, p), 0), None if latest is None else latest.get((t, p), 0)
+        )
+        for t, p in tps
+    )
+    return PipelineStatus(
+        pipeline=pipeline,
+        sink=sink.describe(),
+        owner=owner,
+        batches=len(entries),
+        rows_committed=sum(e.row_count for e in entries),
+        last_commit_at=entries[-1].committed_at if entries else None,
+        partitions=parts,
+        ledger_problems=tuple(check_chain(e.ranges for e in entries)),
+        source_note=note,
+    )

@@ -1,0 +1,125 @@
+"""Driver processes the crash harness can kill: ``sparkonce run FILE`` in its own group.
+
+Each driver runs in a new session (its own process group), so a SIGKILL of the
+group takes the Python driver, its JVM and its Python workers down together, as
+a machine failure would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from sparkonce.protocol import CRASH_ENV, CrashPoint
+
+SIGKILL_EXIT = -signal.SIGKILL
+
+
+class Driver:
+    """One run of a pipeline file in a child process."""
+
+    def __init__(
+        self,
+        pipeline_file: str | Path,
+        log_path: str | Path,
+        *,
+        crash_at: CrashPoint | None = None,
+        crash_hit: int = 1,
+        env: Mapping[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.pipeline_file = Path(pipeline_file)
+        self.log_path = Path(log_path)
+        self.crash_at = crash_at
+        self.crash_hit = crash_hit
+        self.env = dict(env or {})
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.ended_at: float | None = None
+        self.killed_by_us = False
+
+    def start(self) -> Driver:
+        env = dict(os.environ)
+        env.pop(CRASH_ENV, None)
+        env.update(self.env)
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        if self.crash_at is not None:
+            env[CRASH_ENV] = f"{self.crash_at.value}@{self.crash_hit}"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in wait()
+        self._log = log
+        cmd = [sys.executable, "-m", "sparkonce", "run", str(self.pipeline_file), *self.extra_args]
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "driver not started"
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        assert self.proc is not None, "driver not started"
+        code = self.proc.poll()
+        if code is not None and self.ended_at is None:
+            self.ended_at = time.monotonic()
+        return code
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the driver's whole process group (driver, JVM, Python workers)."""
+        self.killed_by_us = True
+        self.signal_group(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """SIGSTOP the group: a driver that looks dead but is not (a zombie to be)."""
+        self.signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal_group(signal.SIGCONT)
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.proc is not None, "driver not started"
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is not None:
+                self._log.close()
+        self.ended_at = self.ended_at or time.monotonic()
+        self._reap_group()
+        return code
+
+    def _reap_group(self) -> None:
+        # Children (the JVM) may outlive a SIGKILLed driver for a moment; make sure
+        # nothing of this run keeps writing once we consider it dead.
+        if self.proc is not None and self.proc.returncode is not None:
+            self.signal_group(signal.SIGKILL)
+
+    @property
+    def seconds(self) -> float:
+        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        return end - self.started_at
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
