@@ -32,6 +32,11 @@ kill a driver at. They are named after the steps above. Code marks them with
 The crash is a SIGKILL of this process's whole process group when the process
 leads its group (the verifier starts drivers that way, so the JVM and Python
 workers die with it, as on a machine failure), otherwise of this process alone.
+
+``SPARKONCE_PAUSE_AT`` takes the same ``NAME[@N]`` form but SIGSTOPs this
+process instead: a driver that looks dead but is not. Sent SIGCONT later, it
+carries on from that point: this is how the zombie tests make an old run
+resume after a newer one has taken over.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from enum import StrEnum
 from sparkonce.errors import ConfigError
 
 CRASH_ENV = "SPARKONCE_CRASH_AT"
+PAUSE_ENV = "SPARKONCE_PAUSE_AT"
 
 
 class CrashPoint(StrEnum):
@@ -66,7 +72,7 @@ _lock = threading.Lock()
 _hits: dict[str, int] = {}
 
 
-def parse_crash_spec(spec: str) -> tuple[CrashPoint, int]:
+def parse_crash_spec(spec: str, env: str = CRASH_ENV) -> tuple[CrashPoint, int]:
     """Parse ``NAME`` or ``NAME@N`` into a crash point and the hit number."""
     name, _, nth = spec.strip().partition("@")
     try:
@@ -74,30 +80,29 @@ def parse_crash_spec(spec: str) -> tuple[CrashPoint, int]:
     except ValueError:
         names = ", ".join(p.value for p in CrashPoint)
         raise ConfigError(
-            f"{CRASH_ENV}={spec!r}: unknown crash point {name!r}; choose one of: {names}"
+            f"{env}={spec!r}: unknown crash point {name!r}; choose one of: {names}"
         ) from None
     try:
         hit = int(nth) if nth else 1
     except ValueError:
-        raise ConfigError(f"{CRASH_ENV}={spec!r}: the part after '@' must be an integer") from None
+        raise ConfigError(f"{env}={spec!r}: the part after '@' must be an integer") from None
     if hit < 1:
-        raise ConfigError(f"{CRASH_ENV}={spec!r}: the hit number must be >= 1")
+        raise ConfigError(f"{env}={spec!r}: the hit number must be >= 1")
     return point, hit
 
 
 def crash_point(point: CrashPoint) -> None:
-    """Mark ``point``; SIGKILL this process (group) if ``SPARKONCE_CRASH_AT`` says so."""
-    spec = os.environ.get(CRASH_ENV)
-    if not spec:
-        return
-    target, nth = parse_crash_spec(spec)
-    if target is not point:
+    """Mark ``point``: SIGKILL (``SPARKONCE_CRASH_AT``) or SIGSTOP (``SPARKONCE_PAUSE_AT``)."""
+    crash = os.environ.get(CRASH_ENV)
+    pause = os.environ.get(PAUSE_ENV)
+    if not crash and not pause:
         return
     with _lock:
-        _hits[point.value] = _hits.get(point.value, 0) + 1
-        if _hits[point.value] != nth:
-            return
-    kill_self()
+        _hits[point.value] = hit = _hits.get(point.value, 0) + 1
+    if pause and parse_crash_spec(pause, PAUSE_ENV) == (point, hit):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if crash and parse_crash_spec(crash, CRASH_ENV) == (point, hit):
+        kill_self()
 
 
 def kill_self() -> None:

@@ -1,0 +1,164 @@
+"""Tests of sparkonce.ledger.sql over a SQLite file (no Spark)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from sparkonce.config import StoreURL
+from sparkonce.db import SQLiteDialect, connect
+from sparkonce.errors import FencedError, SinkError
+from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE, SqlLedger
+from sparkonce.offsets import BatchRanges, OffsetRange
+
+
+def _b(*ranges: tuple[str, int, int, int]) -> BatchRanges:
+    return BatchRanges(tuple(OffsetRange(*r) for r in ranges))
+
+
+def _record(
+    ledger: SqlLedger,
+    conn: Any,
+    seq: int,
+    ranges: BatchRanges,
+    *,
+    pipeline: str = "p",
+    epoch: int = 1,
+    rows: int = 0,
+    batch_id: int | None = None,
+    checkpoint: str | None = None,
+) -> None:
+    ledger.record(
+        conn,
+        pipeline=pipeline,
+        seq=seq,
+        ranges=ranges,
+        epoch=epoch,
+        row_count=rows,
+        spark_batch_id=batch_id,
+        checkpoint_id=checkpoint,
+    )
+
+
+def test_ensure_schema_is_idempotent(conn: Any, ledger: SqlLedger) -> None:
+    ledger.ensure_schema(conn)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {OWNER_TABLE, LEDGER_TABLE} <= tables
+
+
+def test_acquire_increments_per_pipeline(conn: Any, ledger: SqlLedger) -> None:
+    assert ledger.owner(conn, "a") is None
+    assert [ledger.acquire(conn, "a").epoch for _ in range(3)] == [1, 2, 3]
+    assert [ledger.acquire(conn, "b").epoch for _ in range(2)] == [1, 2]
+    assert ledger.acquire(conn, "a").epoch == 4
+    owner = ledger.owner(conn, "a")
+    assert owner is not None
+    assert (owner.pipeline, owner.epoch) == ("a", 4)
+    assert owner.acquired_at.tzinfo is not None
+    assert abs((datetime.now(UTC) - owner.acquired_at).total_seconds()) < 60
+    assert "pid" in owner.holder
+    assert sorted(ledger.pipelines(conn)) == ["a", "b"]
+
+
+def test_acquire_from_two_connections_never_repeats_an_epoch(
+    store_url: StoreURL, ledger: SqlLedger
+) -> None:
+    epochs: list[int] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        c = connect(store_url)
+        try:
+            for _ in range(10):
+                e = SqlLedger(SQLiteDialect()).acquire(c, "p").epoch
+                with lock:
+                    epochs.append(e)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=take) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert sorted(epochs) == list(range(1, 31))
+
+
+def test_check_owner(conn: Any, ledger: SqlLedger) -> None:
+    ledger.acquire(conn, "orders")
+    ledger.check_owner(conn, "orders", 1)  # the owner: no error
+    ledger.acquire(conn, "orders")
+    with pytest.raises(FencedError) as info:
+        ledger.check_owner(conn, "orders", 1)
+    err = info.value
+    assert isinstance(err, SinkError) and not err.retryable
+    assert (err.pipeline, err.epoch, err.owner_epoch) == ("orders", 1, 2)
+    msg = str(err)
+    assert "'orders'" in msg and "epoch 1" in msg and "is now 2" in msg
+    assert "sparkonce status --pipeline orders" in msg
+    ledger.check_owner(conn, "orders", 2)
+
+
+def test_check_owner_of_an_unknown_pipeline_is_fenced(conn: Any, ledger: SqlLedger) -> None:
+    with pytest.raises(FencedError) as info:
+        ledger.check_owner(conn, "never", 1)
+    assert info.value.owner_epoch == 0
+
+
+def test_check_owner_uses_the_custom_hint(conn: Any) -> None:
+    ledger = SqlLedger(SQLiteDialect(), inspect_hint="look at the dashboard")
+    ledger.ensure_schema(conn)
+    with pytest.raises(FencedError, match="look at the dashboard"):
+        ledger.check_owner(conn, "p", 3)
+
+
+def test_record_last_end_offsets_entries_round_trip(conn: Any, ledger: SqlLedger) -> None:
+    assert ledger.last(conn, "p") is None
+    assert ledger.end_offsets(conn, "p") == {}
+    assert ledger.entries(conn, "p") == []
+    b0 = _b(("t", 0, 0, 5), ("t", 1, 0, 3))
+    b1 = _b(("t", 0, 5, 9), ("t", 1, 3, 3))
+    _record(ledger, conn, 0, b0, epoch=1, rows=8, batch_id=0, checkpoint="cp")
+    _record(ledger, conn, 1, b1, epoch=2, rows=4, batch_id=None, checkpoint=None)
+    _record(ledger, conn, 0, _b(("u", 0, 0, 1)), pipeline="other")
+    last = ledger.last(conn, "p")
+    assert last is not None
+    assert (last.pipeline, last.seq, last.ranges, last.epoch, last.row_count) == (
+        "p",
+        1,
+        b1,
+        2,
+        4,
+    )
+    assert (last.spark_batch_id, last.checkpoint_id) == (None, None)
+    assert ledger.end_offsets(conn, "p") == {("t", 0): 9, ("t", 1): 3}
+    entries = ledger.entries(conn, "p")
+    assert [e.seq for e in entries] == [0, 1]
+    assert entries[0].ranges == b0
+    assert (entries[0].spark_batch_id, entries[0].checkpoint_id) == (0, "cp")
+    assert entries[0].committed_at <= entries[1].committed_at
+    assert entries[0].committed_at.tzinfo is not None
+    assert ledger.end_offsets(conn, "other") == {("u", 0): 1}
+
+
+def test_record_refuses_a_duplicate_seq(conn: Any, ledger: SqlLedger) -> None:
+    _record(ledger, conn, 0, _b(("t", 0, 0, 1)))
+    with pytest.raises(sqlite3.IntegrityError):
+        _record(ledger, conn, 0, _b(("t", 0, 1, 2)))
+    assert len(ledger.entries(conn, "p")) == 1
+
+
+def test_find_no_data_batch(conn: Any, ledger: SqlLedger) -> None:
+    _record(ledger, conn, 0, _b(("t", 0, 0, 5)), batch_id=0, checkpoint="cp1")
+    _record(ledger, conn, 1, _b(("t", 0, 5, 5)), batch_id=1, checkpoint="cp1")
+    _record(ledger, conn, 0, _b(("t", 0, 5, 5)), pipeline="q", batch_id=1, checkpoint="cp1")
+    assert ledger.find_no_data_batch(conn, "p", "cp1", 1) == 1
+    assert ledger.find_no_data_batch(conn, "p", "cp1", 0) == 0
+    assert ledger.find_no_data_batch(conn, "p", "cp1", 2) is None
+    assert ledger.find_no_data_batch(conn, "p", "cp2", 1) is None
+    assert ledger.find_no_data_batch(conn, "p", None, 1) is None
+    assert ledger.find_no_data_batch(conn, "q", "cp1", 1) == 0
