@@ -18,13 +18,13 @@ from sparkonce.errors import ConfigError
 Guarantee = Literal["effectively-once", "at-least-once"]
 WriteMode = Literal["append", "upsert"]
 
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_identifier(value: object, what: str) -> str:
     """A SQL identifier we can use unquoted in both SQLite and PostgreSQL."""
-    if not isinstance(value, str) or not _IDENT_RE.match(value):
+    if not isinstance(value, str) or not _IDENT_RE.fullmatch(value):
         raise ConfigError(
             f"{what} {value!r} is not a valid SQL identifier: use letters, digits and '_', "
             "starting with a letter or '_', at most 63 characters"
@@ -33,7 +33,7 @@ def check_identifier(value: object, what: str) -> str:
 
 
 def check_pipeline_name(value: object) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise ConfigError(
             f"pipeline name {value!r} is invalid: use 1-128 characters from letters, digits, "
             "'.', '_' and '-', starting with a letter or digit"
@@ -88,6 +88,10 @@ class StoreURL:
                 raise ConfigError(
                     f"sink URL {_mask_raw(url)!r}: the port is not a number in 1..65535"
                 ) from None
+            if port == 0:
+                raise ConfigError(
+                    f"sink URL {_mask_raw(url)!r}: the port is not a number in 1..65535"
+                )
             host = parts.hostname
             if not host:
                 raise ConfigError(f"sink URL {_mask_raw(url)!r}: the host is missing")
@@ -142,7 +146,7 @@ class StoreURL:
 def _mask_raw(url: object) -> str:
     if not isinstance(url, str):
         return repr(url)
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    return re.sub(r"([^:/@]+):([^@/]*)@", r"\1:***@", url)
 
 
 TriggerKind = Literal["availableNow", "processingTime"]

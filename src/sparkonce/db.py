@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,19 @@ log = logging.getLogger(__name__)
 
 CONNECT_ATTEMPTS = 4  # 4 tries, 0.5 s then doubling: ~3.5 s of waiting before giving up
 CONNECT_TIMEOUT_S = 5  # per attempt; a black-holed host costs at most this per try
+
+
+def qi(name: str) -> str:
+    """Quote an identifier (already validated by ``check_identifier``) for both stores.
+
+    Quoting keeps reserved words such as ``offset`` usable as column names and
+    keeps the exact case in PostgreSQL.
+    """
+    return '"' + name.replace('"', '""') + '"'
+
+
+def qlist(names: Iterable[str]) -> str:
+    return ", ".join(qi(n) for n in names)
 
 
 class Dialect:

@@ -104,6 +104,8 @@ class BatchRanges:
                 raise ConfigError(f"offset ranges of topic {topic!r} must be an object")
             for part, bounds in parts.items():
                 try:
+                    if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
+                        raise TypeError("need a [start, end] pair")
                     start, end = (int(b) for b in bounds)
                     partition = int(part)
                 except (TypeError, ValueError) as exc:

@@ -106,22 +106,12 @@ def test_non_string_url_is_rejected() -> None:
         StoreURL.parse(None)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _mask_raw only masks after '://', so a URL missing '//' leaks the password "
-    "in the 'is not a URL' error",
-)
 def test_not_a_url_error_hides_the_password() -> None:
     with pytest.raises(ConfigError, match="is not a URL") as info:
         StoreURL.parse(f"postgresql:/u:{SECRET}@host/db")
     assert SECRET not in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: port 0 is silently replaced by 5432 ('port or 5432') instead of being "
-    "rejected as outside 1..65535",
-)
 def test_port_zero_is_rejected() -> None:
     with pytest.raises(ConfigError, match="port"):
         StoreURL.parse("postgresql://u@host:0/db")
@@ -200,11 +190,6 @@ def test_check_pipeline_name_invalid(name: object) -> None:
     assert repr(name) in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _IDENT_RE/_NAME_RE end in '$', which also matches before a trailing newline, "
-    "so 'name\\n' passes validation",
-)
 @pytest.mark.parametrize("kind", ["identifier", "pipeline"])
 def test_names_with_trailing_newline_are_rejected(kind: str) -> None:
     with pytest.raises(ConfigError):

@@ -68,11 +68,6 @@ def test_invalid_topic_names(log_root: Path, name: str) -> None:
     assert not log_root.exists() or list(log_root.iterdir()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _TOPIC_RE ends in '$', which matches before a trailing newline, so topic "
-    "'t\\n' is accepted (and a file named 't\\n.db' created)",
-)
 def test_topic_name_with_trailing_newline_is_invalid(log_root: Path) -> None:
     with pytest.raises(ConfigError):
         Topic.create(log_root, "t\n", 1)
@@ -101,11 +96,6 @@ def test_list_topics(log_root: Path, tmp_path: Path) -> None:
     assert list_topics(log_root) == ["a", "b"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: opening a .db file that is not a topic raises a raw sqlite3.OperationalError "
-    "('no such table: topic_meta') instead of SourceError",
-)
 def test_opening_a_non_topic_database_raises_source_error(log_root: Path) -> None:
     log_root.mkdir()
     (log_root / "stray.db").touch()

@@ -294,11 +294,6 @@ def test_batch_ranges_from_bad_json(text: str) -> None:
         BatchRanges.from_json(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: from_json_obj iterates a string bound, so [start, end] given as '12' parses "
-    "as start=1, end=2 instead of raising ConfigError",
-)
 def test_batch_ranges_rejects_string_bounds() -> None:
     with pytest.raises(ConfigError):
         BatchRanges.from_json('{"t": {"0": "12"}}')

@@ -108,11 +108,6 @@ def test_replayed_batch_is_skipped_and_changes_nothing(sink: SQLiteSink) -> None
     assert (_rows(sink), sink.ledger("p")) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a replay skipped at step 2 returns CommitResult.seq=None, though CommitResult "
-    "documents seq as the covering ledger entry (None only for a no-op no-data batch)",
-)
 def test_replay_reports_the_covering_ledger_entry(sink: SQLiteSink) -> None:
     epoch = sink.acquire("p").epoch
     _commit(sink, epoch, _b(("t", 0, 0, 2)), [(1, "a")])
@@ -149,11 +144,6 @@ def test_fencing_is_per_pipeline(sink: SQLiteSink) -> None:
         _commit(sink, 1, _b(("t", 0, 0, 1)), [(1, "a")], pipeline="c")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: SqlSink passes _status_hint('{pipeline}') as inspect_hint and nothing formats "
-    "it, so the FencedError's command reads '--pipeline {pipeline}' instead of the name",
-)
 def test_fenced_error_from_a_sink_names_the_pipeline_in_its_command(sink: SQLiteSink) -> None:
     sink.acquire("orders")
     sink.acquire("orders")

@@ -31,6 +31,7 @@ class SqlLedger:
     """Owner epochs and the batch ledger, as SQL over one connection at a time."""
 
     def __init__(self, dialect: Dialect, *, inspect_hint: str = "") -> None:
+        """``inspect_hint``: the command to inspect a pipeline; ``{pipeline}`` is filled in."""
         self.dialect = dialect
         self.inspect_hint = inspect_hint
 
@@ -99,7 +100,8 @@ class SqlLedger:
         )
         current = int(row[0]) if row else 0
         if current != epoch:
-            raise FencedError(pipeline, epoch, current, self.inspect_hint)
+            hint = self.inspect_hint.replace("{pipeline}", pipeline)
+            raise FencedError(pipeline, epoch, current, hint)
 
     # -- ledger ---------------------------------------------------------------
     def last(self, conn: Any, pipeline: str) -> LedgerEntry | None:

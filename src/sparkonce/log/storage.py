@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sparkonce.errors import ConfigError, SequenceError, SourceError, TopicNotFoundError
 
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topic_meta (
@@ -83,7 +83,7 @@ class AppendResult:
 
 
 def validate_topic_name(name: str) -> str:
-    if not isinstance(name, str) or not _TOPIC_RE.match(name):
+    if not isinstance(name, str) or not _TOPIC_RE.fullmatch(name):
         raise ConfigError(
             f"topic name {name!r} is invalid: use 1-200 characters from letters, digits, "
             "'.', '_' and '-', starting with a letter or digit"
@@ -112,10 +112,18 @@ class Topic:
                 f"sparkonce log create {self.root} {name} --partitions N"
             )
         self._conn = _connect(self.path)
-        row = self._conn.execute(
-            "SELECT partitions FROM topic_meta WHERE name = ?", (name,)
-        ).fetchone()
+        try:
+            row = self._conn.execute(
+                "SELECT partitions FROM topic_meta WHERE name = ?", (name,)
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise SourceError(
+                f"{self.path} is not a sparkonce log topic ({exc}); move it out of the log "
+                "directory or recreate the topic"
+            ) from exc
         if row is None:
+            self._conn.close()
             raise SourceError(f"{self.path} is not a sparkonce log topic (no topic_meta row)")
         self.partitions: int = int(row[0])
 

@@ -31,9 +31,11 @@ from sparkonce.db import (
     connect,
     dialect_for,
     fetchall,
+    qi,
+    qlist,
     write_transaction,
 )
-from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SinkUnavailableError
+from sparkonce.errors import ConfigError, SinkError, SparkOnceError
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.ledger.sql import SqlLedger
 from sparkonce.offsets import Coverage, TopicPartition, classify
@@ -167,7 +169,7 @@ class SqlSink(Sink):
 
     def _existing_columns(self) -> set[str]:
         if self.dialect.name == "sqlite":
-            rows = fetchall(self.conn, self.dialect, f"PRAGMA table_info({self.table})")
+            rows = fetchall(self.conn, self.dialect, f"PRAGMA table_info({qi(self.table)})")
             return {str(r[1]) for r in rows}
         rows = fetchall(
             self.conn,
@@ -182,10 +184,10 @@ class SqlSink(Sink):
         cols = []
         for f in schema.fields:
             null = " NOT NULL" if f.name in self.keys else ""
-            cols.append(f"{f.name} {self.dialect.column_type(f.dataType, f.name)}{null}")
+            cols.append(f"{qi(f.name)} {self.dialect.column_type(f.dataType, f.name)}{null}")
         if self.keys:
-            cols.append(f"PRIMARY KEY ({', '.join(self.keys)})")
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({', '.join(cols)})")
+            cols.append(f"PRIMARY KEY ({qlist(self.keys)})")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {qi(self.table)} ({', '.join(cols)})")
 
     # -- the commit protocol ----------------------------------------------------
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
@@ -204,8 +206,8 @@ class SqlSink(Sink):
             try:
                 result = self._commit_once(ctx, df.schema, columns, rows)
                 break
-            except (SinkUnavailableError, FencedError, LedgerError, ConfigError):
-                raise
+            except SparkOnceError:
+                raise  # already explains itself (fenced, ledger conflict, bad rows, ...)
             except Exception as exc:
                 if not self._is_connection_error(exc) or attempt == COMMIT_ATTEMPTS:
                     raise self._wrap_write_error(exc, ctx) from exc
@@ -236,7 +238,9 @@ class SqlSink(Sink):
             last = self._ledger.last(conn, ctx.pipeline)
             coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
             if coverage is Coverage.COMMITTED:
-                return CommitResult(True, 0, None, "offsets already in the ledger (replay)")
+                assert last is not None
+                seq = self._covering_seq(conn, ctx, last)
+                return CommitResult(True, 0, seq, "offsets already in the ledger (replay)")
             if coverage is Coverage.NO_DATA:
                 seq = self._ledger.find_no_data_batch(
                     conn, ctx.pipeline, ctx.checkpoint_id, ctx.spark_batch_id
@@ -268,6 +272,14 @@ class SqlSink(Sink):
             # Step 5: commit (on leaving the with-block).
         self._table_checked = True
         return CommitResult(False, len(rows), seq)
+
+    def _covering_seq(self, conn: Any, ctx: BatchContext, last: LedgerEntry) -> int | None:
+        if last.ranges == ctx.ranges:
+            return last.seq
+        for entry in reversed(self._ledger.entries(conn, ctx.pipeline)):
+            if entry.ranges == ctx.ranges:
+                return entry.seq
+        return None
 
     # -- row writing ----------------------------------------------------------------
     def _write_rows(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
@@ -301,9 +313,9 @@ class SqlSink(Sink):
     def _upsert_clause(self, columns: list[str]) -> str:
         rest = [c for c in columns if c not in self.keys]
         if not rest:
-            return f" ON CONFLICT ({', '.join(self.keys)}) DO NOTHING"
-        sets = ", ".join(f"{c} = excluded.{c}" for c in rest)
-        return f" ON CONFLICT ({', '.join(self.keys)}) DO UPDATE SET {sets}"
+            return f" ON CONFLICT ({qlist(self.keys)}) DO NOTHING"
+        sets = ", ".join(f"{qi(c)} = excluded.{qi(c)}" for c in rest)
+        return f" ON CONFLICT ({qlist(self.keys)}) DO UPDATE SET {sets}"
 
     def _rows_from_arrow(self, table: Any, schema: StructType) -> list[tuple[Any, ...]]:
         cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
@@ -332,7 +344,7 @@ class SqlSink(Sink):
     def rows(self) -> list[dict[str, Any]]:
         if not self._existing_columns():
             return []
-        cur = self.conn.execute(f"SELECT * FROM {self.table}")
+        cur = self.conn.execute(f"SELECT * FROM {qi(self.table)}")
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
@@ -349,7 +361,7 @@ class SQLiteSink(SqlSink):
 
     def _insert(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         marks = ", ".join("?" for _ in columns)
-        sql = f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES ({marks})"
+        sql = f"INSERT INTO {qi(self.table)} ({qlist(columns)}) VALUES ({marks})"
         if self.mode == "upsert":
             sql += self._upsert_clause(columns)
         conn.executemany(sql, rows)
@@ -392,21 +404,24 @@ class PostgresSink(SqlSink):
     scheme = "postgresql"
 
     def _insert(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-        collist = ", ".join(columns)
+        collist = qlist(columns)
         if self.mode == "append":
-            with conn.cursor() as cur, cur.copy(f"COPY {self.table} ({collist}) FROM STDIN") as cp:
+            with (
+                conn.cursor() as cur,
+                cur.copy(f"COPY {qi(self.table)} ({collist}) FROM STDIN") as cp,
+            ):
                 for r in rows:
                     cp.write_row(r)
             return
         conn.execute(
-            f"CREATE TEMP TABLE sparkonce_stage (LIKE {self.table} INCLUDING DEFAULTS) "
+            f"CREATE TEMP TABLE sparkonce_stage (LIKE {qi(self.table)} INCLUDING DEFAULTS) "
             "ON COMMIT DROP"
         )
         with conn.cursor() as cur, cur.copy(f"COPY sparkonce_stage ({collist}) FROM STDIN") as cp:
             for r in rows:
                 cp.write_row(r)
         conn.execute(
-            f"INSERT INTO {self.table} ({collist}) SELECT {collist} FROM sparkonce_stage"
+            f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM sparkonce_stage"
             + self._upsert_clause(columns)
         )
 

@@ -1,0 +1,148 @@
+"""SIGKILL the driver at every named crash point of the commit protocol, then recover.
+
+For each crash point x store (SQLite, PostgreSQL): run 1 is killed the 2nd time it reaches the
+point (batch 1, ``crash_hit=2``); the intermediate state must be what the protocol promises;
+run 2 (same checkpoint, no crash) finishes; the output must equal the oracle's exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparkonce.offsets import check_chain
+from sparkonce.pipeline.checkpoint import Checkpoint
+from sparkonce.protocol import CrashPoint
+from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from tests.crash.conftest import (
+    BATCHES,
+    KEYS,
+    PARTITIONS,
+    RECORDS,
+    ROWS_PER_BATCH,
+    STATEFUL_TABLE,
+    STATELESS_TABLE,
+    Oracle,
+    event_tuples,
+    read_sink,
+    run_driver,
+    sums_by_key,
+    write_pipeline,
+)
+
+ROLLED_BACK = [CrashPoint.BEFORE_COMMIT, CrashPoint.AFTER_ROWS, CrashPoint.BEFORE_LEDGER_COMMIT]
+
+
+def _check_intermediate(point: CrashPoint, sink_url: str, table: str, checkpoint: Path) -> None:
+    """Assert the state run 1 left behind (killed at ``point`` in batch 1)."""
+    stateless = table == STATELESS_TABLE
+    state = read_sink(sink_url, table)
+    ckpt = Checkpoint(checkpoint)
+    commits, offsets = ckpt.batch_ids("commits"), ckpt.batch_ids("offsets")
+    where = f"after the crash at {point}: ledger {state.ledger}, commits {commits}"
+    # Spark planned batch 1 (its offsets are logged) but never finished it.
+    assert commits == [0], where
+    assert 1 in offsets, where
+    assert state.owner is not None and state.owner.epoch == 1, where
+    if point in ROLLED_BACK:
+        # Crash before step 5: nothing of batch 1 is visible, in the table or the ledger.
+        assert len(state.ledger) == 1, where
+    else:
+        # Crash after step 5: the sink committed batch 1; Spark's commit log does not know it.
+        assert len(state.ledger) == 2, where
+    if stateless:
+        # Exactly the committed batches' rows, nothing of a rolled-back one.
+        assert all(e.row_count == ROWS_PER_BATCH for e in state.ledger), where
+        assert len(state.rows) == sum(e.row_count for e in state.ledger), where
+        covered = {
+            (r.partition, o) for e in state.ledger for r in e.ranges.ranges for o in range(r.start, r.end)
+        }
+        visible = {(int(row["partition"]), int(row["log_offset"])) for row in state.rows}
+        assert visible == covered, f"{where}: rows outside the ledger's ranges"
+
+
+def _check_final(sink_url: str, oracle: Oracle) -> None:
+    state = read_sink(sink_url, STATELESS_TABLE)
+    got = event_tuples(state.rows)
+    ids = [str(r["record_id"]) for r in state.rows]
+    dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
+    assert not dupes, f"duplicate record ids: {dupes[:10]} ({len(dupes)} in all)"
+    assert len(state.rows) == RECORDS
+    missing, extra = oracle.events - got, got - oracle.events
+    assert got == oracle.events, f"missing {list(missing)[:5]}, extra {list(extra)[:5]}"
+    assert check_chain(e.ranges for e in state.ledger) == []
+    assert [e.seq for e in state.ledger] == list(range(len(state.ledger)))
+    assert sum(e.row_count for e in state.ledger) == RECORDS
+
+
+@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
+def test_crash_point_then_recover(
+    point: CrashPoint,
+    store_url: str,
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    oracle: Oracle,
+    drivers: list[Driver],
+) -> None:
+    log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
+    pipeline_file = write_pipeline(tmp_path, log_dir=log_dir, sink_url=store_url)
+    checkpoint = tmp_path / "checkpoint"
+
+    run1 = Driver(pipeline_file, tmp_path / "run1.log", crash_at=point, crash_hit=2)
+    drivers.append(run1.start())
+    code = run_driver(run1)
+    assert code == SIGKILL_EXIT, f"run 1 exited with {code}, not SIGKILL:\n{run1.log_tail()}"
+    try:
+        _check_intermediate(point, store_url, STATELESS_TABLE, checkpoint)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrun 1 log tail:\n{run1.log_tail()}") from None
+
+    run2 = Driver(pipeline_file, tmp_path / "run2.log")
+    drivers.append(run2.start())
+    code = run_driver(run2)
+    assert code == 0, f"run 2 exited with {code}:\n{run2.log_tail()}"
+    log2 = run2.log_path.read_text(errors="replace")
+    if point is CrashPoint.AFTER_LEDGER_COMMIT:
+        assert "skipped" in log2, f"run 2 did not skip the replayed batch:\n{run2.log_tail()}"
+    assert Checkpoint(checkpoint).batch_ids("commits")[-1] >= BATCHES - 1
+
+    try:
+        _check_final(store_url, oracle)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrun 2 log tail:\n{run2.log_tail()}") from None
+
+
+def test_stateful_after_ledger_commit(
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    oracle: Oracle,
+    drivers: list[Driver],
+) -> None:
+    """Per-key sums (upsert on key, state in RocksDB) survive a crash after the sink commit."""
+    point = CrashPoint.AFTER_LEDGER_COMMIT
+    sink_url = f"sqlite:///{tmp_path / 'sink.db'}"
+    log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
+    pipeline_file = write_pipeline(tmp_path, log_dir=log_dir, sink_url=sink_url, kind="stateful")
+    checkpoint = tmp_path / "checkpoint"
+
+    run1 = Driver(pipeline_file, tmp_path / "run1.log", crash_at=point, crash_hit=2)
+    drivers.append(run1.start())
+    code = run_driver(run1)
+    assert code == SIGKILL_EXIT, f"run 1 exited with {code}, not SIGKILL:\n{run1.log_tail()}"
+    try:
+        _check_intermediate(point, sink_url, STATEFUL_TABLE, checkpoint)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrun 1 log tail:\n{run1.log_tail()}") from None
+
+    run2 = Driver(pipeline_file, tmp_path / "run2.log")
+    drivers.append(run2.start())
+    code = run_driver(run2)
+    assert code == 0, f"run 2 exited with {code}:\n{run2.log_tail()}"
+    assert "skipped" in run2.log_path.read_text(errors="replace"), run2.log_tail()
+
+    state = read_sink(sink_url, STATEFUL_TABLE)
+    assert sums_by_key(state.rows) == oracle.sums, run2.log_tail()
+    assert check_chain(e.ranges for e in state.ledger) == []
