@@ -256,9 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--exist-ok", action="store_true", help="no error if it already exists")
     q.set_defaults(func=cmd_log_create)
 
-    q = log_sub.add_parser("produce", help="append values (arguments, or lines on stdin)")
+    q = log_sub.add_parser(
+        "produce", help="append records: each --value, or else each line of stdin"
+    )
     add_dir_topic(q)
-    q.add_argument("values", nargs="*")
+    q.add_argument(
+        "--value", dest="values", action="append", default=[], help="a record (repeatable)"
+    )
     q.add_argument("--key", default=None, help="key for every record")
     q.add_argument("--separator", default=None, help="split each line into KEY<sep>VALUE")
     q.add_argument("--partition", type=int, default=None, help="write to this partition")

@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # -- pipeline files -------------------------------------------------------------------------------
 
-_PIPELINE_FILE = '''"""sparkonce crash-test pipeline ({kind}), written by tests/crash/conftest.py."""
+_PIPELINE_FILE = '''"""A sparkonce crash-test pipeline ({kind}), written by tests/crash."""
 
 from pyspark.sql import functions as F
 
@@ -62,12 +62,10 @@ from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 
 
 def stateless(df):
-    # The log's offset column is written as log_offset: PostgreSQL rejects a column named
-    # "offset" (reserved word), see tests/crash/test_known_bugs.py.
     return df.select(
         F.col("record_id"),
         F.col("partition"),
-        F.col("offset").alias("log_offset"),
+        F.col("offset"),
         F.col("value").cast("string").cast("long").alias("value"),
     )
 
@@ -107,7 +105,7 @@ def write_pipeline(
 ) -> Path:
     """Write a pipeline file into ``tmp_path``; return its path.
 
-    ``stateless``: record_id, partition, log_offset, value (cast to long), appended into
+    ``stateless``: record_id, partition, offset, value (cast to long), appended into
     ``events_out``. ``stateful``: per-key sum and count of the values, upserted on ``key``
     into ``sums``. Checkpoint defaults to ``tmp_path/checkpoint``.
     """
@@ -182,10 +180,9 @@ def read_owner(sink_url: str, pipeline: str = "crash-test") -> Owner | None:
 
 
 def event_tuples(rows: list[dict[str, Any]]) -> Counter[tuple[str, int, int, int]]:
-    """The stateless table as a multiset of (record_id, partition, log_offset, value)."""
+    """The stateless table as a multiset of (record_id, partition, offset, value)."""
     return Counter(
-        (str(r["record_id"]), int(r["partition"]), int(r["log_offset"]), int(r["value"]))
-        for r in rows
+        (str(r["record_id"]), int(r["partition"]), int(r["offset"]), int(r["value"])) for r in rows
     )
 
 

@@ -57,10 +57,9 @@ def _check_intermediate(point: CrashPoint, sink_url: str, table: str, checkpoint
         # Exactly the committed batches' rows, nothing of a rolled-back one.
         assert all(e.row_count == ROWS_PER_BATCH for e in state.ledger), where
         assert len(state.rows) == sum(e.row_count for e in state.ledger), where
-        covered = {
-            (r.partition, o) for e in state.ledger for r in e.ranges.ranges for o in range(r.start, r.end)
-        }
-        visible = {(int(row["partition"]), int(row["log_offset"])) for row in state.rows}
+        ranges = [r for e in state.ledger for r in e.ranges.ranges]
+        covered = {(r.partition, o) for r in ranges for o in range(r.start, r.end)}
+        visible = {(int(row["partition"]), int(row["offset"])) for row in state.rows}
         assert visible == covered, f"{where}: rows outside the ledger's ranges"
 
 

@@ -1,0 +1,93 @@
+"""A zombie run alongside a newer one: the older run is fenced and writes nothing.
+
+Run A stops itself (SIGSTOP, ``SPARKONCE_PAUSE_AT=before-commit@2``) just before its 2nd
+commit, outside any transaction: a driver that looks dead but is not. Run B, the same pipeline
+on the same sink from a new machine (an empty checkpoint directory), takes epoch 2, resumes from
+the ledger and finishes. Then A is continued: its commit must be fenced (exit code 3) and the
+output must still be exactly the oracle's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkonce.cli import EXIT_FENCED
+from sparkonce.offsets import check_chain
+from sparkonce.protocol import PAUSE_ENV, CrashPoint
+from sparkonce.verify.driver import Driver
+from tests.crash.conftest import (
+    KEYS,
+    PARTITIONS,
+    RECORDS,
+    ROWS_PER_BATCH,
+    STATELESS_TABLE,
+    Oracle,
+    event_tuples,
+    read_sink,
+    run_driver,
+    wait_until_stopped,
+    write_pipeline,
+)
+
+
+def test_zombie_run_is_fenced(
+    store_url: str,
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    oracle: Oracle,
+    drivers: list[Driver],
+) -> None:
+    log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
+    # Same pipeline name and sink, different checkpoint directories: two machines.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    file_a = write_pipeline(
+        tmp_path / "a", log_dir=log_dir, sink_url=store_url, checkpoint=tmp_path / "a" / "ckpt"
+    )
+    file_b = write_pipeline(
+        tmp_path / "b", log_dir=log_dir, sink_url=store_url, checkpoint=tmp_path / "b" / "ckpt"
+    )
+
+    # Run A: commits batch 0, then stops itself just before committing batch 1.
+    run_a = Driver(
+        file_a, tmp_path / "run_a.log", env={PAUSE_ENV: f"{CrashPoint.BEFORE_COMMIT.value}@2"}
+    )
+    drivers.append(run_a.start())
+    wait_until_stopped(run_a)
+    paused = read_sink(store_url, STATELESS_TABLE)
+    where = f"run A paused: ledger {paused.ledger}, owner {paused.owner}\n{run_a.log_tail()}"
+    assert paused.owner is not None and paused.owner.epoch == 1, where
+    assert [(e.seq, e.epoch) for e in paused.ledger] == [(0, 1)], where
+    assert len(paused.rows) == ROWS_PER_BATCH, where
+
+    # Run B: a new machine takes the pipeline over and finishes it.
+    run_b = Driver(file_b, tmp_path / "run_b.log")
+    drivers.append(run_b.start())
+    code = run_driver(run_b)
+    assert code == 0, f"run B exited with {code}:\n{run_b.log_tail()}"
+    assert "resumed from ledger" in run_b.log_path.read_text(errors="replace"), run_b.log_tail()
+    after_b = read_sink(store_url, STATELESS_TABLE)
+    assert len(after_b.rows) == RECORDS, run_b.log_tail()
+
+    # Run A wakes up: its 2nd commit must be fenced, and it must write nothing.
+    assert run_a.poll() is None, f"run A died while paused:\n{run_a.log_tail()}"
+    run_a.resume()
+    code = run_driver(run_a)
+    assert code == EXIT_FENCED, f"run A exited with {code}, not fenced (3):\n{run_a.log_tail()}"
+    assert "fenced" in run_a.log_path.read_text(errors="replace").lower(), run_a.log_tail()
+
+    final = read_sink(store_url, STATELESS_TABLE)
+    assert final.ledger == after_b.ledger, "the fenced run changed the ledger"
+    got = event_tuples(final.rows)
+    ids = [str(r["record_id"]) for r in final.rows]
+    assert len(ids) == len(set(ids)) == RECORDS, f"{len(ids)} rows, {len(set(ids))} distinct ids"
+    missing, extra = oracle.events - got, got - oracle.events
+    assert got == oracle.events, f"missing {list(missing)[:5]}, extra {list(extra)[:5]}"
+    assert final.owner is not None and final.owner.epoch == 2, final.owner
+    newer = final.ledger[len(paused.ledger) :]
+    assert newer, "run B committed nothing"
+    assert all(e.epoch == 2 for e in newer), [(e.seq, e.epoch) for e in final.ledger]
+    assert check_chain(e.ranges for e in final.ledger) == []
+    assert [e.seq for e in final.ledger] == list(range(len(final.ledger)))
+    assert sum(e.row_count for e in final.ledger) == RECORDS
