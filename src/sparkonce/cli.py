@@ -306,8 +306,15 @@ def _setup_logging(verbose: int) -> None:
     from rich.logging import RichHandler
 
     # sparkonce's own progress (one line per batch) shows by default; -v adds debug output.
-    handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
-    logging.basicConfig(level=logging.WARNING, handlers=[handler], format="%(message)s")
+    # On a terminal, rich formatting; in a log file, one plain line per record.
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("sparkonce").setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("py4j").setLevel(logging.WARNING)
 

@@ -225,9 +225,9 @@ def run_demo(
             progress.console.print(f"[red]✗[/] {kills[-1]}")
         elif code != 0:
             _fail_run(console, d2, f"run 2 failed with exit code {code}")
-        skipped = _grep(work / "run2.log", "skipped")
-        for line in skipped[:3]:
-            progress.console.print(f"  [yellow]run 2 log:[/] {line}")
+        for line in _grep(work / "run2.log", ": skipped")[:3]:
+            message = line.split("sparkonce.run: ", 1)[-1]
+            progress.console.print(f"  [yellow]run 2:[/] {message}", markup=True, highlight=False)
 
         # Run 3: to the end.
         d3 = Driver(pipeline_file, work / "run3.log").start()
