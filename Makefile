@@ -1,6 +1,6 @@
 # Two commands a user needs: `make demo` and `make test`. Everything else is a helper.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
+	@$(PYTHON) -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" || { echo "error: Python 3.11 is needed (set PYTHON=...)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"

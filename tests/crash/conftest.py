@@ -179,6 +179,38 @@ def read_owner(sink_url: str, pipeline: str = "crash-test") -> Owner | None:
     return read_sink(sink_url, STATELESS_TABLE, pipeline).owner
 
 
+def open_transaction(sink_url: str) -> str | None:
+    """Who holds a write transaction in the store (None: nobody), probed from outside.
+
+    SQLite: a ``BEGIN IMMEDIATE`` that cannot get the write lock within 2 s. PostgreSQL:
+    another session of the database with a transaction open.
+    """
+    from sparkonce.config import StoreURL
+
+    url = StoreURL.parse(sink_url)
+    if url.scheme == "sqlite":
+        import sqlite3
+
+        assert url.path is not None
+        conn = sqlite3.connect(url.path, timeout=2.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return None
+        except sqlite3.OperationalError as exc:
+            return f"SQLite write lock held ({exc})"
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(sink_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, state, query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+        ).fetchall()
+    return f"PostgreSQL sessions in a transaction: {rows}" if rows else None
+
+
 def event_tuples(rows: list[dict[str, Any]]) -> Counter[tuple[str, int, int, int]]:
     """The stateless table as a multiset of (record_id, partition, offset, value)."""
     return Counter(
