@@ -38,7 +38,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sparkonce.pipeline.loader import load_pipeline
     from sparkonce.pipeline.spark import build_session
 
-    pipeline = load_pipeline(args.pipeline_file)
+    pipeline = load_pipeline(args.pipeline_file).with_overrides(
+        sink_url=args.sink, checkpoint=args.checkpoint
+    )
     spark = build_session(master=args.master, app_name=f"sparkonce:{pipeline.name}")
     try:
         report = pipeline.run(spark, timeout=args.timeout)
@@ -181,6 +183,106 @@ def cmd_log_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.table import Table
+
+    from sparkonce.verify import Campaign, parse_fault_kinds, summarize, write_chart, write_json
+
+    if args.trials < 1 and args.replay is None:
+        raise ConfigError(f"--trials must be >= 1, got {args.trials}")
+    kinds = parse_fault_kinds(args.faults)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    campaign = Campaign(
+        args.pipeline_file,
+        workdir=out_dir / "work",
+        seed=args.seed,
+        kinds=kinds,
+        sink_url=args.sink,
+        on_event=lambda msg: console.print(f"[dim]{msg}[/]"),
+    )
+    console.print(
+        f"[bold]verify[/] {campaign.pipeline.name}: sink {campaign.pipeline.sink.describe()}, "
+        f"faults {', '.join(kinds)}, seed {args.seed}. Each trial wipes this pipeline's "
+        "output table and ledger in that sink."
+    )
+    trials = [args.replay] if args.replay is not None else list(range(args.trials))
+    outcomes = []
+    started = time.monotonic()
+    json_path, png_path = out_dir / "verify.json", out_dir / "recovery.png"
+    try:
+        campaign.run_oracle()
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+        ) as progress:
+            task = progress.add_task("trials", total=len(trials))
+            for n in trials:
+                fault = campaign.plan(n)
+                progress.update(task, description=f"trial {n}: {fault.describe()}")
+                outcome = campaign.run_trial(n)
+                outcomes.append(outcome)
+                mark = "[green]pass[/]" if outcome.passed else "[bold red]FAIL[/]"
+                detail = (
+                    f"lost {outcome.lost_rows}, duplicated {outcome.duplicated_rows}, "
+                    f"mismatched {outcome.value_mismatches}"
+                )
+                if outcome.error:
+                    detail += f"; {outcome.error.splitlines()[0][:160]}"
+                progress.console.print(
+                    f"trial {n} ({fault.describe()}): {mark} in {outcome.seconds:.0f} s; {detail}"
+                )
+                progress.advance(task)
+                write_json(json_path, campaign, outcomes, time.monotonic() - started)
+    finally:
+        campaign.close()
+    elapsed = time.monotonic() - started
+    write_json(json_path, campaign, outcomes, elapsed)
+    charted = write_chart(png_path, outcomes, kinds)
+    table = Table(title=f"sparkonce verify: {len(outcomes)} trials in {elapsed / 60:.1f} min")
+    for col in (
+        "fault",
+        "trials",
+        "passed",
+        "fired",
+        "lost rows",
+        "duplicated rows",
+        "value mismatches",
+        "recovery mean (s)",
+        "recovery p95 (s)",
+    ):
+        table.add_column(col, justify="left" if col == "fault" else "right")
+    for s in summarize(outcomes, kinds):
+        table.add_row(
+            s.kind,
+            str(s.trials),
+            str(s.passed),
+            str(s.fired),
+            str(s.lost_rows),
+            str(s.duplicated_rows),
+            str(s.value_mismatches),
+            "-" if s.recovery_mean_s is None else f"{s.recovery_mean_s:.1f}",
+            "-" if s.recovery_p95_s is None else f"{s.recovery_p95_s:.1f}",
+        )
+    console.print(table)
+    console.print(f"every trial: {json_path}" + (f"; chart: {png_path}" if charted else ""))
+    failed = [o.trial for o in outcomes if not o.passed]
+    if failed:
+        console.print(
+            f"[bold red]FAIL[/]: trials {failed[:20]} failed. Repeat one exactly with: "
+            f"sparkonce verify {args.pipeline_file} --seed {args.seed} --replay {failed[0]}"
+            + (f" --faults {args.faults}" if args.faults else "")
+        )
+        return EXIT_FAIL
+    console.print("[bold green]PASS[/]: every trial matched the oracle")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from sparkonce.demo import run_demo
 
@@ -218,6 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="stop after this many seconds (for processingTime triggers)",
+    )
+    p.add_argument(
+        "--sink",
+        default=_env("SPARKONCE_RUN_SINK"),
+        help=_help("write to this store instead of the file's sink URL", "SPARKONCE_RUN_SINK"),
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=_env("SPARKONCE_RUN_CHECKPOINT"),
+        help=_help("use this checkpoint directory instead", "SPARKONCE_RUN_CHECKPOINT"),
     )
     p.set_defaults(func=cmd_run)
 
@@ -282,6 +394,42 @@ def build_parser() -> argparse.ArgumentParser:
     q = log_sub.add_parser("describe", help="partitions, end offsets and producers")
     add_dir_topic(q, topic_required=False)
     q.set_defaults(func=cmd_log_describe)
+
+    p = sub.add_parser("verify", help="crash-test campaign: faults vs a failure-free oracle")
+    p.add_argument("pipeline_file")
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=int(_env("SPARKONCE_VERIFY_TRIALS", "20") or 20),
+        help=_help("number of trials, default 20", "SPARKONCE_VERIFY_TRIALS"),
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=int(_env("SPARKONCE_VERIFY_SEED", "0") or 0),
+        help=_help("campaign seed, default 0", "SPARKONCE_VERIFY_SEED"),
+    )
+    p.add_argument(
+        "--faults",
+        default=_env("SPARKONCE_VERIFY_FAULTS"),
+        help=_help(
+            "comma-separated kinds: kill, crash-point, task-failure, db-drop, "
+            "zombie (default: all)",
+            "SPARKONCE_VERIFY_FAULTS",
+        ),
+    )
+    p.add_argument("--replay", type=int, default=None, help="run only this trial again")
+    p.add_argument(
+        "--sink",
+        default=_env("SPARKONCE_VERIFY_SINK"),
+        help=_help("test store to use instead of the file's sink URL", "SPARKONCE_VERIFY_SINK"),
+    )
+    p.add_argument(
+        "--out",
+        default=_env("SPARKONCE_VERIFY_OUT", "verify-out"),
+        help=_help("directory for verify.json, recovery.png and logs", "SPARKONCE_VERIFY_OUT"),
+    )
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("demo", help="crash a real pipeline twice and check the sums are exact")
     p.add_argument(

@@ -33,6 +33,14 @@ The crash is a SIGKILL of this process's whole process group when the process
 leads its group (the verifier starts drivers that way, so the JVM and Python
 workers die with it, as on a machine failure), otherwise of this process alone.
 
+``SPARKONCE_DROP_CONNECTION_AT`` (same form) makes a SQL sink lose its
+database connection at that point, inside the open transaction, as a network
+drop would: the sink must retry on a new connection and commit exactly once.
+
+``SPARKONCE_FAIL_TASKS=read`` makes about half of the source's read tasks fail
+halfway on their first attempt, so Spark retries them (run with a master that
+allows task retries, such as ``local[2,4]``).
+
 ``SPARKONCE_PAUSE_AT`` takes the same ``NAME[@N]`` form but SIGSTOPs this
 process instead: a driver that looks dead but is not. Sent SIGCONT later, it
 carries on from that point: this is how the zombie tests make an old run
@@ -50,6 +58,8 @@ from sparkonce.errors import ConfigError
 
 CRASH_ENV = "SPARKONCE_CRASH_AT"
 PAUSE_ENV = "SPARKONCE_PAUSE_AT"
+DROP_CONNECTION_ENV = "SPARKONCE_DROP_CONNECTION_AT"
+FAIL_TASKS_ENV = "SPARKONCE_FAIL_TASKS"
 
 
 class CrashPoint(StrEnum):
@@ -91,18 +101,38 @@ def parse_crash_spec(spec: str, env: str = CRASH_ENV) -> tuple[CrashPoint, int]:
     return point, hit
 
 
-def crash_point(point: CrashPoint) -> None:
-    """Mark ``point``: SIGKILL (``SPARKONCE_CRASH_AT``) or SIGSTOP (``SPARKONCE_PAUSE_AT``)."""
+def crash_point(point: CrashPoint) -> bool:
+    """Mark ``point``: SIGKILL (``SPARKONCE_CRASH_AT``) or SIGSTOP (``SPARKONCE_PAUSE_AT``).
+
+    Returns True when ``SPARKONCE_DROP_CONNECTION_AT`` asks the caller to drop its
+    database connection here (only SQL sinks act on it).
+    """
     crash = os.environ.get(CRASH_ENV)
     pause = os.environ.get(PAUSE_ENV)
-    if not crash and not pause:
-        return
+    drop = os.environ.get(DROP_CONNECTION_ENV)
+    if not crash and not pause and not drop:
+        return False
     with _lock:
         _hits[point.value] = hit = _hits.get(point.value, 0) + 1
     if pause and parse_crash_spec(pause, PAUSE_ENV) == (point, hit):
         os.kill(os.getpid(), signal.SIGSTOP)
     if crash and parse_crash_spec(crash, CRASH_ENV) == (point, hit):
         kill_self()
+    return bool(drop and parse_crash_spec(drop, DROP_CONNECTION_ENV) == (point, hit))
+
+
+def task_failure_requested(stage: str, key: str, attempt: int) -> bool:
+    """Whether a task of ``stage`` ("read") should fail now (first attempts only).
+
+    ``key`` identifies the task's data (a partition and range) so the choice is
+    stable across retries: about half of the tasks fail once, then succeed.
+    """
+    wanted = os.environ.get(FAIL_TASKS_ENV, "")
+    if stage not in {s.strip() for s in wanted.split(",") if s.strip()} or attempt > 0:
+        return False
+    import zlib
+
+    return zlib.crc32(key.encode()) % 2 == 0
 
 
 def kill_self() -> None:

@@ -98,6 +98,19 @@ class Pipeline:
         if self.stateful not in (None, True, False):
             raise ConfigError(f"pipeline {self.name!r}: stateful must be None, True or False")
 
+    def with_overrides(
+        self, *, sink_url: str | None = None, checkpoint: str | Path | None = None
+    ) -> Pipeline:
+        """A copy writing to another sink store and/or checkpoint (same table, mode, keys)."""
+        import dataclasses
+
+        changes: dict[str, object] = {}
+        if sink_url:
+            changes["sink"] = self.sink.relocated(sink_url)
+        if checkpoint:
+            changes["checkpoint"] = checkpoint
+        return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
+
     @property
     def checkpoint_path(self) -> Path:
         raw = str(self.checkpoint)

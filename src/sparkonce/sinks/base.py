@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.config import Guarantee
+from sparkonce.config import Guarantee, StoreURL
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.offsets import TopicPartition
 
@@ -74,6 +74,14 @@ class Sink(ABC):
     @abstractmethod
     def rows(self) -> list[dict[str, Any]]:
         """What readers of the output see now (for status and verification)."""
+
+    def relocated(self, url: str | StoreURL) -> Sink:
+        """The same sink in another store (``sparkonce run --sink``, ``verify``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be relocated")
+
+    def reset(self, pipeline: str) -> None:
+        """Drop the output and ``pipeline``'s ledger: a clean sink for a verify trial."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be reset")
 
     @abstractmethod
     def describe(self) -> str:

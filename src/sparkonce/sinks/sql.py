@@ -19,6 +19,7 @@ Fencing: a run whose epoch is no longer the owner's gets
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from datetime import date, datetime
@@ -254,7 +255,8 @@ class SqlSink(Sink):
             if not self._table_checked:
                 self._create_table(conn, schema)
             self._write_rows(conn, columns, rows)
-            crash_point(CrashPoint.AFTER_ROWS)
+            if crash_point(CrashPoint.AFTER_ROWS):
+                self._lose_connection(conn)
 
             # Step 4: the ledger row, in the same transaction.
             seq = 0 if last is None else last.seq + 1
@@ -321,9 +323,16 @@ class SqlSink(Sink):
         cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
         return list(zip(*cols, strict=True)) if cols else []
 
+    def _lose_connection(self, conn: Any) -> None:
+        """Fault injection: lose the connection mid-transaction, as a network drop would."""
+        log.warning("fault injection: dropping the connection to %s mid-commit", self.url.address)
+        conn.close()
+
     # -- errors ----------------------------------------------------------------
     def _is_connection_error(self, exc: Exception) -> bool:
-        return False
+        import sqlite3
+
+        return isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc)
 
     def _drop_connection(self) -> None:
         try:
@@ -339,6 +348,28 @@ class SqlSink(Sink):
             "is visible and the ledger is unchanged. Fix the cause and restart the run; the "
             "batch will be replayed."
         )
+
+    # -- administration -------------------------------------------------------------
+    def relocated(self, url: str | StoreURL) -> SqlSink:
+        """The same sink (table, mode, keys) in another store, e.g. a test database."""
+        parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
+        cls: type[SqlSink] = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
+        return cls(parsed, self.table, mode=self.mode, keys=self.keys)
+
+    def reset(self, pipeline: str) -> None:
+        """Drop the output table and ``pipeline``'s owner and ledger rows. Destructive.
+
+        Used by ``sparkonce verify`` to start each trial from a clean sink; never
+        called by a pipeline run.
+        """
+        from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
+
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            conn.execute(f"DROP TABLE IF EXISTS {qi(self.table)}")
+            for t in (LEDGER_TABLE, OWNER_TABLE):
+                conn.execute(self.dialect.q(f"DELETE FROM {t} WHERE pipeline = %s"), (pipeline,))
+        self._table_checked = False
 
     # -- reading ----------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -424,6 +455,14 @@ class PostgresSink(SqlSink):
             f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM sparkonce_stage"
             + self._upsert_clause(columns)
         )
+
+    def _lose_connection(self, conn: Any) -> None:
+        log.warning("fault injection: terminating this PostgreSQL session mid-commit")
+        import psycopg
+
+        with contextlib.suppress(psycopg.OperationalError):  # the server closes the session
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        raise psycopg.OperationalError("server closed the connection (injected fault)")
 
     def _is_connection_error(self, exc: Exception) -> bool:
         import psycopg

@@ -24,6 +24,7 @@ Offsets (the wire form of :mod:`sparkonce.offsets`)::
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sparkonce.errors import ConfigError
 from sparkonce.log.storage import Topic, validate_topic_name
 from sparkonce.offsets import BatchRanges, TopicPartition, plan_batch
+from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
 from sparkonce.sources.base import Source
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -194,10 +196,18 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
             ("record_id", pa.string()),
         ]
     )
+    fail_at = _injected_failure_offset(part)
     with Topic(Path(part.path), part.topic) as t:
         lo = part.start
         while lo < part.end:
+            if fail_at is not None and lo >= fail_at:
+                raise RuntimeError(
+                    f"injected task failure while reading {part.topic}[{part.partition}] "
+                    f"{part.start}..{part.end} ({FAIL_TASKS_ENV}); Spark retries the task"
+                )
             hi = min(part.end, lo + chunk)
+            if fail_at is not None and lo < fail_at:
+                hi = min(hi, fail_at)
             cols = t.read_columns(part.partition, lo, hi)
             n = hi - lo
             yield pa.RecordBatch.from_arrays(
@@ -213,6 +223,20 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
                 schema=schema,
             )
             lo = hi
+
+
+def _injected_failure_offset(part: RangePartition) -> int | None:
+    """Where to fail this read task halfway, when fault injection asks for it."""
+    if not os.environ.get(FAIL_TASKS_ENV):
+        return None
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    key = f"{part.topic}:{part.partition}:{part.start}:{part.end}"
+    if part.end - part.start < 2 or not task_failure_requested("read", key, attempt):
+        return None
+    return part.start + (part.end - part.start) // 2
 
 
 class EmbeddedLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -1,5 +1,29 @@
-"""Crash harness: named crash points, kill/restart, and oracle checks."""
+"""Crash harness and ``sparkonce verify``: named crash points, kill/restart, oracle checks."""
 
+from sparkonce.verify.campaign import (
+    FAULT_KINDS,
+    Campaign,
+    Fault,
+    KindSummary,
+    TrialOutcome,
+    compare_rows,
+    parse_fault_kinds,
+    summarize,
+    write_chart,
+    write_json,
+)
 from sparkonce.verify.driver import Driver
 
-__all__ = ["Driver"]
+__all__ = [
+    "FAULT_KINDS",
+    "Campaign",
+    "Driver",
+    "Fault",
+    "KindSummary",
+    "TrialOutcome",
+    "compare_rows",
+    "parse_fault_kinds",
+    "summarize",
+    "write_chart",
+    "write_json",
+]

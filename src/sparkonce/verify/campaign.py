@@ -1,0 +1,531 @@
+"""``sparkonce verify``: a crash-test campaign against any user's pipeline.
+
+A campaign first runs the pipeline once with no fault: that run's sink content
+is the **oracle**. Then each trial starts from a clean sink (``Sink.reset``)
+and an empty checkpoint, injects one fault, restarts the pipeline until its
+input is consumed, and compares the sink with the oracle.
+
+Fault kinds (``--faults``):
+
+``kill``
+    SIGKILL of the driver's process group at a random moment.
+``crash-point``
+    SIGKILL at a named crash point of the commit protocol
+    (:class:`~sparkonce.protocol.CrashPoint`), on a random batch.
+``task-failure``
+    Read tasks fail halfway on their first attempt; Spark retries them.
+``db-drop``
+    The sink loses its database connection inside the commit transaction.
+``zombie``
+    The driver is frozen (SIGSTOP) just before a commit; a newer run starts
+    and finishes; the old one is then thawed (SIGCONT) and must be fenced.
+
+Checks in every trial: no row missing, no row duplicated, the same values as
+the oracle (aggregates), the zombie's commits refused, and a ledger that is
+gap-free and monotonic.
+
+The campaign only uses the public API (a pipeline file, ``sparkonce run``, and
+the sink's ``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline
+as a black box. Each trial's fault schedule derives from ``(seed, trial)``, so
+``--replay TRIAL`` repeats the same schedule. Timing-based faults (a kill at a
+random moment) land at the same delay, though not necessarily at the same
+instruction.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkonce.config import StoreURL
+from sparkonce.errors import ConfigError, VerificationError
+from sparkonce.offsets import check_chain
+from sparkonce.pipeline.loader import load_pipeline
+from sparkonce.pipeline.pipeline import Pipeline
+from sparkonce.protocol import (
+    DROP_CONNECTION_ENV,
+    FAIL_TASKS_ENV,
+    PAUSE_ENV,
+    CrashPoint,
+)
+from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+
+FAULT_KINDS = ("kill", "crash-point", "task-failure", "db-drop", "zombie")
+EXIT_FENCED = 3  # sparkonce.cli.EXIT_FENCED; the CLI is above this layer
+RETRY_MASTER = "local[2,4]"  # local mode with up to 4 attempts per task
+DRIVER_TIMEOUT_S = 600.0
+MAX_RESTARTS = 4
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, fully determined by the trial's seed."""
+
+    kind: str
+    point: str | None = None  # crash point name (crash-point, db-drop, zombie)
+    hit: int = 1  # which time the point is reached (1 = first batch)
+    delay_s: float | None = None  # kill: seconds after the driver started
+
+    def describe(self) -> str:
+        if self.kind == "kill":
+            return f"kill after {self.delay_s:.1f} s"
+        if self.point:
+            return f"{self.kind} at {self.point}@{self.hit}"
+        return self.kind
+
+
+@dataclass
+class TrialOutcome:
+    """What one trial did and found."""
+
+    trial: int
+    seed: str
+    fault: Fault
+    passed: bool = False
+    fault_fired: bool = False
+    lost_rows: int = 0
+    duplicated_rows: int = 0
+    value_mismatches: int = 0
+    zombie_fenced: bool | None = None
+    ledger_problems: list[str] = field(default_factory=list)
+    recovery_s: float | None = None
+    driver_runs: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class Oracle:
+    rows: list[dict[str, Any]]
+    seconds: float
+    batches: int
+
+
+def normalize(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable, order-independent form of a row (floats rounded to 9 digits)."""
+    return tuple(sorted((k, round(v, 9) if isinstance(v, float) else v) for k, v in row.items()))
+
+
+def compare_rows(
+    oracle: Sequence[dict[str, Any]], actual: Sequence[dict[str, Any]], keys: Sequence[str] = ()
+) -> tuple[int, int, int]:
+    """(lost, duplicated, value mismatches) of ``actual`` against ``oracle``.
+
+    With ``keys`` (an upsert sink), a key present on both sides with other
+    values counts as one value mismatch instead of one lost plus one extra row.
+    """
+    want = Counter(normalize(r) for r in oracle)
+    got = Counter(normalize(r) for r in actual)
+    lost = want - got
+    extra = got - want
+    mismatches = 0
+    if keys:
+        lost_keys = Counter(tuple(dict(r)[k] for k in keys) for r in lost.elements())
+        extra_keys = Counter(tuple(dict(r)[k] for k in keys) for r in extra.elements())
+        both = lost_keys & extra_keys
+        mismatches = sum(both.values())
+        return (
+            sum(lost.values()) - mismatches,
+            sum(extra.values()) - mismatches,
+            mismatches,
+        )
+    return sum(lost.values()), sum(extra.values()), 0
+
+
+def plan_fault(kind: str, rng: random.Random, oracle: Oracle) -> Fault:
+    """The fault of one trial, from the trial's own random generator."""
+    batches = max(1, oracle.batches)
+    if kind == "kill":
+        # A moment inside the failure-free run time, but after Spark is up.
+        return Fault(kind, delay_s=round(rng.uniform(0.3, 0.95) * oracle.seconds, 2))
+    if kind == "crash-point":
+        point = rng.choice(list(CrashPoint))
+        return Fault(kind, point=point.value, hit=rng.randint(1, batches))
+    if kind == "db-drop":
+        return Fault(kind, point=CrashPoint.AFTER_ROWS.value, hit=rng.randint(1, batches))
+    if kind == "zombie":
+        return Fault(kind, point=CrashPoint.BEFORE_COMMIT.value, hit=rng.randint(1, batches))
+    if kind == "task-failure":
+        return Fault(kind)
+    raise ConfigError(f"unknown fault kind {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+
+
+def parse_fault_kinds(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return FAULT_KINDS
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in FAULT_KINDS]
+    if bad or not kinds:
+        raise ConfigError(
+            f"--faults {text!r}: unknown kind(s) {bad}; choose from {', '.join(FAULT_KINDS)}"
+        )
+    return kinds
+
+
+class Campaign:
+    """Runs the oracle and the trials of one campaign (see the module docstring)."""
+
+    def __init__(
+        self,
+        pipeline_file: str | Path,
+        *,
+        workdir: str | Path,
+        seed: int = 0,
+        kinds: Sequence[str] = FAULT_KINDS,
+        sink_url: str | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.pipeline_file = Path(pipeline_file).resolve()
+        self.workdir = Path(workdir).resolve()
+        self.seed = seed
+        self.kinds = tuple(kinds)
+        self.sink_url = sink_url
+        self.on_event = on_event or (lambda _msg: None)
+        base = load_pipeline(self.pipeline_file)
+        self.checkpoint = self.workdir / "checkpoint"
+        self.pipeline: Pipeline = base.with_overrides(sink_url=sink_url, checkpoint=self.checkpoint)
+        self.keys: tuple[str, ...] = tuple(getattr(self.pipeline.sink, "keys", ()) or ())
+        self.oracle: Oracle | None = None
+        # One long-lived connection for polling the ledger while drivers run.
+        self._inspector = self.pipeline.sink.relocated(_sink_url(self.pipeline))
+
+    def close(self) -> None:
+        self._inspector.close()
+
+    # -- pieces ------------------------------------------------------------------------
+    def _driver_args(self, master: str | None = None) -> tuple[str, ...]:
+        args = ["--checkpoint", str(self.checkpoint)]
+        if self.sink_url:
+            args += ["--sink", self.sink_url]
+        if master:
+            args += ["--master", master]
+        return tuple(args)
+
+    def _driver(
+        self,
+        log: Path,
+        *,
+        crash: Fault | None = None,
+        env: dict[str, str] | None = None,
+        master: str | None = None,
+    ) -> Driver:
+        point = CrashPoint(crash.point) if crash and crash.point else None
+        return Driver(
+            self.pipeline_file,
+            log,
+            crash_at=point,
+            crash_hit=crash.hit if crash else 1,
+            env=env,
+            extra_args=self._driver_args(master),
+        )
+
+    def clean(self) -> None:
+        """An empty sink (for this pipeline) and no checkpoint."""
+        self._inspector.open()
+        self._inspector.reset(self.pipeline.name)
+        shutil.rmtree(self.checkpoint, ignore_errors=True)
+
+    def _ledger_len(self) -> int:
+        self._inspector.open()
+        return len(self._inspector.ledger(self.pipeline.name))
+
+    def _inspect(self) -> tuple[list[dict[str, Any]], list[Any], Any]:
+        s = self._inspector
+        s.open()
+        return s.rows(), s.ledger(self.pipeline.name), s.owner(self.pipeline.name)
+
+    # -- oracle ------------------------------------------------------------------------
+    def run_oracle(self) -> Oracle:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.clean()
+        self.on_event("oracle: failure-free run")
+        driver = self._driver(self.workdir / "oracle.log").start()
+        code = driver.wait(DRIVER_TIMEOUT_S)
+        if code != 0:
+            raise VerificationError(
+                f"the failure-free oracle run of {self.pipeline_file} failed (exit {code}); "
+                f"fix the pipeline first. Last lines of {driver.log_path}:\n{driver.log_tail()}"
+            )
+        rows, ledger, _ = self._inspect()
+        if not ledger:
+            raise VerificationError(
+                f"the oracle run of {self.pipeline_file} committed no batch: its source is "
+                "empty, so there is nothing to verify. Produce input first."
+            )
+        self.oracle = Oracle(rows, driver.seconds, len(ledger))
+        self.on_event(f"oracle: {len(rows)} rows, {len(ledger)} batches in {driver.seconds:.1f} s")
+        return self.oracle
+
+    # -- one trial ---------------------------------------------------------------------
+    def trial_seed(self, trial: int) -> str:
+        return f"{self.seed}:{trial}"
+
+    def plan(self, trial: int) -> Fault:
+        assert self.oracle is not None, "run_oracle() first"
+        rng = random.Random(self.trial_seed(trial))
+        kind = self.kinds[trial % len(self.kinds)]
+        return plan_fault(kind, rng, self.oracle)
+
+    def run_trial(self, trial: int) -> TrialOutcome:
+        assert self.oracle is not None, "run_oracle() first"
+        fault = self.plan(trial)
+        out = TrialOutcome(trial, self.trial_seed(trial), fault)
+        started = time.monotonic()
+        logs = self.workdir / "trials" / f"{trial:05d}"
+        if logs.exists():
+            shutil.rmtree(logs)
+        logs.mkdir(parents=True)
+        try:
+            self.clean()
+            finished = self._inject(fault, out, logs)
+            restarts = 0
+            while not finished:
+                restarts += 1
+                if restarts > MAX_RESTARTS:
+                    raise VerificationError(f"no clean finish after {MAX_RESTARTS} restarts")
+                before = self._ledger_len()
+                d = self._driver(logs / f"restart{restarts}.log").start()
+                out.driver_runs += 1
+                first_commit = self._wait_first_commit(d, before)
+                code = d.wait(DRIVER_TIMEOUT_S)
+                if out.recovery_s is None and first_commit is not None:
+                    out.recovery_s = first_commit
+                if code != 0:
+                    out.error = f"restart {restarts} exited with {code}: {d.log_tail(5)}"
+                    continue
+                finished = True
+            self._check(out)
+        except VerificationError as exc:
+            out.error = str(exc)
+            out.passed = False
+        out.seconds = time.monotonic() - started
+        return out
+
+    def _wait_first_commit(self, d: Driver, before: int) -> float | None:
+        """Seconds from the restart until its first new ledger entry (or its exit)."""
+        while d.poll() is None:
+            if self._ledger_len() > before:
+                return d.seconds
+            if d.seconds > DRIVER_TIMEOUT_S:
+                d.kill()
+                break
+            time.sleep(0.2)
+        return d.seconds if d.proc is not None and d.proc.returncode == 0 else None
+
+    def _inject(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
+        """Run the faulty part of a trial. Returns True if the input is fully consumed."""
+        if fault.kind == "kill":
+            d = self._driver(logs / "fault.log").start()
+            out.driver_runs += 1
+            assert fault.delay_s is not None
+            while d.poll() is None and d.seconds < fault.delay_s:
+                time.sleep(0.05)
+            if d.poll() is None:
+                d.kill()
+                out.fault_fired = True
+            code = d.wait(60)
+            return code == 0 and not out.fault_fired
+        if fault.kind == "crash-point":
+            d = self._driver(logs / "fault.log", crash=fault).start()
+            out.driver_runs += 1
+            code = d.wait(DRIVER_TIMEOUT_S)
+            out.fault_fired = code == SIGKILL_EXIT
+            if code not in (0, SIGKILL_EXIT):
+                raise VerificationError(f"faulty run exited with {code}: {d.log_tail(8)}")
+            return code == 0
+        if fault.kind in ("task-failure", "db-drop"):
+            env = (
+                {FAIL_TASKS_ENV: "read"}
+                if fault.kind == "task-failure"
+                else {DROP_CONNECTION_ENV: f"{fault.point}@{fault.hit}"}
+            )
+            d = self._driver(logs / "fault.log", env=env, master=RETRY_MASTER).start()
+            out.driver_runs += 1
+            code = d.wait(DRIVER_TIMEOUT_S)
+            text = d.log_path.read_text(errors="replace")
+            marker = "injected task failure" if fault.kind == "task-failure" else "fault injection"
+            out.fault_fired = marker in text
+            if code != 0:
+                raise VerificationError(
+                    f"{fault.kind}: the run should have recovered by itself but exited with "
+                    f"{code}: {d.log_tail(8)}"
+                )
+            return True
+        if fault.kind == "zombie":
+            return self._zombie(fault, out, logs)
+        raise ConfigError(f"unknown fault kind {fault.kind!r}")
+
+    def _zombie(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
+        old = self._driver(logs / "zombie.log", env={PAUSE_ENV: f"{fault.point}@{fault.hit}"})
+        old.start()
+        out.driver_runs += 1
+        if not _wait_stopped(old, DRIVER_TIMEOUT_S):
+            code = old.wait(60)
+            if code == 0:
+                out.zombie_fenced = None  # finished before the pause point: no zombie
+                return True
+            raise VerificationError(f"zombie-to-be exited with {code}: {old.log_tail(8)}")
+        out.fault_fired = True
+        try:
+            before = self._ledger_len()
+            new = self._driver(logs / "newer.log").start()
+            out.driver_runs += 1
+            first = self._wait_first_commit(new, before)
+            code = new.wait(DRIVER_TIMEOUT_S)
+            out.recovery_s = first
+            if code != 0:
+                raise VerificationError(f"the newer run exited with {code}: {new.log_tail(8)}")
+        finally:
+            old.resume()
+        code = old.wait(DRIVER_TIMEOUT_S)
+        text = old.log_path.read_text(errors="replace")
+        out.zombie_fenced = code == EXIT_FENCED and "fenced" in text
+        if not out.zombie_fenced:
+            raise VerificationError(
+                f"the zombie run was not fenced: it exited with {code}: {old.log_tail(8)}"
+            )
+        return True
+
+    def _check(self, out: TrialOutcome) -> None:
+        assert self.oracle is not None
+        rows, ledger, owner = self._inspect()
+        out.lost_rows, out.duplicated_rows, out.value_mismatches = compare_rows(
+            self.oracle.rows, rows, self.keys
+        )
+        problems = check_chain(e.ranges for e in ledger)
+        seqs = [e.seq for e in ledger]
+        if seqs != list(range(len(seqs))):
+            problems.append(f"ledger seq numbers are not 0..{len(seqs) - 1}: {seqs[:20]}")
+        epochs = [e.epoch for e in ledger]
+        if epochs != sorted(epochs):
+            problems.append(f"ledger epochs go backwards: {epochs[:20]}")
+        if owner is not None and epochs and max(epochs) > owner.epoch:
+            problems.append(f"a ledger entry has epoch {max(epochs)} > owner {owner.epoch}")
+        out.ledger_problems = problems
+        out.passed = (
+            out.lost_rows == 0
+            and out.duplicated_rows == 0
+            and out.value_mismatches == 0
+            and not problems
+            and out.zombie_fenced is not False
+            and out.error is None
+        )
+
+
+def _sink_url(pipeline: Pipeline) -> StoreURL:
+    url = getattr(pipeline.sink, "url", None)
+    if not isinstance(url, StoreURL):
+        raise ConfigError(
+            f"verify needs a sink with a store URL; {pipeline.sink.describe()} has none"
+        )
+    return url
+
+
+def _wait_stopped(d: Driver, timeout: float) -> bool:
+    """Wait until the driver SIGSTOPped itself (state 'T'); False if it exited first."""
+    deadline = time.monotonic() + timeout
+    stat = Path(f"/proc/{d.pid}/stat")
+    while time.monotonic() < deadline:
+        if d.poll() is not None:
+            return False
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            state = ""
+        if state in ("T", "t"):
+            return True
+        time.sleep(0.1)
+    d.kill()
+    raise VerificationError(f"the driver did not reach its pause point in {timeout:.0f} s")
+
+
+@dataclass
+class KindSummary:
+    kind: str
+    trials: int
+    passed: int
+    fired: int
+    lost_rows: int
+    duplicated_rows: int
+    value_mismatches: int
+    recovery_mean_s: float | None
+    recovery_p95_s: float | None
+
+
+def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[KindSummary]:
+    out = []
+    for kind in kinds:
+        mine = [o for o in outcomes if o.fault.kind == kind]
+        if not mine:
+            continue
+        rec = sorted(o.recovery_s for o in mine if o.recovery_s is not None)
+        p95 = rec[min(len(rec) - 1, round(0.95 * (len(rec) - 1)))] if rec else None
+        out.append(
+            KindSummary(
+                kind,
+                len(mine),
+                sum(o.passed for o in mine),
+                sum(o.fault_fired for o in mine),
+                sum(o.lost_rows for o in mine),
+                sum(o.duplicated_rows for o in mine),
+                sum(o.value_mismatches for o in mine),
+                statistics.fmean(rec) if rec else None,
+                p95,
+            )
+        )
+    return out
+
+
+def write_json(
+    path: Path, campaign: Campaign, outcomes: Sequence[TrialOutcome], elapsed_s: float
+) -> None:
+    oracle = campaign.oracle
+    doc = {
+        "pipeline_file": str(campaign.pipeline_file),
+        "pipeline": campaign.pipeline.name,
+        "sink": campaign.pipeline.sink.describe(),
+        "seed": campaign.seed,
+        "faults": list(campaign.kinds),
+        "oracle": None
+        if oracle is None
+        else {"rows": len(oracle.rows), "batches": oracle.batches, "seconds": oracle.seconds},
+        "elapsed_s": round(elapsed_s, 1),
+        "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
+        "trials": [asdict(o) for o in outcomes],
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    tmp.replace(path)
+
+
+def write_chart(path: Path, outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> bool:
+    """A PNG box plot of recovery times per fault kind. False if nothing to plot."""
+    data = [
+        (k, [o.recovery_s for o in outcomes if o.fault.kind == k and o.recovery_s is not None])
+        for k in kinds
+    ]
+    data = [(k, v) for k, v in data if v]
+    if not data:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.boxplot([v for _, v in data], tick_labels=[k for k, _ in data])
+    ax.set_ylabel("recovery time (s)")
+    ax.set_title(f"sparkonce verify: recovery time per fault kind ({len(outcomes)} trials)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
