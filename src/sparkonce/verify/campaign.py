@@ -141,13 +141,17 @@ def compare_rows(
 
 
 def plan_fault(kind: str, rng: random.Random, oracle: Oracle) -> Fault:
-    """The fault of one trial, from the trial's own random generator."""
+    """The fault of one trial, from the trial's own random generator.
+
+    ``kind`` may pin the crash point: ``crash-point:after-rows``.
+    """
     batches = max(1, oracle.batches)
+    kind, _, pinned = kind.partition(":")
     if kind == "kill":
         # A moment inside the failure-free run time, but after Spark is up.
         return Fault(kind, delay_s=round(rng.uniform(0.3, 0.95) * oracle.seconds, 2))
     if kind == "crash-point":
-        point = rng.choice(list(CrashPoint))
+        point = CrashPoint(pinned) if pinned else rng.choice(list(CrashPoint))
         return Fault(kind, point=point.value, hit=rng.randint(1, batches))
     if kind == "db-drop":
         return Fault(kind, point=CrashPoint.AFTER_ROWS.value, hit=rng.randint(1, batches))
@@ -162,10 +166,17 @@ def parse_fault_kinds(text: str | None) -> tuple[str, ...]:
     if not text:
         return FAULT_KINDS
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in FAULT_KINDS]
+    points = {p.value for p in CrashPoint}
+    bad = [
+        k
+        for k in kinds
+        if k.partition(":")[0] not in FAULT_KINDS
+        or (":" in k and (not k.startswith("crash-point:") or k.partition(":")[2] not in points))
+    ]
     if bad or not kinds:
         raise ConfigError(
-            f"--faults {text!r}: unknown kind(s) {bad}; choose from {', '.join(FAULT_KINDS)}"
+            f"--faults {text!r}: unknown kind(s) {bad}; choose from {', '.join(FAULT_KINDS)} "
+            f"(crash-point may name its point: crash-point:{'|'.join(sorted(points))})"
         )
     return kinds
 
@@ -462,7 +473,7 @@ class KindSummary:
 
 def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[KindSummary]:
     out = []
-    for kind in kinds:
+    for kind in dict.fromkeys(k.partition(":")[0] for k in kinds):
         mine = [o for o in outcomes if o.fault.kind == kind]
         if not mine:
             continue
@@ -510,7 +521,7 @@ def write_chart(path: Path, outcomes: Sequence[TrialOutcome], kinds: Sequence[st
     """A PNG box plot of recovery times per fault kind. False if nothing to plot."""
     data = [
         (k, [o.recovery_s for o in outcomes if o.fault.kind == k and o.recovery_s is not None])
-        for k in kinds
+        for k in dict.fromkeys(k.partition(":")[0] for k in kinds)
     ]
     data = [(k, v) for k, v in data if v]
     if not data:

@@ -1,0 +1,533 @@
+"""A throwaway single-node Apache Kafka broker (KRaft) for the tests and for local use.
+
+``start(DIR)`` runs the official broker jars from Maven Central (fetched once by
+``scripts/fetch-jars.sh`` into ``.cache/jars/broker``; versions pinned in ``kafka/pom.xml``) as
+one combined broker+controller process on 127.0.0.1, formats its storage the first time, and
+waits until a client can fetch metadata. ``stop(DIR)`` stops it: SIGTERM, then SIGKILL to the
+process group after 30 s. Everything lives in DIR::
+
+    DIR/server.properties   broker config (ports are kept across restarts)
+    DIR/log4j2.properties   logging config (INFO to stdout)
+    DIR/broker.log          the broker's stdout and stderr
+    DIR/broker.pid          pid of the running broker (also its process group)
+    DIR/data/               log.dirs, including the KRaft metadata log
+
+Topics are not auto-created; use :meth:`KafkaBroker.create_topic`. Replication factors and
+min.insync.replicas of the internal topics are 1, so transactions work on a single node.
+For broker faults: :meth:`KafkaBroker.restart` (clean shutdown, same port and data) and
+:meth:`KafkaBroker.kill` (SIGKILL) followed by :func:`start` on the same DIR.
+
+Command line (from the repository root)::
+
+    python -m tests.services.kafka start DIR [--port N]   # prints the bootstrap address
+    python -m tests.services.kafka stop DIR
+
+If ``SPARKONCE_TEST_KAFKA_BOOTSTRAP`` is set (``host:port``), :func:`session_broker` uses that
+broker instead of starting one (and such a broker cannot be stopped or restarted by the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+__all__ = ["KafkaBroker", "jar_dir", "session_broker", "start", "stop"]
+
+HOST = "127.0.0.1"
+ENV_BOOTSTRAP = "SPARKONCE_TEST_KAFKA_BOOTSTRAP"
+ENV_JAR_CACHE = "SPARKONCE_JAR_CACHE"  # same variable as scripts/fetch-jars.sh
+NODE_ID = 1
+STARTUP_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+TOPIC_TIMEOUT_S = 30.0
+HEAP = "-Xmx512m"
+MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+
+PROPS_NAME = "server.properties"
+LOG4J_NAME = "log4j2.properties"
+LOG_NAME = "broker.log"
+PID_NAME = "broker.pid"
+DATA_NAME = "data"
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+POM = REPO_ROOT / "kafka" / "pom.xml"
+FETCH_SCRIPT = REPO_ROOT / "scripts" / "fetch-jars.sh"
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = WARN
+"""
+
+# Broker processes started by this Python process, so that they can be reaped (a zombie still
+# answers kill(pid, 0)).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclasses.dataclass
+class KafkaBroker:
+    """A running broker. ``workdir`` and ``pid`` are None for an external broker.
+
+    :meth:`restart` replaces ``pid`` in place, so fixtures can keep handing out the same object.
+    """
+
+    bootstrap: str
+    workdir: pathlib.Path | None
+    pid: int | None
+
+    @property
+    def port(self) -> int:
+        return int(self.bootstrap.rsplit(":", 1)[1])
+
+    def admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+
+    def create_topic(self, name: str, partitions: int, *, exist_ok: bool = False) -> None:
+        """Create topic ``name`` (replication factor 1); return once every partition has a leader
+        in the metadata the broker serves to clients."""
+        admin = self.admin()
+        future = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+            operation_timeout=TOPIC_TIMEOUT_S,
+            request_timeout=TOPIC_TIMEOUT_S,
+        )[name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (exist_ok and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise
+        deadline = time.monotonic() + TOPIC_TIMEOUT_S
+        while True:
+            meta = admin.list_topics(topic=name, timeout=5).topics.get(name)
+            if (
+                meta is not None
+                and meta.error is None
+                and len(meta.partitions) >= partitions
+                and all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"topic {name!r} not visible with {partitions} led partitions after "
+                    f"{TOPIC_TIMEOUT_S:.0f} s: {meta}"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the broker gracefully (SIGTERM; SIGKILL after 30 s)."""
+        stop(self._own_workdir("stop"))
+        self.pid = None
+
+    def kill(self) -> None:
+        """Crash the broker: SIGKILL its process group, no clean shutdown."""
+        stop(self._own_workdir("kill"), timeout=0.0)
+        self.pid = None
+
+    def restart(self) -> None:
+        """Stop the broker, then start it again on the same port with the same data."""
+        workdir = self._own_workdir("restart")
+        stop(workdir)
+        self.pid = start(workdir, port=self.port).pid
+
+    def _own_workdir(self, what: str) -> pathlib.Path:
+        if self.workdir is None:
+            raise RuntimeError(f"cannot {what} the external broker at {self.bootstrap}")
+        return self.workdir
+
+
+# --- jars --------------------------------------------------------------------------------------
+
+
+def jar_dir(kind: str = "broker") -> pathlib.Path:
+    """The jar cache directory ``kind`` ("broker" or "spark-kafka"), fetching it if needed."""
+    cache = pathlib.Path(os.environ.get(ENV_JAR_CACHE) or REPO_ROOT / ".cache" / "jars")
+    directory = cache / kind
+    stamp = directory / ".stamp"
+    checksum = hashlib.sha256(POM.read_bytes()).hexdigest()
+    if not (stamp.is_file() and stamp.read_text().strip() == checksum):
+        proc = subprocess.run(
+            ["bash", str(FETCH_SCRIPT)], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"{FETCH_SCRIPT} failed (exit code {proc.returncode}):\n"
+                f"{proc.stdout}{proc.stderr}".rstrip()
+            )
+    if not any(directory.glob("*.jar")):
+        raise RuntimeError(f"no jars in {directory} after running {FETCH_SCRIPT}")
+    return directory
+
+
+def _java(jars: pathlib.Path, heap: str, log4j: pathlib.Path, *args: str) -> list[str]:
+    return [
+        "java",
+        heap,
+        # C1 only: starts ~35% faster and uses less memory; plenty for test traffic.
+        "-XX:TieredStopAtLevel=1",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        f"{jars}/*",
+        *args,
+    ]
+
+
+# --- config and storage ------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker does
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _read_props(path: pathlib.Path) -> dict[str, str]:
+    props: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "!")) and "=" in line:
+                key, value = line.split("=", 1)
+                props[key.strip()] = value.strip()
+    return props
+
+
+def _ports_from(props: dict[str, str]) -> tuple[int, int] | None:
+    """(client port, controller port) recorded in an existing server.properties."""
+    try:
+        port = int(props["advertised.listeners"].rsplit(":", 1)[1])
+        cport = int(props["controller.quorum.voters"].rsplit(":", 1)[1])
+    except (KeyError, IndexError, ValueError):
+        return None
+    return port, cport
+
+
+def _write_config(workdir: pathlib.Path, port: int, cport: int) -> None:
+    data = workdir / DATA_NAME
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        # A static single-voter quorum: the controller port may change between runs.
+        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{cport}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{cport}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # Fewer partitions for the internal topics: creating 50 each on first use is slow.
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.num.partitions": "5",
+        # After a SIGKILL the restarted broker waits for its old registration's session to
+        # expire before it is unfenced (default 9 s).
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+        # The log cleaner preallocates this on the heap (default 128 MiB).
+        "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+    }
+    text = "# written by tests/services/kafka.py; rewritten on every start\n" + "".join(
+        f"{k}={v}\n" for k, v in settings.items()
+    )
+    (workdir / PROPS_NAME).write_text(text)
+    (workdir / LOG4J_NAME).write_text(_LOG4J2)
+
+
+def _cluster_id() -> str:
+    """A random cluster id in Kafka's Uuid text form (22 chars of unpadded URL-safe base64)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def _format(workdir: pathlib.Path, jars: pathlib.Path) -> None:
+    if (workdir / DATA_NAME / "meta.properties").exists():
+        return
+    cmd = _java(
+        jars,
+        "-Xmx256m",
+        workdir / LOG4J_NAME,
+        STORAGE_TOOL,
+        "format",
+        "--cluster-id",
+        _cluster_id(),
+        "--config",
+        str(workdir / PROPS_NAME),
+    )
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed with exit code {proc.returncode}:\n"
+            f"{proc.stdout}{proc.stderr}".rstrip()
+        )
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def _is_our_broker(pid: int, workdir: pathlib.Path) -> bool:
+    """Whether ``pid`` is a live (not zombie) broker started for ``workdir``."""
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    props = str(workdir / PROPS_NAME).encode()
+    return state != "Z" and MAIN_CLASS.encode() in cmdline and props in cmdline
+
+
+def _running_pid(workdir: pathlib.Path) -> int | None:
+    pidfile = workdir / PID_NAME
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _is_our_broker(pid, workdir) else None
+
+
+def _wait_exit(pid: int, workdir: pathlib.Path, timeout: float) -> bool:
+    child = _children.get(pid)
+    if child is not None:
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline = time.monotonic() + timeout
+    while _is_our_broker(pid, workdir):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _log_tail(log: pathlib.Path, since: int = 0, lines: int = 40) -> str:
+    try:
+        with log.open("rb") as f:
+            f.seek(since)
+            text = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return "(no broker log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _formatted_cluster_id(workdir: pathlib.Path) -> str | None:
+    return _read_props(workdir / DATA_NAME / "meta.properties").get("cluster.id")
+
+
+def _metadata_ok(bootstrap: str, cluster_id: str | None) -> bool:
+    """Whether the broker at ``bootstrap`` serves metadata, and is the one formatted with
+    ``cluster_id`` (not some other process on that port)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        meta = admin.list_topics(timeout=2)
+    except KafkaException:
+        return False
+    return cluster_id is None or meta.cluster_id == cluster_id
+
+
+class _StartupFailed(RuntimeError):
+    pass
+
+
+def _wait_ready(
+    broker: KafkaBroker, proc: subprocess.Popen[bytes] | None, log: pathlib.Path, since: int
+) -> None:
+    assert broker.workdir is not None
+    cluster_id = _formatted_cluster_id(broker.workdir)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise _StartupFailed(
+                f"Kafka broker exited with code {proc.returncode} during startup; "
+                f"tail of {log}:\n{_log_tail(log, since)}"
+            )
+        if _metadata_ok(broker.bootstrap, cluster_id):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"Kafka broker at {broker.bootstrap} not ready within {STARTUP_TIMEOUT_S:.0f} s; "
+        f"tail of {log}:\n{_log_tail(log, since)}"
+    )
+
+
+def _launch(workdir: pathlib.Path, jars: pathlib.Path) -> subprocess.Popen[bytes]:
+    cmd = _java(jars, HEAP, workdir / LOG4J_NAME, MAIN_CLASS, str(workdir / PROPS_NAME))
+    with (workdir / LOG_NAME).open("ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stop() signals the whole group
+        )
+    _children[proc.pid] = proc
+    (workdir / PID_NAME).write_text(f"{proc.pid}\n")
+    return proc
+
+
+def start(workdir: pathlib.Path, port: int | None = None) -> KafkaBroker:
+    """Start a broker with its config and data in ``workdir``; reuse one already running there.
+
+    ``port`` is the client (PLAINTEXT) port; by default the port of the previous run in
+    ``workdir``, else a free one.
+    """
+    workdir = pathlib.Path(workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / LOG_NAME
+    previous = _ports_from(_read_props(workdir / PROPS_NAME))
+
+    pid = _running_pid(workdir)
+    if pid is not None:
+        if previous is None or (port is not None and port != previous[0]):
+            raise RuntimeError(f"a broker (pid {pid}) already runs in {workdir} on another port")
+        broker = KafkaBroker(f"{HOST}:{previous[0]}", workdir, pid)
+        _wait_ready(broker, None, log, 0)
+        return broker
+
+    jars = jar_dir("broker")
+    # A free port can be taken before the broker binds it: retry with fresh ones, unless the
+    # ports are fixed (given, or kept from a previous run so clients can reconnect).
+    attempts = 1 if (port is not None or previous is not None) else 3
+    for attempt in range(attempts):
+        chosen = port if port is not None else (previous[0] if previous else _free_port())
+        cport = previous[1] if previous else _free_port()
+        while cport == chosen:
+            cport = _free_port()
+        busy = [p for p in (chosen, cport) if not _port_free(p)]
+        if busy:
+            if attempt + 1 < attempts:
+                continue
+            raise RuntimeError(
+                f"cannot start a Kafka broker in {workdir}: {HOST}:{busy[0]} is in use"
+            )
+        _write_config(workdir, chosen, cport)
+        _format(workdir, jars)
+        since = log.stat().st_size if log.exists() else 0
+        proc = _launch(workdir, jars)
+        broker = KafkaBroker(f"{HOST}:{chosen}", workdir, proc.pid)
+        try:
+            _wait_ready(broker, proc, log, since)
+        except _StartupFailed:
+            stop(workdir, timeout=0.0)  # reaps it and removes the pid file
+            bind_error = "Address already in use" in _log_tail(log, since, lines=400)
+            if attempt + 1 < attempts and bind_error:
+                continue
+            raise
+        except BaseException:
+            stop(workdir, timeout=0.0)
+            raise
+        return broker
+    raise AssertionError("unreachable")
+
+
+def stop(workdir: pathlib.Path, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Stop the broker in ``workdir``: SIGTERM, then after ``timeout`` s SIGKILL its process
+    group. ``timeout=0`` kills at once. Does nothing if no broker runs there."""
+    workdir = pathlib.Path(workdir).absolute()
+    pid = _running_pid(workdir)
+    if pid is not None:
+        if timeout > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        if timeout <= 0 or not _wait_exit(pid, workdir, timeout):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _wait_exit(pid, workdir, 10.0)
+        _children.pop(pid, None)
+    with contextlib.suppress(FileNotFoundError):
+        (workdir / PID_NAME).unlink()
+
+
+def session_broker(tmp_root: pathlib.Path) -> Iterator[KafkaBroker]:
+    """Generator for a session fixture: a broker with its files in ``tmp_root/kafka``.
+
+    With ``SPARKONCE_TEST_KAFKA_BOOTSTRAP`` set, yields that broker and starts/stops nothing.
+    """
+    external = os.environ.get(ENV_BOOTSTRAP)
+    if external:
+        yield KafkaBroker(external, None, None)
+        return
+    workdir = pathlib.Path(tmp_root) / "kafka"
+    try:
+        yield start(workdir)
+    finally:
+        stop(workdir)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.services.kafka",
+        description="Start or stop a throwaway single-node Kafka broker for the sparkonce tests.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_start = sub.add_parser("start", help="start (or reuse) the broker in DIR; print bootstrap")
+    p_start.add_argument("workdir", metavar="DIR", type=pathlib.Path)
+    p_start.add_argument("--port", type=int, default=None, help="client port (default: free)")
+    p_stop = sub.add_parser("stop", help="stop the broker in DIR, if it is running")
+    p_stop.add_argument("workdir", metavar="DIR", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "start":
+            print(start(args.workdir, port=args.port).bootstrap)
+        else:
+            stop(args.workdir)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
