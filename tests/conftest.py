@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,10 +38,20 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+def pg_server() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server.
+
+    Its cluster lives in a temp directory of its own, not under pytest's
+    ``/tmp/pytest-of-<user>``: any other pytest session starting meanwhile resets
+    that directory to mode 0700, which the ``postgres`` user then cannot enter.
+    """
     from tests.services.postgres import session_server
 
-    yield from session_server(tmp_path_factory.mktemp("postgres"))
+    root = Path(tempfile.mkdtemp(prefix="sparkonce-test-pg-"))
+    try:
+        yield from session_server(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -115,7 +115,9 @@ def crash_point(point: CrashPoint) -> bool:
     with _lock:
         _hits[point.value] = hit = _hits.get(point.value, 0) + 1
     if pause and parse_crash_spec(pause, PAUSE_ENV) == (point, hit):
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Stop via this thread: the stop takes effect before it runs another line
+        # (a process-directed SIGSTOP may first be taken by another thread).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     if crash and parse_crash_spec(crash, CRASH_ENV) == (point, hit):
         kill_self()
     return bool(drop and parse_crash_spec(drop, DROP_CONNECTION_ENV) == (point, hit))

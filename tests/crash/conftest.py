@@ -13,8 +13,6 @@ evenly (crc32 of the key), 800 per partition, so ``LIMIT`` = 200 per partition m
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,7 +29,6 @@ from sparkonce.verify.driver import Driver
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from tests.services.postgres import PostgresServer
 
 RECORDS = 2400
 PARTITIONS = 3
@@ -54,26 +51,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).parent == _HERE:
             item.add_marker(pytest.mark.crash)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    """The session's PostgreSQL server, with its cluster outside ``/tmp/pytest-of-<user>``.
-
-    tests/conftest.py keeps the cluster under pytest's base temp directory and makes
-    ``/tmp/pytest-of-<user>`` traversable for the ``postgres`` user. Every pytest session that
-    starts meanwhile (another engineer's, or a parallel run) resets that directory to mode 0700,
-    and the running server then PANICs ("could not open file .../global/pg_control: Permission
-    denied"). The crash tests run long enough for that to happen, so their server lives in a
-    directory of its own.
-    """
-    from tests.services.postgres import session_server
-
-    root = Path(tempfile.mkdtemp(prefix="sparkonce-crash-pg-"))
-    try:
-        yield from session_server(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # -- pipeline files -------------------------------------------------------------------------------

@@ -55,15 +55,6 @@ t.join()
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: src/sparkonce/protocol.py crash_point() pauses with os.kill(os.getpid(), SIGSTOP), "
-        "a process-directed signal delivered to the main thread; the thread that reached the "
-        "pause point keeps running until the main thread is scheduled (use "
-        "signal.pthread_kill(threading.get_ident(), signal.SIGSTOP))"
-    ),
-)
 def test_pause_stops_the_calling_thread_at_once(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
