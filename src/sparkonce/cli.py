@@ -191,7 +191,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
     from rich.table import Table
 
-    from sparkonce.verify import Campaign, parse_fault_kinds, summarize, write_chart, write_json
+    from sparkonce.verify import (
+        Campaign,
+        load_outcomes,
+        parse_fault_kinds,
+        summarize,
+        write_chart,
+        write_json,
+    )
 
     if args.trials < 1 and args.replay is None:
         raise ConfigError(f"--trials must be >= 1, got {args.trials}")
@@ -212,10 +219,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         f"faults {', '.join(kinds)}, seed {args.seed}. Each trial wipes this pipeline's "
         "output table and ledger in that sink."
     )
-    trials = [args.replay] if args.replay is not None else list(range(args.trials))
-    outcomes = []
-    started = time.monotonic()
     json_path, png_path = out_dir / "verify.json", out_dir / "recovery.png"
+    outcomes = load_outcomes(json_path, args.seed, kinds) if args.resume else []
+    done = {o.trial for o in outcomes}
+    if args.replay is not None:
+        trials = [args.replay]
+        outcomes = []
+        # A replay never overwrites the campaign's own report.
+        json_path = out_dir / f"replay-{args.replay}.json"
+        png_path = out_dir / f"replay-{args.replay}.png"
+    else:
+        trials = [n for n in range(args.trials) if n not in done]
+        if done:
+            console.print(f"resuming: {len(done)} trials already in {json_path}")
+    started = time.monotonic()
     try:
         campaign.run_oracle()
         with Progress(
@@ -419,6 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--replay", type=int, default=None, help="run only this trial again")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the trials already in OUT/verify.json and run the rest",
+    )
     p.add_argument(
         "--sink",
         default=_env("SPARKONCE_VERIFY_SINK"),

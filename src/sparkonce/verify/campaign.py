@@ -495,6 +495,23 @@ def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[Ki
     return out
 
 
+def load_outcomes(path: Path, seed: int, kinds: Sequence[str]) -> list[TrialOutcome]:
+    """Trials already recorded in ``path`` by a campaign with the same seed and faults."""
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    if doc.get("seed") != seed or list(doc.get("faults", [])) != list(kinds):
+        raise ConfigError(
+            f"{path} holds a campaign with seed {doc.get('seed')} and faults "
+            f"{doc.get('faults')}; --resume needs the same --seed and --faults"
+        )
+    out = []
+    for t in doc.get("trials", []):
+        fault = Fault(**t.pop("fault"))
+        out.append(TrialOutcome(fault=fault, **t))
+    return out
+
+
 def write_json(
     path: Path, campaign: Campaign, outcomes: Sequence[TrialOutcome], elapsed_s: float
 ) -> None:

@@ -1,0 +1,106 @@
+"""The verifier's pure parts: row comparison, fault specs, deterministic plans, reports."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sparkonce.errors import ConfigError
+from sparkonce.verify.campaign import (
+    Fault,
+    Oracle,
+    TrialOutcome,
+    compare_rows,
+    load_outcomes,
+    parse_fault_kinds,
+    plan_fault,
+    summarize,
+)
+
+ORACLE = [{"id": "a", "v": 1}, {"id": "b", "v": 2}, {"id": "c", "v": 3}]
+
+
+def test_identical_rows_in_any_order_match() -> None:
+    assert compare_rows(ORACLE, list(reversed(ORACLE))) == (0, 0, 0)
+
+
+def test_lost_and_duplicated_rows_are_counted() -> None:
+    actual = [ORACLE[0], ORACLE[0], ORACLE[1]]
+    assert compare_rows(ORACLE, actual) == (1, 1, 0)
+
+
+def test_equal_bytes_twice_is_two_rows() -> None:
+    """Two equal rows in the oracle are two logical records; one of them missing is a loss."""
+    oracle = [{"v": 1}, {"v": 1}]
+    assert compare_rows(oracle, [{"v": 1}]) == (1, 0, 0)
+
+
+def test_with_keys_a_changed_value_is_a_mismatch_not_a_loss() -> None:
+    actual = [{"id": "a", "v": 1}, {"id": "b", "v": 99}, {"id": "c", "v": 3}]
+    assert compare_rows(ORACLE, actual, keys=("id",)) == (0, 0, 1)
+    assert compare_rows(ORACLE, actual) == (1, 1, 0)
+
+
+def test_fault_kinds_are_validated() -> None:
+    assert parse_fault_kinds(None)[0] == "kill"
+    assert parse_fault_kinds("kill, zombie") == ("kill", "zombie")
+    assert parse_fault_kinds("crash-point:after-rows") == ("crash-point:after-rows",)
+    for bad in ("explode", "crash-point:nowhere", "kill:after-rows", ","):
+        with pytest.raises(ConfigError, match="--faults"):
+            parse_fault_kinds(bad)
+
+
+@pytest.mark.parametrize("kind", ["kill", "crash-point", "db-drop", "zombie", "task-failure"])
+def test_a_trial_plan_depends_only_on_its_seed(kind: str) -> None:
+    oracle = Oracle(rows=[], seconds=30.0, batches=4)
+    plans = {plan_fault(kind, random.Random("7:3"), oracle) for _ in range(5)}
+    assert len(plans) == 1
+    fault = plans.pop()
+    assert fault.kind == kind
+    assert 1 <= fault.hit <= 4
+    if kind == "kill":
+        assert fault.delay_s is not None and 9.0 <= fault.delay_s <= 28.5
+
+
+def test_pinned_crash_point_is_used() -> None:
+    oracle = Oracle(rows=[], seconds=10.0, batches=2)
+    for seed in range(20):
+        fault = plan_fault("crash-point:after-rows", random.Random(seed), oracle)
+        assert fault.point == "after-rows"
+
+
+def test_summary_counts_per_kind_and_p95() -> None:
+    outcomes = [
+        TrialOutcome(
+            i,
+            f"0:{i}",
+            Fault("kill"),
+            passed=i != 3,
+            fault_fired=True,
+            recovery_s=float(i),
+            lost_rows=int(i == 3),
+        )
+        for i in range(1, 21)
+    ] + [TrialOutcome(99, "0:99", Fault("zombie"), passed=True, zombie_fenced=True)]
+    summary = {s.kind: s for s in summarize(outcomes, ["kill", "zombie", "db-drop"])}
+    assert set(summary) == {"kill", "zombie"}
+    kill = summary["kill"]
+    assert (kill.trials, kill.passed, kill.lost_rows) == (20, 19, 1)
+    assert kill.recovery_mean_s == pytest.approx(10.5)
+    assert kill.recovery_p95_s == 19.0
+    assert summary["zombie"].recovery_mean_s is None
+
+
+def test_resume_reads_back_trials_and_refuses_another_campaign(tmp_path: Path) -> None:
+    path = tmp_path / "verify.json"
+    trial = TrialOutcome(4, "5:4", Fault("kill", delay_s=3.5), passed=True, fault_fired=True)
+    from dataclasses import asdict
+
+    path.write_text(json.dumps({"seed": 5, "faults": ["kill"], "trials": [asdict(trial)]}))
+    assert load_outcomes(path, 5, ["kill"]) == [trial]
+    with pytest.raises(ConfigError, match="same --seed"):
+        load_outcomes(path, 6, ["kill"])
+    assert load_outcomes(tmp_path / "none.json", 5, ["kill"]) == []
