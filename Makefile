@@ -28,7 +28,7 @@ lint: setup
 # (tests/services/postgres.py); this only makes sure the server binaries exist.
 test: setup lint
 	bash scripts/ensure-postgres.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
