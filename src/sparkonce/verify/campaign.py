@@ -193,12 +193,14 @@ class Campaign:
         kinds: Sequence[str] = FAULT_KINDS,
         sink_url: str | None = None,
         on_event: Callable[[str], None] | None = None,
+        keep_logs: bool = False,
     ) -> None:
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
         self.seed = seed
         self.kinds = tuple(kinds)
         self.sink_url = sink_url
+        self.keep_logs = keep_logs
         self.on_event = on_event or (lambda _msg: None)
         base = load_pipeline(self.pipeline_file)
         self.checkpoint = self.workdir / "checkpoint"
@@ -318,6 +320,8 @@ class Campaign:
             out.error = str(exc)
             out.passed = False
         out.seconds = time.monotonic() - started
+        if out.passed and not self.keep_logs:
+            shutil.rmtree(logs, ignore_errors=True)  # a failed trial keeps its driver logs
         return out
 
     def _wait_first_commit(self, d: Driver, before: int) -> float | None:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A long, resumable `sparkonce verify` campaign on a stateful pipeline (per-key sums,
+# embedded log -> SQLite). Each call runs the trials not yet in the report; the report is
+# kept in benchmarks/results/verify-campaign.json so a campaign can span sessions.
+#
+#   bash scripts/verify-campaign.sh [TRIALS]      (default 1000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TRIALS="${1:-1000}"
+SEED="${SPARKONCE_CAMPAIGN_SEED:-1}"
+WORK=.cache/verify-campaign
+RESULT=benchmarks/results/verify-campaign.json
+PY=.venv/bin/python
+mkdir -p "$WORK/out" benchmarks/results
+if [ ! -f "$WORK/log/events.db" ]; then
+  .venv/bin/sparkonce log create "$WORK/log" events --partitions 3
+  seq 1 1200 | awk '{print "k" ($1 % 6) "\t" $1}' |
+    .venv/bin/sparkonce log produce "$WORK/log" events --separator "$(printf '\t')"
+fi
+cat > "$WORK/pipeline.py" <<PIPE
+from pyspark.sql import functions as F
+from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
+
+def sums(df):
+    v = df.select(F.col("key").cast("string").alias("key"),
+                  F.col("value").cast("string").cast("long").alias("value"))
+    return v.groupBy("key").agg(F.sum("value").alias("total"), F.count("*").alias("n"))
+
+pipeline = Pipeline(
+    name="campaign",
+    source=EmbeddedLogSource("$PWD/$WORK/log", "events", max_records_per_partition=200),
+    transform=sums,
+    sink=SQLiteSink("sqlite:///$PWD/$WORK/sink.db", "sums", mode="upsert", keys=["key"]),
+    checkpoint="$PWD/$WORK/checkpoint",
+)
+PIPE
+if [ -f "$RESULT" ] && [ ! -f "$WORK/out/verify.json" ]; then cp "$RESULT" "$WORK/out/verify.json"; fi
+status=0
+PYSPARK_PYTHON="$PWD/$PY" .venv/bin/sparkonce verify "$WORK/pipeline.py" --trials "$TRIALS" \
+  --seed "$SEED" --resume --out "$WORK/out" || status=$?
+cp "$WORK/out/verify.json" "$RESULT"
+[ -f "$WORK/out/recovery.png" ] && cp "$WORK/out/recovery.png" benchmarks/results/verify-campaign.png
+exit $status
