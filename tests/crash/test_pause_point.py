@@ -1,13 +1,13 @@
 """``SPARKONCE_PAUSE_AT`` must stop the thread that reaches the pause point, right there.
 
 The driver reaches crash points on a py4j callback thread (``foreachBatch``) while its main
-thread waits in ``awaitTermination``. ``crash_point`` pauses with
-``os.kill(os.getpid(), SIGSTOP)``: a process-directed signal, which the kernel hands to the main
-thread. The group stop starts only once the main thread gets a CPU; until then the calling
-thread runs on past the pause point. On a busy machine it runs into the commit transaction and
-is stopped holding the store's write lock (seen in the zombie test: the newer run fails with
-"database is locked"). ``signal.pthread_kill(threading.get_ident(), SIGSTOP)`` stops the calling
-thread before it returns (and still stops the whole process).
+thread waits in ``awaitTermination``. A process-directed ``os.kill(os.getpid(), SIGSTOP)`` is
+handed to the main thread, and the group stop starts only once that thread gets a CPU; until then
+the calling thread ran on past the pause point, into the commit transaction, and was stopped
+holding the store's write lock (the newer run then failed with "database is locked").
+``crash_point`` therefore uses ``signal.pthread_kill(threading.get_ident(), SIGSTOP)``, which
+stops the calling thread before it returns (and still stops the whole process). This test
+guards that.
 
 The test makes "the main thread does not get a CPU at once" deterministic: the child is pinned
 to one CPU and its main thread runs under SCHED_IDLE, so the woken main thread cannot preempt

@@ -6,13 +6,10 @@ the same sink from a new machine (an empty checkpoint directory), takes epoch 2,
 the ledger and finishes. Then A is continued: its 2nd commit must be fenced (exit code 3) and
 the output must still be exactly the oracle's.
 
-Where A pauses: ``after-ledger-commit@1``, not ``before-commit@2``. A self-SIGSTOP at
-``before-commit`` does not stop the thread that reached it at once (see
-test_pause_point.py, a strict xfail), so that thread often runs on into the commit
-transaction and is stopped holding the SQLite write lock or the PostgreSQL owner-row lock;
-run B then fails with "database is locked" or hangs. From ``after-ledger-commit@1`` the thread
-has a whole Spark micro-batch to run before its next transaction, so it is stopped outside any
-transaction, which the test checks. Switch to ``before-commit@2`` once the bug is fixed.
+Where A pauses: ``after-ledger-commit@1``, after its 1st commit and a whole Spark micro-batch
+before its 2nd, so it is stopped outside any transaction (which the test checks). ``sparkonce
+verify`` covers pauses at ``before-commit``, which are safe now that the pause stops the calling
+thread itself (see test_pause_point.py).
 """
 
 from __future__ import annotations
