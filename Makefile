@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint unit pg-start pg-stop clean
+.PHONY: demo test setup lint unit jars pg-start pg-stop kafka-start kafka-stop clean
 
 setup: $(STAMP)
 
@@ -24,9 +24,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
 
-# The PostgreSQL tests start a throwaway cluster on 127.0.0.1 themselves
-# (tests/services/postgres.py); this only makes sure the server binaries exist.
-test: setup lint
+# The tests start a throwaway PostgreSQL cluster and a single-node KRaft Kafka broker on
+# 127.0.0.1 themselves (tests/services/); this only makes sure the PostgreSQL binaries and the
+# pinned Kafka jars (Maven Central, cached in .cache/jars) are there.
+test: setup lint jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
@@ -40,6 +41,18 @@ pg-start: setup
 
 pg-stop: setup
 	$(PY) -m tests.services.postgres stop .services/postgres
+
+# Pinned Kafka broker and Spark Kafka connector jars (kafka/pom.xml), fetched once.
+jars:
+	bash scripts/fetch-jars.sh
+
+# Start / stop a single-node Kafka broker by hand (same helper the tests use); prints the
+# bootstrap address.
+kafka-start: setup jars
+	$(PY) -m tests.services.kafka start .services/kafka
+
+kafka-stop: setup
+	$(PY) -m tests.services.kafka stop .services/kafka
 
 clean:
 	rm -rf $(VENV) .demo .services .pytest_cache .mypy_cache .ruff_cache

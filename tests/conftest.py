@@ -23,6 +23,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.services.kafka import KafkaBroker
     from tests.services.postgres import PostgresServer
 
 _db_counter = itertools.count()
@@ -52,6 +53,34 @@ def pg_server() -> Iterator[PostgresServer]:
         yield from session_server(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """The session's Kafka broker: single-node KRaft, from the pinned jars (tests/services/kafka.py).
+
+    Started on first use and stopped at the end of the run; tests fail, never skip, if it
+    cannot start.
+    """
+    from tests.services.kafka import session_broker
+
+    root = Path(tempfile.mkdtemp(prefix="sparkonce-test-kafka-"))
+    try:
+        yield from session_broker(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def kafka_topic(kafka_broker: KafkaBroker) -> Callable[..., str]:
+    """Create a fresh, uniquely named topic: ``kafka_topic("events", partitions=3)``."""
+
+    def create(prefix: str = "t", partitions: int = 3) -> str:
+        name = f"{prefix}-{os.getpid()}-{next(_db_counter)}"
+        kafka_broker.create_topic(name, partitions)
+        return name
+
+    return create
 
 
 @pytest.fixture

@@ -141,6 +141,11 @@ class _BatchHandler:
                 report.seconds,
                 ranges,
             )
+        if not result.skipped or result.seq is not None:
+            try:
+                p.source.committed(p.name, ranges)
+            except Exception as exc:  # monitoring only: the ledger holds the truth
+                log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
         if self.on_batch is not None:
             self.on_batch(report)
 

@@ -11,6 +11,8 @@ pipeline runner (on the driver) calls:
     batch_ranges(prev, offset)      once per micro-batch: the batch's offset ranges from
                                     Spark's offset log entries (this batch and the one before)
     latest_offsets()                for status and lag, never as the truth
+    committed(pipeline, ranges)     after each sink commit: progress for monitoring only
+                                    (Kafka consumer-group offsets); never read back as truth
 
 Sources never import sinks; the runner passes the ledger's offsets in.
 """
@@ -41,6 +43,13 @@ class Source(ABC):
     @abstractmethod
     def latest_offsets(self) -> dict[TopicPartition, int]:
         """The source's current end offsets (next offset to be written)."""
+
+    def committed(self, pipeline: str, ranges: BatchRanges) -> None:  # noqa: B027
+        """Called on the driver after the sink committed ``ranges``; monitoring only.
+
+        Failures here must not fail the pipeline: the sink's ledger already holds
+        the truth. The default does nothing.
+        """
 
     @abstractmethod
     def uri(self) -> str:

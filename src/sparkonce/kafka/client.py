@@ -1,0 +1,175 @@
+"""Kafka client plumbing shared by the Kafka source, sink and producer (confluent-kafka).
+
+Everything that talks to a broker goes through :class:`KafkaConnection`: it
+validates the bootstrap servers, keeps secret client settings out of reprs and
+logs, and turns librdkafka's errors into sparkonce errors that name the
+bootstrap servers and say what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkonce.errors import ConfigError, SparkOnceError, TopicNotFoundError
+
+# Client settings whose values are never printed.
+_SECRET = re.compile(r"(password|secret|token|credentials|\.key$|\.pem$)", re.IGNORECASE)
+_HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+TIMEOUT_S = 10.0
+_RDKAFKA_LOG = logging.getLogger("sparkonce.kafka.librdkafka")
+
+
+class KafkaUnavailableError(SparkOnceError, ConnectionError):
+    """The Kafka cluster did not answer in time. Retrying may help."""
+
+    retryable = True
+
+
+def parse_bootstrap(value: str) -> str:
+    """Validate ``host:port[,host:port...]`` and return it normalized (no spaces)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            "bootstrap_servers is empty: pass the broker address list, e.g. '127.0.0.1:9092'"
+        )
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    for part in parts:
+        port = part.rsplit(":", 1)[-1]
+        if not _HOSTPORT.match(part) or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"bootstrap server {part!r} is not host:port (in {value!r}); "
+                "use a comma-separated list such as 'broker1:9092,broker2:9092'"
+            )
+    return ",".join(parts)
+
+
+def masked(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with secret values replaced by ``***`` (safe for logs and reprs)."""
+    return {k: ("***" if _SECRET.search(k) else v) for k, v in config.items()}
+
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """Where a Kafka cluster is and how to talk to it.
+
+    ``config`` holds extra librdkafka settings (security, timeouts...); values of
+    secret settings (``sasl.password``, ``ssl.key.password``...) are never shown.
+    """
+
+    bootstrap: str
+    config: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bootstrap", parse_bootstrap(self.bootstrap))
+        if "bootstrap.servers" in self.config:
+            raise ConfigError("pass the brokers as bootstrap_servers, not in the client config")
+        object.__setattr__(self, "config", dict(self.config))
+
+    def __repr__(self) -> str:
+        extra = f", config={masked(self.config)}" if self.config else ""
+        return f"KafkaConnection({self.bootstrap!r}{extra})"
+
+    def client_config(self, **overrides: Any) -> dict[str, Any]:
+        """The librdkafka configuration: bootstrap + extra settings + ``overrides``.
+
+        Keyword names use ``_`` for ``.`` (``enable_idempotence=True``).
+        """
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            # librdkafka's own log lines go to Python logging, not raw to stderr.
+            "logger": _RDKAFKA_LOG,
+            **self.config,
+        }
+        conf.update({k.replace("_", "."): v for k, v in overrides.items()})
+        return conf
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.client_config())
+
+    def unavailable(self, what: str, exc: BaseException | None = None) -> KafkaUnavailableError:
+        detail = f": {exc}" if exc is not None else ""
+        return KafkaUnavailableError(
+            f"Kafka at bootstrap servers {self.bootstrap} did not answer while {what}{detail}. "
+            "Check the address and that the brokers are running and reachable from this host."
+        )
+
+    def topics(self, timeout: float = TIMEOUT_S) -> dict[str, int]:
+        """Every topic of the cluster and its partition count."""
+        from confluent_kafka import KafkaException
+
+        try:
+            meta = self.admin().list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise self.unavailable("listing topics", exc) from None
+        return {
+            name: len(t.partitions)
+            for name, t in meta.topics.items()
+            if t.error is None and not name.startswith("__")
+        }
+
+    def partitions(self, topic: str, timeout: float = TIMEOUT_S) -> int:
+        """The partition count of ``topic``; TopicNotFoundError if it does not exist."""
+        known = self.topics(timeout)
+        if topic not in known:
+            names = ", ".join(sorted(known)[:10]) or "none"
+            raise TopicNotFoundError(
+                f"Kafka topic {topic!r} does not exist at {self.bootstrap} (topics: {names}). "
+                f"Create it first, e.g. `sparkonce kafka create {self.bootstrap} {topic} "
+                "--partitions N`."
+            )
+        return known[topic]
+
+    def ensure_topic(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> bool:
+        """Create ``topic`` unless it exists; True if this call created it."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        if partitions < 1:
+            raise ConfigError(f"topic {topic!r}: partitions must be >= 1, got {partitions}")
+        if topic in self.topics():
+            return False
+        admin = self.admin()  # keep a reference: a collected client cancels its futures
+        futures = admin.create_topics(
+            [NewTopic(topic, partitions, 1, config=dict(config or {}))],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        try:
+            futures[topic].result(timeout=timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if getattr(err, "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            raise self.unavailable(f"creating topic {topic!r}", exc) from None
+        self._wait_for_topic(topic, timeout)
+        return True
+
+    def _wait_for_topic(self, topic: str, timeout: float) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            admin = self.admin()
+            meta = admin.list_topics(topic=topic, timeout=TIMEOUT_S)
+            t = meta.topics.get(topic)
+            if (
+                t is not None
+                and t.error is None
+                and t.partitions
+                and all(p.leader >= 0 for p in t.partitions.values())
+            ):
+                return
+            time.sleep(0.2)
+        raise self.unavailable(f"waiting for new topic {topic!r} to get partition leaders")
