@@ -14,11 +14,12 @@ from sparkonce.errors import (
     SourceError,
     SparkOnceError,
 )
+from sparkonce.kafka import KafkaProducer
 from sparkonce.log import IdempotentProducer, Topic
 from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import PostgresSink, Sink, SQLiteSink, sink_from_url
-from sparkonce.sources import EmbeddedLogSource, Source
+from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,8 @@ __all__ = [
     "EmbeddedLogSource",
     "FencedError",
     "IdempotentProducer",
+    "KafkaProducer",
+    "KafkaSource",
     "LedgerError",
     "Pipeline",
     "PostgresSink",

@@ -18,8 +18,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sparkonce.errors import ConfigError, FencedError, SinkUnavailableError, SparkOnceError
+from sparkonce.kafka.client import KafkaUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sparkonce.kafka.client import KafkaConnection
     from sparkonce.sinks.sql import SqlSink
 
 EXIT_FAIL, EXIT_USAGE, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
@@ -180,6 +182,118 @@ def cmd_log_describe(args: argparse.Namespace) -> int:
             prods = ", ".join(f"{pid}:{s}" for (pid, pp), s in sorted(seqs.items()) if pp == p)
             table.add_row(str(p), str(end), prods)
         console.print(table)
+    return 0
+
+
+def _kafka_connection(args: argparse.Namespace) -> KafkaConnection:
+    from sparkonce.kafka import KafkaConnection
+    from sparkonce.kafka.producer import require_confluent_kafka
+
+    if not args.bootstrap:
+        raise ConfigError("BOOTSTRAP is required (or set SPARKONCE_KAFKA_BOOTSTRAP)")
+    require_confluent_kafka()
+    return KafkaConnection(args.bootstrap, _kafka_client_config(args.client_config))
+
+
+def _kafka_client_config(items: Sequence[str]) -> dict[str, str]:
+    config: dict[str, str] = {}
+    for n, item in enumerate(items, 1):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            # Never echo the item: it may hold a password.
+            raise ConfigError(f"--config #{n} is not KEY=VALUE (e.g. security.protocol=SSL)")
+        config[key.strip()] = value
+    return config
+
+
+def cmd_kafka_create(args: argparse.Namespace) -> int:
+    conn = _kafka_connection(args)
+    conn.topics(args.timeout)  # fail fast (exit 4) if the cluster does not answer
+    created = conn.ensure_topic(args.topic, args.partitions, timeout=max(args.timeout, 30.0))
+    count = conn.partitions(args.topic, args.timeout)
+    if created:
+        print(f"created Kafka topic {args.topic!r} with {count} partitions at {conn.bootstrap}")
+    else:
+        print(
+            f"Kafka topic {args.topic!r} already exists at {conn.bootstrap} "
+            f"with {count} partitions; left unchanged"
+        )
+    return 0
+
+
+def cmd_kafka_produce(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sparkonce.kafka import KafkaProducer
+
+    conn = _kafka_connection(args)
+    from_stdin = not args.values
+    lines: Sequence[str] = args.values or [ln.rstrip("\n") for ln in sys.stdin]
+    sep = args.separator
+    # Parse every line before sending any, so that bad input writes nothing.
+    records: list[tuple[str | None, str]] = []
+    for text in lines:
+        if sep is None:
+            records.append((args.key, text))
+        elif sep not in text:
+            raise ConfigError(
+                f"line {text[:80]!r} has no separator {sep!r}; every line must be "
+                "KEY<separator>VALUE when --separator is given"
+            )
+        else:
+            k, v = text.split(sep, 1)
+            records.append((k, v))
+    console = Console(stderr=True)
+    show_progress = from_stdin and console.is_terminal and len(records) >= 10_000
+    with KafkaProducer(
+        conn.bootstrap, args.topic, client_config=conn.config, timeout=args.timeout
+    ) as producer:
+        if show_progress:
+            with console.status(f"sending {len(records)} records to {args.topic!r}") as status:
+                for i, (key, value) in enumerate(records, 1):
+                    producer.send(value, key, partition=args.partition)
+                    if i % 10_000 == 0:
+                        status.update(f"sent {i}/{len(records)} records to {args.topic!r}")
+                status.update(f"waiting for acknowledgements of {len(records)} records")
+                producer.flush()
+        else:
+            for key, value in records:
+                producer.send(value, key, partition=args.partition)
+    print(
+        f"delivered {producer.delivered} records to Kafka topic {args.topic!r} at "
+        f"{conn.bootstrap} (idempotent producer: exactly-once delivery for this session)"
+    )
+    return 0
+
+
+def cmd_kafka_tail(args: argparse.Namespace) -> int:
+    from sparkonce.kafka.topic import tail
+
+    conn = _kafka_connection(args)
+    for r in tail(conn, args.topic, args.n, partition=args.partition, timeout=args.timeout):
+        key = r.key.decode(errors="replace") if r.key is not None else ""
+        value = r.value.decode(errors="replace") if r.value is not None else ""
+        print(f"{r.partition}\t{r.offset}\t{r.record_id or ''}\t{key}\t{value}")
+    return 0
+
+
+def cmd_kafka_describe(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sparkonce.kafka.topic import partition_offsets
+
+    conn = _kafka_connection(args)
+    offsets = partition_offsets(conn, args.topic, args.timeout)
+    table = Table(
+        title=f"Kafka topic {args.topic} ({len(offsets)} partitions)",
+        caption=f"at {conn.bootstrap}; end = last stable offset (read_committed)",
+    )
+    for col in ("partition", "log start", "end (committed)"):
+        table.add_column(col, justify="right")
+    for po in offsets:
+        table.add_row(str(po.partition), str(po.start), str(po.end))
+    Console().print(table)
     return 0
 
 
@@ -412,6 +526,70 @@ def build_parser() -> argparse.ArgumentParser:
     add_dir_topic(q, topic_required=False)
     q.set_defaults(func=cmd_log_describe)
 
+    kafka_p = sub.add_parser("kafka", help="Kafka topics: create, produce (idempotent), tail")
+    kafka_sub = kafka_p.add_subparsers(dest="kafka_command", required=True)
+    default_bootstrap = _env("SPARKONCE_KAFKA_BOOTSTRAP")
+
+    def add_bootstrap_topic(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "bootstrap",
+            metavar="BOOTSTRAP",
+            nargs=None if default_bootstrap is None else "?",
+            default=default_bootstrap,
+            help=_help(
+                "Kafka bootstrap servers, host:port[,host:port...]", "SPARKONCE_KAFKA_BOOTSTRAP"
+            ),
+        )
+        q.add_argument("topic", metavar="TOPIC")
+        q.add_argument(
+            "--config",
+            dest="client_config",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="extra librdkafka setting, e.g. security.protocol=SASL_SSL (repeatable; "
+            "values are never printed)",
+        )
+        q.add_argument(
+            "--timeout",
+            type=float,
+            default=10.0,
+            help="seconds to wait for the cluster to answer, default 10",
+        )
+
+    q = kafka_sub.add_parser("create", help="create a topic (no error if it exists)")
+    add_bootstrap_topic(q)
+    q.add_argument(
+        "--partitions",
+        type=int,
+        default=int(_env("SPARKONCE_PARTITIONS", "4") or 4),
+        help=_help("number of partitions, default 4", "SPARKONCE_PARTITIONS"),
+    )
+    q.set_defaults(func=cmd_kafka_create)
+
+    q = kafka_sub.add_parser(
+        "produce",
+        help="send records with the idempotent producer: each --value, or else each line of stdin",
+    )
+    add_bootstrap_topic(q)
+    q.add_argument(
+        "--value", dest="values", action="append", default=[], help="a record (repeatable)"
+    )
+    q.add_argument("--key", default=None, help="key for every record")
+    q.add_argument("--separator", default=None, help="split each line into KEY<sep>VALUE")
+    q.add_argument("--partition", type=int, default=None, help="write to this partition")
+    q.set_defaults(func=cmd_kafka_produce)
+
+    q = kafka_sub.add_parser("tail", help="print the last committed records (read_committed)")
+    add_bootstrap_topic(q)
+    q.add_argument("-n", type=int, default=10, help="records per partition, default 10")
+    q.add_argument("--partition", type=int, default=None)
+    q.set_defaults(func=cmd_kafka_tail)
+
+    q = kafka_sub.add_parser("describe", help="partitions with log start and committed end offsets")
+    add_bootstrap_topic(q)
+    q.set_defaults(func=cmd_kafka_describe)
+
     p = sub.add_parser("verify", help="crash-test campaign: faults vs a failure-free oracle")
     p.add_argument("pipeline_file")
     p.add_argument(
@@ -506,7 +684,7 @@ def _report(exc: Exception) -> int:
     if isinstance(exc, FencedError):
         print(f"sparkonce: fenced: {exc}", file=sys.stderr)
         return EXIT_FENCED
-    if isinstance(exc, SinkUnavailableError):
+    if isinstance(exc, (SinkUnavailableError, KafkaUnavailableError)):
         print(f"sparkonce: unavailable: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     if isinstance(exc, ConfigError):

@@ -16,19 +16,27 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 
 
 def build_session(
-    master: str = "local[2]", app_name: str = "sparkonce", shuffle_partitions: int = 2
+    master: str = "local[2]",
+    app_name: str = "sparkonce",
+    shuffle_partitions: int = 2,
+    jars: list[str] | None = None,
 ) -> SparkSession:
     """A session with RocksDB state (changelog checkpointing) and few shuffle partitions.
 
     Sets ``PYSPARK_PYTHON`` to this interpreter first, so Python workers use the
-    same virtualenv as the driver.
+    same virtualenv as the driver. ``jars`` go to ``spark.jars`` (for example Spark's
+    own Kafka connector, fetched by ``scripts/fetch-jars.sh``); they only take
+    effect when this call creates the session.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)

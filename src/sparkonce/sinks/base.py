@@ -79,6 +79,10 @@ class Sink(ABC):
         """The same sink in another store (``sparkonce run --sink``, ``verify``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot be relocated")
 
+    def fresh(self) -> Sink:
+        """A new, unopened instance of the same sink (its own connections)."""
+        return self.relocated(getattr(self, "url"))  # noqa: B009
+
     def reset(self, pipeline: str) -> None:
         """Drop the output and ``pipeline``'s ledger: a clean sink for a verify trial."""
         raise NotImplementedError(f"{type(self).__name__} cannot be reset")

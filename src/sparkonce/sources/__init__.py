@@ -3,13 +3,17 @@
 from sparkonce.errors import ConfigError
 from sparkonce.sources.base import Source
 from sparkonce.sources.embedded import URI_SCHEME, EmbeddedLogSource
+from sparkonce.sources.kafka import URI_SCHEME as KAFKA_URI_SCHEME
+from sparkonce.sources.kafka import KafkaSource
 
 
 def source_from_uri(uri: str) -> Source:
     """Reopen a source from the URI a run recorded in the sink's owner row."""
     if uri.startswith(f"{URI_SCHEME}://"):
         return EmbeddedLogSource.from_uri(uri)
+    if uri.startswith(f"{KAFKA_URI_SCHEME}://"):
+        return KafkaSource.from_uri(uri)
     raise ConfigError(f"source URI {uri!r} is not one this version can open")
 
 
-__all__ = ["EmbeddedLogSource", "Source", "source_from_uri"]
+__all__ = ["EmbeddedLogSource", "KafkaSource", "Source", "source_from_uri"]

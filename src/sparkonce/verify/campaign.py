@@ -45,7 +45,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkonce.config import StoreURL
 from sparkonce.errors import ConfigError, VerificationError
 from sparkonce.offsets import check_chain
 from sparkonce.pipeline.loader import load_pipeline
@@ -208,7 +207,7 @@ class Campaign:
         self.keys: tuple[str, ...] = tuple(getattr(self.pipeline.sink, "keys", ()) or ())
         self.oracle: Oracle | None = None
         # One long-lived connection for polling the ledger while drivers run.
-        self._inspector = self.pipeline.sink.relocated(_sink_url(self.pipeline))
+        self._inspector = self.pipeline.sink.fresh()
 
     def close(self) -> None:
         self._inspector.close()
@@ -433,15 +432,6 @@ class Campaign:
             and out.zombie_fenced is not False
             and out.error is None
         )
-
-
-def _sink_url(pipeline: Pipeline) -> StoreURL:
-    url = getattr(pipeline.sink, "url", None)
-    if not isinstance(url, StoreURL):
-        raise ConfigError(
-            f"verify needs a sink with a store URL; {pipeline.sink.describe()} has none"
-        )
-    return url
 
 
 def _wait_stopped(d: Driver, timeout: float) -> bool:
