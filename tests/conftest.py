@@ -57,7 +57,7 @@ def pg_server() -> Iterator[PostgresServer]:
 
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[KafkaBroker]:
-    """The session's Kafka broker: single-node KRaft, from the pinned jars (tests/services/kafka.py).
+    """The session's Kafka broker: single-node KRaft from the pinned jars (tests/services/).
 
     Started on first use and stopped at the end of the run; tests fail, never skip, if it
     cannot start.

@@ -18,7 +18,7 @@ from sparkonce.kafka import KafkaProducer
 from sparkonce.log import IdempotentProducer, Topic
 from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
 from sparkonce.protocol import CrashPoint
-from sparkonce.sinks import PostgresSink, Sink, SQLiteSink, sink_from_url
+from sparkonce.sinks import KafkaSink, PostgresSink, Sink, SQLiteSink, sink_from_url
 from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source
 
 __version__ = "0.1.0"
@@ -33,6 +33,7 @@ __all__ = [
     "FencedError",
     "IdempotentProducer",
     "KafkaProducer",
+    "KafkaSink",
     "KafkaSource",
     "LedgerError",
     "Pipeline",

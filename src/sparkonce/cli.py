@@ -22,7 +22,7 @@ from sparkonce.kafka.client import KafkaUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.kafka.client import KafkaConnection
-    from sparkonce.sinks.sql import SqlSink
+    from sparkonce.sinks.base import Sink
 
 EXIT_FAIL, EXIT_USAGE, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
 
@@ -103,9 +103,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_FAIL if st.ledger_problems else 0
 
 
-def _open_sink_for_status(url: str) -> SqlSink:
+def _open_sink_for_status(url: str) -> Sink:
     from sparkonce.config import StoreURL
     from sparkonce.sinks.sql import PostgresSink, SQLiteSink
+
+    if url.startswith("kafka://"):
+        from sparkonce.sinks.kafka import kafka_sink_from_uri
+
+        kafka = kafka_sink_from_uri(url)
+        kafka.open()
+        return kafka
 
     parsed = StoreURL.parse(url)
     if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
