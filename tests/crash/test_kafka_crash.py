@@ -1,0 +1,237 @@
+"""Crash tests on a real Kafka broker: Kafka -> PostgreSQL, Kafka -> Kafka, embedded log -> Kafka.
+
+Each pipeline runs as a real driver process (``sparkonce run FILE``) that is SIGKILLed once at
+every named crash point of the commit protocol, in turn: run 1 dies at ``before-commit``, run 2
+(same checkpoint) at ``after-rows``, run 3 at ``before-ledger-commit``, run 4 at
+``after-ledger-commit``, and run 5 finishes. After every kill, a ``read_committed`` reader must
+see no record twice. At the end the output must equal a failure-free in-process run of the same
+pipeline file (the oracle), record for record, and the ledger must be a gap-free chain.
+
+A last test pauses a run (SIGSTOP) before its tasks write, lets a newer run finish, then
+resumes the old one: the zombie must be fenced (exit code 3) and change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkonce.offsets import check_chain
+from sparkonce.protocol import PAUSE_ENV, CrashPoint
+from sparkonce.sinks import sink_from_url
+from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from tests.crash.conftest import run_driver, wait_until_stopped
+
+pytestmark = pytest.mark.kafka
+
+RECORDS = 1200
+PARTITIONS = 3
+LIMIT = 50  # records per input partition per batch: about 8 batches
+NAME = "kafka-crash"
+EXIT_FENCED = 3
+
+_FILE = '''"""A sparkonce Kafka crash-test pipeline, written by tests/crash/test_kafka_crash.py."""
+
+from pyspark.sql import functions as F
+
+from sparkonce import EmbeddedLogSource, KafkaSource, Pipeline, sink_from_url
+
+
+def to_table(df):
+    return df.select(
+        F.col("record_id"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("value").cast("string").cast("long").alias("value"),
+    )
+
+
+def to_kafka(df):
+    return df.select(
+        F.col("record_id").alias("key"),
+        F.concat_ws(
+            "/", F.col("partition").cast("string"), F.col("offset").cast("string"),
+            F.col("value").cast("string"),
+        ).alias("value"),
+    )
+
+
+pipeline = Pipeline(
+    name={name!r},
+    source={source},
+    transform={transform},
+    sink=sink_from_url({sink_url!r}{table}),
+    checkpoint={checkpoint!r},
+)
+'''
+
+
+def _write(path: Path, *, source: str, sink_url: str, checkpoint: Path, name: str = NAME) -> Path:
+    kafka_out = sink_url.startswith("kafka://")
+    path.write_text(
+        _FILE.format(
+            name=name,
+            source=source,
+            transform="to_kafka" if kafka_out else "to_table",
+            sink_url=sink_url,
+            table="" if kafka_out else ", 'events_out'",
+            checkpoint=str(checkpoint),
+        )
+    )
+    return path
+
+
+def _produce(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(1, RECORDS + 1):
+        producer.produce(topic, value=str(i).encode(), key=f"k{i % 6}".encode())
+    assert producer.flush(30) == 0
+
+
+def _output(sink_url: str) -> Counter[Any]:
+    """What readers see, as a multiset of (partition, offset, value) per input record."""
+    sink = sink_from_url(sink_url, None if sink_url.startswith("kafka://") else "events_out")
+    try:
+        rows = sink.rows()
+    finally:
+        sink.close()
+    if sink_url.startswith("kafka://"):
+        return Counter(tuple(int(x) for x in str(r["value"]).split("/")) for r in rows)
+    return Counter((int(r["partition"]), int(r["offset"]), int(r["value"])) for r in rows)
+
+
+def _ledger(sink_url: str, name: str = NAME) -> list[Any]:
+    sink = sink_from_url(sink_url, None if sink_url.startswith("kafka://") else "events_out")
+    try:
+        return sink.ledger(name)
+    finally:
+        sink.close()
+
+
+@pytest.fixture
+def setup(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    kafka_broker: Any,
+    kafka_topic: Callable[..., str],
+    make_log: Callable[..., Path],
+) -> Callable[[str], tuple[str, str, str]]:
+    """``setup(kind)`` -> (source expression, sink URL, oracle sink URL) for one pipeline kind."""
+
+    def make(kind: str) -> tuple[str, str, str]:
+        if kind.startswith("log"):
+            log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=6)
+            source = (
+                f"EmbeddedLogSource({str(log_dir)!r}, 'events', max_records_per_partition={LIMIT})"
+            )
+        else:
+            topic = kafka_topic("in", partitions=PARTITIONS)
+            _produce(kafka_broker.bootstrap, topic)
+            source = (
+                f"KafkaSource({kafka_broker.bootstrap!r}, {topic!r}, "
+                f"max_records_per_partition={LIMIT})"
+            )
+        if kind.endswith("postgres"):
+            sink_url = str(request.getfixturevalue("pg_url"))
+            oracle_url = f"sqlite:///{tmp_path / 'oracle.db'}"
+        else:
+            sink_url = f"kafka://{kafka_broker.bootstrap}/{kafka_topic('out', partitions=2)}"
+            oracle_url = f"kafka://{kafka_broker.bootstrap}/{kafka_topic('oracle', partitions=2)}"
+        return source, sink_url, oracle_url
+
+    return make
+
+
+def _oracle(spark: Any, tmp_path: Path, source: str, oracle_url: str) -> Counter[Any]:
+    from sparkonce.pipeline.loader import load_pipeline
+
+    saved = {k: os.environ.pop(k) for k in ("SPARKONCE_CRASH_AT", PAUSE_ENV) if k in os.environ}
+    try:
+        path = _write(
+            tmp_path / "oracle.py",
+            source=source,
+            sink_url=oracle_url,
+            checkpoint=tmp_path / "oracle-checkpoint",
+            name="oracle",
+        )
+        load_pipeline(path).run(spark, timeout=300)
+    finally:
+        os.environ.update(saved)
+    return _output(oracle_url)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kind", ["kafka-to-postgres", "kafka-to-kafka", "log-to-kafka"])
+def test_kill_at_every_crash_point_then_recover(
+    kind: str,
+    spark: Any,
+    tmp_path: Path,
+    setup: Callable[[str], tuple[str, str, str]],
+    drivers: list[Driver],
+) -> None:
+    source, sink_url, oracle_url = setup(kind)
+    expected = _oracle(spark, tmp_path, source, oracle_url)
+    assert sum(expected.values()) == RECORDS and set(expected.values()) == {1}
+    pipeline_file = _write(
+        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
+    )
+    committed = 0
+    for i, point in enumerate(CrashPoint, start=1):
+        run = Driver(pipeline_file, tmp_path / f"run{i}.log", crash_at=point, crash_hit=2)
+        drivers.append(run.start())
+        code = run_driver(run)
+        assert code == SIGKILL_EXIT, f"run {i} ({point}) exited {code}:\n{run.log_tail()}"
+        seen = _output(sink_url)
+        twice = [r for r, n in seen.items() if n > 1]
+        assert not twice, f"after the kill at {point}, readers see {twice[:5]} twice"
+        assert seen.keys() <= expected.keys(), f"after {point}: rows no clean run writes"
+        entries = _ledger(sink_url)
+        assert len(entries) >= committed, f"ledger shrank after {point}"
+        committed = len(entries)
+    final = Driver(pipeline_file, tmp_path / "final.log")
+    drivers.append(final.start())
+    code = run_driver(final)
+    assert code == 0, f"the last run exited {code}:\n{final.log_tail()}"
+    got = _output(sink_url)
+    missing, extra = expected - got, got - expected
+    assert got == expected, f"missing {list(missing)[:5]}, extra {list(extra)[:5]}"
+    entries = _ledger(sink_url)
+    assert check_chain(e.ranges for e in entries) == []
+    assert [e.seq for e in entries] == list(range(len(entries)))
+    assert sum(e.row_count for e in entries) == RECORDS
+
+
+@pytest.mark.crash
+def test_zombie_run_is_fenced_on_kafka(
+    tmp_path: Path,
+    setup: Callable[[str], tuple[str, str, str]],
+    drivers: list[Driver],
+) -> None:
+    source, sink_url, _ = setup("kafka-to-kafka")
+    pipeline_file = _write(
+        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
+    )
+    zombie = Driver(
+        pipeline_file, tmp_path / "zombie.log", env={PAUSE_ENV: f"{CrashPoint.BEFORE_COMMIT}@2"}
+    )
+    drivers.append(zombie.start())
+    wait_until_stopped(zombie)
+    successor = Driver(pipeline_file, tmp_path / "successor.log")
+    drivers.append(successor.start())
+    assert run_driver(successor) == 0, successor.log_tail()
+    after_successor = _output(sink_url)
+    assert sum(after_successor.values()) == RECORDS and set(after_successor.values()) == {1}
+    os.killpg(zombie.pid, signal.SIGCONT)
+    code = run_driver(zombie)
+    assert code == EXIT_FENCED, f"the zombie exited {code}, not fenced:\n{zombie.log_tail()}"
+    assert _output(sink_url) == after_successor
+    entries = _ledger(sink_url)
+    assert check_chain(e.ranges for e in entries) == []
