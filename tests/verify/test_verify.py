@@ -112,3 +112,61 @@ def test_real_sinks_pass_a_small_campaign(
     assert sum(t["fault_fired"] for t in report["trials"]) >= 8
     assert (out / "recovery.png").stat().st_size > 1000
     assert report["oracle"]["rows"] == 1200
+
+
+_KAFKA_PIPELINE = """
+from pyspark.sql import functions as F
+from sparkonce import KafkaSink, KafkaSource, Pipeline
+
+def copy(df):
+    return df.select(
+        F.col("record_id").alias("key"),
+        F.concat_ws("/", F.col("partition").cast("string"), F.col("value").cast("string"))
+        .alias("value"),
+    )
+
+pipeline = Pipeline(
+    name="verify-kafka",
+    source=KafkaSource({bootstrap!r}, {source!r}, max_records_per_partition=150),
+    transform=copy,
+    sink=KafkaSink({bootstrap!r}, {sink!r}),
+    checkpoint={checkpoint!r},
+)
+"""
+
+
+@pytest.mark.kafka
+def test_kafka_to_kafka_passes_a_small_campaign(
+    tmp_path: Path, kafka_broker, kafka_topic: Callable[..., str]
+) -> None:
+    """Kafka source -> transactional Kafka sink; db-drop does not apply and is left out."""
+    from confluent_kafka import Producer
+
+    source, sink = kafka_topic("vin", partitions=3), kafka_topic("vout", partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
+    for i in range(1, 901):
+        producer.produce(source, value=str(i).encode(), key=f"k{i % 6}".encode())
+    assert producer.flush(30) == 0
+    pipeline = tmp_path / "pipeline.py"
+    pipeline.write_text(
+        _KAFKA_PIPELINE.format(
+            bootstrap=kafka_broker.bootstrap,
+            source=source,
+            sink=sink,
+            checkpoint=str(tmp_path / "user-checkpoint"),
+        )
+    )
+    out = tmp_path / "out"
+    code = main(["verify", str(pipeline), "--trials", "4", "--seed", "5", "--out", str(out)])
+    report = json.loads((out / "verify.json").read_text())
+    failures = [t for t in report["trials"] if not t["passed"]]
+    assert code == 0, failures
+    assert {t["fault"]["kind"] for t in report["trials"]} == {
+        "kill",
+        "crash-point",
+        "task-failure",
+        "zombie",
+    }
+    assert all(t["lost_rows"] == t["duplicated_rows"] == 0 for t in report["trials"])
+    assert sum(t["fault_fired"] for t in report["trials"]) >= 3
+    assert report["oracle"]["rows"] == 900

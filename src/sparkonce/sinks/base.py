@@ -35,6 +35,9 @@ class Sink(ABC):
     """Base class of sinks. Subclasses state their guarantee in their docstring."""
 
     guarantee: ClassVar[Guarantee]
+    # Whether SPARKONCE_DROP_CONNECTION_AT makes this sink lose its store connection
+    # (the verifier's db-drop fault).
+    supports_connection_drop: ClassVar[bool] = False
 
     @abstractmethod
     def open(self) -> None:

@@ -63,6 +63,7 @@ class SqlSink(Sink):
     """
 
     guarantee: ClassVar[Guarantee] = "effectively-once"
+    supports_connection_drop: ClassVar[bool] = True
     scheme: ClassVar[str] = ""
 
     def __init__(

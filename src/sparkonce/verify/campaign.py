@@ -204,6 +204,13 @@ class Campaign:
         base = load_pipeline(self.pipeline_file)
         self.checkpoint = self.workdir / "checkpoint"
         self.pipeline: Pipeline = base.with_overrides(sink_url=sink_url, checkpoint=self.checkpoint)
+        if "db-drop" in self.kinds and not self.pipeline.sink.supports_connection_drop:
+            if tuple(kinds) != FAULT_KINDS:
+                raise ConfigError(
+                    f"--faults db-drop: {self.pipeline.sink.describe()} has no database "
+                    "connection to drop; choose among kill, crash-point, task-failure, zombie"
+                )
+            self.kinds = tuple(k for k in self.kinds if k != "db-drop")
         self.keys: tuple[str, ...] = tuple(getattr(self.pipeline.sink, "keys", ()) or ())
         self.oracle: Oracle | None = None
         # One long-lived connection for polling the ledger while drivers run.
