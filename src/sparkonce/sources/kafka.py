@@ -413,8 +413,7 @@ def _new_consumer(connection: KafkaConnection, group: str = READER_GROUP) -> Any
         return Consumer(conf)
     except KafkaException as exc:
         raise ConfigError(
-            "the Kafka client configuration is not valid: "
-            f"{_scrub(str(exc), connection.config)}"
+            f"the Kafka client configuration is not valid: {_scrub(str(exc), connection.config)}"
         ) from None
 
 
@@ -878,9 +877,7 @@ class KafkaBatchReader(_KafkaReaderBase, DataSourceReader):
             finally:
                 self._close()
         return [
-            KafkaRangePartition(r.topic, r.partition, r.start, r.end)
-            for r in ranges
-            if not r.empty
+            KafkaRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges if not r.empty
         ]
 
 

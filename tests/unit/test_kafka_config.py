@@ -1,0 +1,178 @@
+"""KafkaSource configuration: validation, URIs, and secrets kept out of every string (no broker)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from sparkonce import ConfigError, KafkaSource
+from sparkonce.offsets import BatchRanges, OffsetRange
+from sparkonce.sources import source_from_uri
+from sparkonce.sources.embedded import SCHEMA_DDL as EMBEDDED_SCHEMA
+from sparkonce.sources.kafka import (
+    SCHEMA_DDL,
+    KafkaBatchReader,
+    KafkaDataSource,
+    KafkaStreamReader,
+    schema_ddl,
+    validate_client_config,
+)
+
+SECRET = "hunter2-very-secret"
+SECURE = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "PLAIN",
+    "sasl.username": "alice",
+    "sasl.password": SECRET,
+    "ssl.key.password": SECRET + "-key",
+}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bootstrap_servers": ""}, "bootstrap_servers is empty"),
+        ({"bootstrap_servers": "localhost"}, "not host:port"),
+        ({"bootstrap_servers": "h:99999"}, "not host:port"),
+        ({"topic": ""}, "topic name"),
+        ({"topic": "a/b"}, "topic name"),
+        ({"topic": ".."}, "topic name"),
+        ({"topic": "x" * 250}, "topic name"),
+        ({"max_records_per_partition": 0}, "max_records_per_partition must be a positive"),
+        ({"max_records_per_partition": 2.5}, "max_records_per_partition must be a positive"),
+        ({"max_records_per_batch": -1}, "max_records_per_batch must be a positive"),
+        ({"max_records_per_batch": True}, "max_records_per_batch must be a positive"),
+        ({"starting_offsets": "newest"}, "starting_offsets 'newest'"),
+        ({"starting_offsets": '{"0": -1}'}, "starting_offsets"),
+        ({"starting_offsets": "[1, 2]"}, "starting_offsets"),
+        ({"value_format": "json"}, "value_format 'json' is not supported"),
+        ({"client_config": {"bootstrap.servers": "x:1"}}, "bootstrap_servers"),
+        ({"client_config": {"group.id": "g"}}, "group_id="),
+        ({"client_config": {"enable.auto.commit": "true"}}, "never commits"),
+        ({"client_config": {"isolation.level": "read_uncommitted"}}, "read_committed"),
+        ({"client_config": {"auto.offset.reset": "latest"}}, "never a reset"),
+        ({"client_config": {"socket.timeout.ms": [1]}}, "string, number or boolean"),
+        ({"client_config": {"": "x"}}, "setting names"),
+        ({"client_config": ["a"]}, "must be a mapping"),
+        ({"group_id": " "}, "group_id must be a non-empty"),
+        ({"timeout": 0}, "timeout must be"),
+        ({"timeout": "10"}, "timeout must be"),
+    ],
+)
+def test_bad_settings_are_config_errors(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"bootstrap_servers": "127.0.0.1:9092", "topic": "events", **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        KafkaSource(**args)
+
+
+def test_good_settings() -> None:
+    src = KafkaSource(
+        " 127.0.0.1:9092, broker2:9093 ",
+        "events.v1_x-y",
+        max_records_per_partition=100,
+        max_records_per_batch=250,
+        starting_offsets='{"0": 42, "1": 17}',
+        value_format="utf8",
+        client_config={"isolation.level": "read_committed", "fetch.max.bytes": 1 << 20},
+        group_id="monitor",
+        timeout=2,
+    )
+    assert src.bootstrap_servers == "127.0.0.1:9092,broker2:9093"
+    assert src.uri() == "kafka://127.0.0.1:9092,broker2:9093/events.v1_x-y"
+    assert src.describe() == (
+        "KafkaSource(kafka://127.0.0.1:9092,broker2:9093/events.v1_x-y value_format=utf8)"
+    )
+    # isolation.level=read_committed is what the source uses anyway: dropped, not passed on.
+    assert dict(src.connection.config) == {"fetch.max.bytes": 1 << 20}
+    assert src.timeout == 2.0
+
+
+def test_secrets_never_shown() -> None:
+    src = KafkaSource("127.0.0.1:9092", "events", client_config=SECURE)
+    shown = [repr(src), str(src), src.describe(), src.uri(), repr(src.connection)]
+    for text in shown:
+        assert SECRET not in text
+    assert "sasl.password': '***'" in repr(src)
+    assert "'sasl.username': 'alice'" in repr(src)
+    # Executors get the settings through an option whose name Spark's redaction pattern hides.
+    opts = src.options()
+    (name,) = [k for k, v in opts.items() if SECRET in v]
+    assert "secret" in name.lower()
+    assert json.loads(opts[name]) == SECURE
+    with pytest.raises(ConfigError) as info:
+        validate_client_config({**SECURE, "logger": "x"})
+    assert SECRET not in str(info.value)
+
+
+def test_options_and_starting_offsets() -> None:
+    src = KafkaSource("127.0.0.1:9092", "events", max_records_per_partition=5)
+    opts = src.options()
+    assert opts["startingOffsets"] == "earliest"
+    assert opts["maxRecordsPerPartition"] == "5"
+    assert "maxRecordsPerBatch" not in opts
+    # The ledger's end offsets win; other topics' offsets are ignored.
+    start = {("events", 1): 17, ("events", 0): 42, ("other", 0): 9}
+    assert json.loads(src.options(start)["startingOffsets"]) == {"0": 42, "1": 17}
+    reader = KafkaStreamReader(src.options(start))
+    assert reader.starting == {0: 42, 1: 17}
+    assert reader.max_per_partition == 5 and reader.max_per_batch is None
+    assert reader._client is None  # nothing connects until Spark asks for offsets
+
+
+def test_readers_pickle_without_a_client() -> None:
+    import pickle
+
+    src = KafkaSource("127.0.0.1:9092", "events", client_config={"client.id": "x"})
+    reader = KafkaStreamReader(src.options())
+    reader._client = object()  # type: ignore[assignment]  # stands for a live consumer
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone._client is None
+    assert clone.connection.config == {"client.id": "x"}
+
+
+def test_batch_reader_explicit_ranges() -> None:
+    src = KafkaSource("127.0.0.1:9092", "events")
+    ranges = BatchRanges((OffsetRange("events", 0, 3, 9), OffsetRange("events", 2, 4, 4)))
+    opts = src.options()
+    opts["ranges"] = ranges.to_json()
+    parts = KafkaBatchReader(opts).partitions()
+    assert [(p.topic, p.partition, p.start, p.end) for p in parts] == [("events", 0, 3, 9)]
+
+
+def test_schema() -> None:
+    assert SCHEMA_DDL == EMBEDDED_SCHEMA
+    assert schema_ddl("utf8") == EMBEDDED_SCHEMA.replace("BINARY", "STRING")
+    assert KafkaDataSource({"valueFormat": "utf8"}).schema() == schema_ddl("utf8")
+    assert KafkaDataSource({}).schema() == SCHEMA_DDL
+    assert KafkaDataSource.name() == "sparkonce_kafka"
+
+
+def test_reader_options_are_validated() -> None:
+    base = KafkaSource("127.0.0.1:9092", "events").options()
+    with pytest.raises(ConfigError, match="needs option 'topic'"):
+        KafkaStreamReader({k: v for k, v in base.items() if k != "topic"})
+    with pytest.raises(ConfigError, match="valueFormat"):
+        KafkaStreamReader({**base, "valueFormat": "json"})
+    with pytest.raises(ConfigError, match="maxRecordsPerBatch"):
+        KafkaStreamReader({**base, "maxRecordsPerBatch": "0"})
+
+
+def test_uri_round_trip() -> None:
+    src = KafkaSource("b1:9092,b2:9092", "events", client_config=SECURE)
+    again = source_from_uri(src.uri())
+    assert isinstance(again, KafkaSource)
+    assert (again.bootstrap_servers, again.topic) == ("b1:9092,b2:9092", "events")
+    assert not again.connection.config  # URIs never carry settings (nor secrets)
+    for bad in ("kafka://", "kafka://b1:9092", "kafka:///events", "kafka://b1/events"):
+        with pytest.raises(ConfigError):
+            KafkaSource.from_uri(bad)
+
+
+def test_batch_ranges_are_the_offset_itself() -> None:
+    src = KafkaSource("127.0.0.1:9092", "events")
+    current = '{"events":{"0":[3,9],"1":[0,0]}}'
+    assert src.batch_ranges('{"events":{"0":[0,3],"1":[0,0]}}', current) == (
+        BatchRanges.from_json(current)
+    )
