@@ -335,10 +335,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         sink_url=args.sink,
         on_event=lambda msg: console.print(f"[dim]{msg}[/]"),
     )
+    kinds = campaign.kinds  # db-drop is left out for sinks without a store connection
     console.print(
         f"[bold]verify[/] {campaign.pipeline.name}: sink {campaign.pipeline.sink.describe()}, "
         f"faults {', '.join(kinds)}, seed {args.seed}. Each trial wipes this pipeline's "
-        "output table and ledger in that sink."
+        "output (table or topic) and ledger in that sink."
     )
     json_path, png_path = out_dir / "verify.json", out_dir / "recovery.png"
     outcomes = load_outcomes(json_path, args.seed, kinds) if args.resume else []
