@@ -448,6 +448,7 @@ class KafkaSink(Sink):
 
     def _append_ledger(self, pipeline: str, record: dict[str, Any], *, crash: bool = False) -> None:
         producer = self._driver_producer(pipeline)
+        written: list[int] = []
         try:
             producer.begin_transaction()
             producer.produce(
@@ -455,6 +456,7 @@ class KafkaSink(Sink):
                 key=f"{record['type'][0]}:{pipeline}",
                 value=json.dumps(record),
                 partition=0,
+                on_delivery=lambda err, msg: written.append(-1 if err else msg.offset()),
             )
             producer.flush(TIMEOUT_S)
             if crash:
@@ -479,6 +481,26 @@ class KafkaSink(Sink):
             raise self.conn.unavailable(
                 f"writing to ledger topic {self.ledger_topic!r}", exc
             ) from None
+        self._await_visible(written[0] if written else -1)
+
+    def _await_visible(self, offset: int) -> None:
+        """Wait until read_committed readers see the ledger up to ``offset``.
+
+        The last stable offset moves only once the coordinator has written the
+        transaction markers, a moment after ``commit_transaction`` returns.
+        """
+        deadline = time.monotonic() + TIMEOUT_S
+        while offset >= 0 and time.monotonic() < deadline:
+            new, pos = self._ledger.read(self._position)
+            self._records.extend(new)
+            for name, st in self._states.items():
+                LedgerTopic.fold(st, name, new)
+            self._position = pos
+            if pos > offset:
+                return
+            time.sleep(0.05)
+        if offset >= 0:
+            raise self.conn.unavailable(f"waiting for ledger offset {offset} to become readable")
 
     # -- ownership and progress -------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
