@@ -18,7 +18,14 @@ from sparkonce.kafka import KafkaProducer
 from sparkonce.log import IdempotentProducer, Topic
 from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
 from sparkonce.protocol import CrashPoint
-from sparkonce.sinks import KafkaSink, PostgresSink, Sink, SQLiteSink, sink_from_url
+from sparkonce.sinks import (
+    KafkaSink,
+    PostgresSink,
+    PostgresTwoPhaseSink,
+    Sink,
+    SQLiteSink,
+    sink_from_url,
+)
 from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source
 
 __version__ = "0.1.0"
@@ -38,6 +45,7 @@ __all__ = [
     "LedgerError",
     "Pipeline",
     "PostgresSink",
+    "PostgresTwoPhaseSink",
     "RunReport",
     "SQLiteSink",
     "Sink",

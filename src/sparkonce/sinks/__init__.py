@@ -5,6 +5,7 @@ from sparkonce.errors import ConfigError
 from sparkonce.sinks.base import Sink
 from sparkonce.sinks.kafka import KafkaSink
 from sparkonce.sinks.sql import PostgresSink, SQLiteSink, SqlSink
+from sparkonce.sinks.twophase import PostgresTwoPhaseSink
 
 
 def sink_from_url(url: str, table: str | None = None, **kwargs: object) -> Sink:
@@ -21,4 +22,12 @@ def sink_from_url(url: str, table: str | None = None, **kwargs: object) -> Sink:
     return cls(parsed, table, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["KafkaSink", "PostgresSink", "SQLiteSink", "Sink", "SqlSink", "sink_from_url"]
+__all__ = [
+    "KafkaSink",
+    "PostgresSink",
+    "PostgresTwoPhaseSink",
+    "SQLiteSink",
+    "Sink",
+    "SqlSink",
+    "sink_from_url",
+]

@@ -1,0 +1,575 @@
+"""Scale-out two-phase-commit sink into PostgreSQL: rows never pass through the driver.
+
+Guarantee: **effectively-once**. Readers of the output see each batch's rows
+exactly once, whatever crashes, task retries or zombie runs and tasks occur.
+Work may run more than once (a task attempt can pre-commit rows that are then
+thrown away); only the attempts of one run's commit ever become visible.
+Because only one attempt of a batch ever commits, this holds for
+non-deterministic transforms too, as long as this is the pipeline's only sink.
+
+How a batch commits (the protocol of :mod:`sparkonce.protocol`, step 3 split in two):
+
+**Pre-commit, in the executors.** Each Spark task of the batch opens its own
+connection and, in one transaction, registers a fresh random *attempt id* in
+``sparkonce_attempts`` (pipeline, table, epoch, ledger seq, partition, state
+``precommitted``) and loads its rows with ``COPY`` (Arrow batches written as
+CSV), each row tagged with the attempt id. Once committed the rows are durable
+but invisible to readers. A task that finds the run fenced writes nothing.
+
+**Commit, on the driver.** ``collect`` returns exactly one result per partition:
+the attempt Spark reports successful. One driver transaction then locks the
+owner row and checks the epoch (step 1), checks the ledger (step 2), makes
+exactly those attempts visible (step 3), inserts the ledger row (step 4) and
+commits (step 5). Calling it again for a committed batch is a no-op.
+
+- ``mode="append"``: the rows stay where the task wrote them, in the table
+  ``<table>__sparkonce_data``. Readers read the **view** ``<table>``, which keeps
+  only rows whose attempt is ``committed``. The commit flips one status row per
+  task, so its cost does not grow with the batch (see
+  ``benchmarks/results/precommit-mechanism.json``).
+- ``mode="upsert"``: tasks pre-commit into ``<table>__sparkonce_stage``; the
+  commit merges the successful attempts into the table ``<table>`` with
+  ``INSERT ... ON CONFLICT (keys) DO UPDATE`` and deletes them from the stage.
+  Readers read the table ``<table>``.
+
+**Abort and collection.** Rows of failed, speculative, aborted and zombie
+attempts are never made visible. A collector deletes them, and their attempt
+rows: after every commit, after a failed commit, and when a run starts (after
+it takes its epoch), so a crash leaves nothing behind for long. A collector
+only ever removes attempts of its own epoch or older, and only while its run
+still owns the pipeline, so it never touches a newer run's batch in flight.
+
+Limits: the view's filter costs readers a semi-join against the (small)
+attempts table; upsert batches must hold at most one row per key, and key
+columns must not be NULL (the batch fails with :class:`~sparkonce.errors.SinkError`,
+nothing committed). Task connections use the sink URL, password included; it is
+never logged.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.config import StoreURL, WriteMode
+from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
+from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SparkOnceError
+from sparkonce.ledger.base import BatchContext, CommitResult, Owner
+from sparkonce.offsets import Coverage, classify
+from sparkonce.protocol import CrashPoint, crash_point, task_failure_requested
+from sparkonce.sinks.sql import PostgresSink
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS_TABLE = "sparkonce_attempts"
+ATTEMPT_COLUMN = "sparkonce_attempt"
+DATA_SUFFIX = "__sparkonce_data"
+STAGE_SUFFIX = "__sparkonce_stage"
+MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
+
+_TASK_RESULT = "partition INT, attempt BIGINT, rows BIGINT, fenced BOOLEAN"
+
+
+class PostgresTwoPhaseSink(PostgresSink):
+    """Two-phase-commit sink into PostgreSQL (see the module docstring for the guarantee).
+
+    Same arguments as :class:`~sparkonce.PostgresSink`. In append mode the name
+    ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is a
+    table with a primary key on ``keys``.
+    """
+
+    def __init__(
+        self,
+        url: str | StoreURL,
+        table: str,
+        *,
+        mode: WriteMode = "append",
+        keys: tuple[str, ...] | list[str] = (),
+    ) -> None:
+        super().__init__(url, table, mode=mode, keys=keys)
+        longest = self.table + max(DATA_SUFFIX, STAGE_SUFFIX, key=len)
+        if len(longest) > MAX_IDENTIFIER:
+            raise ConfigError(
+                f"table name {self.table!r} is too long for the two-phase sink: it also creates "
+                f"{longest!r}, over PostgreSQL's {MAX_IDENTIFIER}-character limit; use a name of "
+                f"at most {MAX_IDENTIFIER - len(STAGE_SUFFIX)} characters"
+            )
+        # Where tasks pre-commit: the data table under the view, or the upsert stage.
+        self.precommit_table = self.table + (DATA_SUFFIX if mode == "append" else STAGE_SUFFIX)
+        self._ready = False
+
+    def describe(self) -> str:
+        return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
+
+    # -- lifecycle -------------------------------------------------------------
+    def open(self) -> None:
+        if self._conn is not None:
+            return
+        super().open()
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            conn.execute("SELECT pg_advisory_xact_lock(727274)")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {ATTEMPTS_TABLE} ("
+                " attempt_id BIGINT PRIMARY KEY, pipeline TEXT NOT NULL, target TEXT NOT NULL,"
+                " epoch BIGINT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL,"
+                " row_count BIGINT NOT NULL,"
+                " state TEXT NOT NULL CHECK (state IN ('precommitted', 'committed')),"
+                " created_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            conn.execute(
+                f"CREATE INDEX IF NOT EXISTS {ATTEMPTS_TABLE}_open ON {ATTEMPTS_TABLE} "
+                "(pipeline, target) WHERE state = 'precommitted'"
+            )
+
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        """Take the next epoch (fencing older runs), then collect what older runs left."""
+        owner = super().acquire(pipeline, source)
+        self.collect(pipeline, owner.epoch)
+        return owner
+
+    # -- schema ------------------------------------------------------------------
+    def validate(self, schema: StructType) -> None:
+        self._check_kinds()
+        super().validate(schema)
+
+    def _check_kinds(self) -> None:
+        """The user-facing name must be a view (append) or a table (upsert), not the other."""
+        rows = fetchall(
+            self.conn,
+            self.dialect,
+            "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relname = %s",
+            (self.table,),
+        )
+        kind = rows[0][0] if rows else None
+        want, other = ("v", "a table") if self.mode == "append" else ("r", "a view")
+        if kind is not None and kind != want:
+            raise ConfigError(
+                f"{self.table!r} in {self.url} already exists as {other}. The two-phase sink in "
+                f"{self.mode} mode exposes {self.table!r} as a "
+                f"{'view' if want == 'v' else 'table'}; write to a new name, or drop or rename "
+                "the existing one"
+            )
+
+    def _ensure_tables(self, schema: StructType) -> None:
+        """Create the output (and view or stage) before any task pre-commits into it."""
+        if self._ready:
+            return
+        self._check_kinds()
+        cols = []
+        for f in schema.fields:
+            null = " NOT NULL" if f.name in self.keys else ""
+            cols.append(f"{qi(f.name)} {self.dialect.column_type(f.dataType, f.name)}{null}")
+        names = qlist(f.name for f in schema.fields)
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            conn.execute("SELECT pg_advisory_xact_lock(727275)")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {qi(self.precommit_table)} "
+                f"({', '.join(cols)}, {ATTEMPT_COLUMN} BIGINT NOT NULL)"
+            )
+            if self.mode == "append":
+                conn.execute(
+                    f"CREATE OR REPLACE VIEW {qi(self.table)} AS SELECT {names} FROM "
+                    f"{qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} IN (SELECT attempt_id "
+                    f"FROM {ATTEMPTS_TABLE} WHERE state = 'committed')"
+                )
+            else:
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {qi(self.table)} "
+                    f"({', '.join(cols)}, PRIMARY KEY ({qlist(self.keys)}))"
+                )
+        self._ready = True
+
+    # -- the commit protocol --------------------------------------------------------
+    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
+        """Pre-commit in the tasks, then flip the successful attempts with the ledger row."""
+        # A cheap look first: a replayed batch must not even run its tasks.
+        self._ledger.check_owner(self.conn, ctx.pipeline, ctx.epoch)
+        last = self._ledger.last(self.conn, ctx.pipeline)
+        coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
+        if coverage is Coverage.COMMITTED:
+            assert last is not None
+            seq = self._covering_seq(self.conn, ctx, last)
+            return CommitResult(True, 0, seq, "offsets already in the ledger (replay)")
+        if coverage is Coverage.NO_DATA:
+            found = self._ledger.find_no_data_batch(
+                self.conn, ctx.pipeline, ctx.checkpoint_id, ctx.spark_batch_id
+            )
+            if found is not None:
+                return CommitResult(True, 0, found, "no-data batch already committed (replay)")
+        seq = 0 if last is None else last.seq + 1
+        self._ensure_tables(df.schema)
+
+        crash_point(CrashPoint.BEFORE_COMMIT)
+        plan = _TaskPlan(
+            url=self.url,
+            table=self.precommit_table,
+            columns=tuple(df.schema.fieldNames()),
+            pipeline=ctx.pipeline,
+            target=self.table,
+            epoch=ctx.epoch,
+            seq=seq,
+        )
+        try:
+            results = df.mapInArrow(lambda it: _precommit_task(plan, it), _TASK_RESULT).collect()
+            if any(r["fenced"] for r in results):
+                owner = self.owner(ctx.pipeline)
+                raise FencedError(
+                    ctx.pipeline,
+                    ctx.epoch,
+                    owner.epoch if owner else 0,
+                    self._status_hint(ctx.pipeline),
+                )
+            attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
+            rows = sum(int(r["rows"]) for r in results)
+            result = self._commit_attempts(ctx, seq, attempts, rows)
+        except BaseException:
+            self._collect_after_failure(ctx)
+            raise
+        crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
+        self.collect(ctx.pipeline, ctx.epoch)
+        return result
+
+    def _commit_attempts(
+        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int
+    ) -> CommitResult:
+        try:
+            return self._commit_attempts_once(ctx, seq, attempts, rows)
+        except SparkOnceError:
+            raise
+        except Exception as exc:
+            if not self._is_connection_error(exc):
+                raise self._wrap_write_error(exc, ctx) from exc
+            # The COMMIT may have gone through before the connection dropped: look.
+            log.warning(
+                "pipeline %r batch %s: connection to %s lost during commit (%s); checking the "
+                "ledger on a new connection",
+                ctx.pipeline,
+                ctx.ranges,
+                self.url.address,
+                exc,
+            )
+            self._drop_connection()
+            last = self._ledger.last(self.conn, ctx.pipeline)
+            if last is not None and last.seq == seq and last.ranges == ctx.ranges:
+                return CommitResult(False, rows, seq)
+            return self._commit_attempts_once(ctx, seq, attempts, rows)
+
+    def _commit_attempts_once(
+        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int
+    ) -> CommitResult:
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            # Step 1: still the owner? (row lock until step 5)
+            self._ledger.check_owner(conn, ctx.pipeline, ctx.epoch)
+            # Step 2: the ledger may have moved since the look before the tasks ran.
+            last = self._ledger.last(conn, ctx.pipeline)
+            if classify(ctx.ranges, {} if last is None else last.end_offsets) is (
+                Coverage.COMMITTED
+            ):
+                assert last is not None
+                covering = self._covering_seq(conn, ctx, last)
+                return CommitResult(True, 0, covering, "offsets already in the ledger (replay)")
+            if (0 if last is None else last.seq + 1) != seq:
+                raise LedgerError(
+                    f"pipeline {ctx.pipeline!r}: the ledger moved while batch {ctx.ranges} was "
+                    f"being pre-committed (expected entry {seq}); another writer is using this "
+                    f"pipeline's ledger. Inspect it with: {self._status_hint(ctx.pipeline)}"
+                )
+            if not attempts and classify(ctx.ranges, {} if last is None else last.end_offsets) is (
+                Coverage.NO_DATA
+            ):
+                return CommitResult(True, 0, None, "no new offsets and no rows")
+            # Step 3: make exactly the attempts Spark reported successful visible.
+            flipped = conn.execute(
+                f"UPDATE {ATTEMPTS_TABLE} SET state = 'committed' WHERE attempt_id = ANY(%s) "
+                "AND pipeline = %s AND target = %s AND epoch = %s AND seq = %s "
+                "AND state = 'precommitted'",
+                (attempts, ctx.pipeline, self.table, ctx.epoch, seq),
+            ).rowcount
+            if flipped != len(attempts):
+                raise LedgerError(
+                    f"pipeline {ctx.pipeline!r} batch {ctx.ranges}: {len(attempts) - flipped} of "
+                    f"the {len(attempts)} successful task attempts have no pre-committed rows in "
+                    f"{ATTEMPTS_TABLE}; something removed them. Nothing of the batch was "
+                    "committed; restart the run to replay it."
+                )
+            if self.mode == "upsert" and attempts:
+                self._merge(conn, attempts)
+            if crash_point(CrashPoint.AFTER_ROWS):
+                self._lose_connection(conn)
+            # Step 4: the ledger row, in the same transaction.
+            self._ledger.record(
+                conn,
+                pipeline=ctx.pipeline,
+                seq=seq,
+                ranges=ctx.ranges,
+                epoch=ctx.epoch,
+                row_count=rows,
+                spark_batch_id=ctx.spark_batch_id,
+                checkpoint_id=ctx.checkpoint_id,
+            )
+            crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
+        return CommitResult(False, rows, seq)
+
+    def _merge(self, conn: Any, attempts: list[int]) -> None:
+        """Upsert: merge the successful attempts' staged rows into the table by key."""
+        import psycopg
+
+        columns = self._existing_columns_ordered(self.table)
+        collist = qlist(columns)
+        try:
+            with conn.transaction():  # a savepoint, so the error below is ours to explain
+                conn.execute(
+                    f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM "
+                    f"{qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)"
+                    + self._upsert_clause(columns),
+                    (attempts,),
+                )
+        except psycopg.errors.CardinalityViolation:
+            raise SinkError(
+                f"upsert into {self.table!r}: the batch holds more than one row for some key "
+                f"{list(self.keys)}, so which one wins would depend on row order. Aggregate or "
+                "deduplicate by the key in the transform. Nothing of this batch was committed."
+            ) from None
+        except psycopg.errors.NotNullViolation:
+            raise SinkError(
+                f"upsert into {self.table!r}: a row has a NULL key {list(self.keys)}; key "
+                "columns must not be NULL. Nothing of this batch was committed."
+            ) from None
+        conn.execute(
+            f"DELETE FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)",
+            (attempts,),
+        )
+
+    def _existing_columns_ordered(self, table: str) -> list[str]:
+        rows = fetchall(
+            self.conn,
+            self.dialect,
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = %s ORDER BY ordinal_position",
+            (table,),
+        )
+        return [str(r[0]) for r in rows]
+
+    # -- abort and collection ---------------------------------------------------------
+    def collect(self, pipeline: str, epoch: int) -> int:
+        """Delete the rows of attempts that will never commit; returns how many attempts.
+
+        Removes ``pipeline``'s ``precommitted`` attempts of epoch ``epoch`` or older,
+        only while ``epoch`` still owns the pipeline (a zombie never collects), and
+        only between batches (the caller has no batch in flight).
+        """
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            row = conn.execute(
+                "SELECT epoch FROM sparkonce_owner WHERE pipeline = %s FOR UPDATE", (pipeline,)
+            ).fetchone()
+            if row is None or int(row[0]) != epoch:
+                return 0
+            ids = [
+                int(r[0])
+                for r in conn.execute(
+                    f"SELECT attempt_id FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s "
+                    "AND state = 'precommitted' AND epoch <= %s",
+                    (pipeline, self.table, epoch),
+                ).fetchall()
+            ]
+            if not ids:
+                return 0
+            if self._relation_exists(self.precommit_table):
+                conn.execute(
+                    f"DELETE FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)",
+                    (ids,),
+                )
+            conn.execute(f"DELETE FROM {ATTEMPTS_TABLE} WHERE attempt_id = ANY(%s)", (ids,))
+        log.info(
+            "pipeline %r: collected %d aborted or failed attempt(s) from %s",
+            pipeline,
+            len(ids),
+            self.precommit_table,
+        )
+        return len(ids)
+
+    def _collect_after_failure(self, ctx: BatchContext) -> None:
+        """Abort: the batch failed, so its pre-commits are garbage. Best effort."""
+        try:
+            self._drop_connection()  # the failure may have broken the connection
+            self.collect(ctx.pipeline, ctx.epoch)
+        except Exception as exc:
+            log.warning(
+                "pipeline %r: could not collect the aborted batch's pre-committed rows (%s); "
+                "the next run collects them when it starts",
+                ctx.pipeline,
+                exc,
+            )
+
+    def _relation_exists(self, name: str) -> bool:
+        row = self.conn.execute("SELECT to_regclass(%s)", (qi(name),)).fetchone()
+        return row is not None and row[0] is not None
+
+    def pending(self, pipeline: str) -> int:
+        """How many pre-committed, not yet committed or collected attempts ``pipeline`` has."""
+        row = self.conn.execute(
+            f"SELECT count(*) FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s "
+            "AND state = 'precommitted'",
+            (pipeline, self.table),
+        ).fetchone()
+        return int(row[0])
+
+    # -- administration ----------------------------------------------------------------
+    def relocated(self, url: str | StoreURL) -> PostgresTwoPhaseSink:
+        parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
+        if parsed.scheme != "postgresql":
+            raise ConfigError(f"the two-phase sink needs a postgresql:// URL, got {str(parsed)!r}")
+        return PostgresTwoPhaseSink(parsed, self.table, mode=self.mode, keys=self.keys)
+
+    def reset(self, pipeline: str) -> None:
+        """Drop the output (view, data, stage, table) and ``pipeline``'s metadata. Destructive."""
+        from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
+
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            conn.execute(f"DROP VIEW IF EXISTS {qi(self.table)}")
+            for t in (self.table, self.table + DATA_SUFFIX, self.table + STAGE_SUFFIX):
+                conn.execute(f"DROP TABLE IF EXISTS {qi(t)}")
+            conn.execute(
+                f"DELETE FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s",
+                (pipeline, self.table),
+            )
+            for t in (LEDGER_TABLE, OWNER_TABLE):
+                conn.execute(f"DELETE FROM {t} WHERE pipeline = %s", (pipeline,))
+        self._ready = False
+        self._table_checked = False
+
+
+# --- the task side (runs in Spark's Python workers) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class _TaskPlan:
+    """What a pre-commit task needs; pickled to the executors (the URL holds the password)."""
+
+    url: StoreURL
+    table: str
+    columns: tuple[str, ...]
+    pipeline: str
+    target: str
+    epoch: int
+    seq: int
+
+
+def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
+    """Pre-commit this task's rows in one transaction, tagged with a fresh attempt id."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    spark_attempt = ctx.attemptNumber() if ctx is not None else 0
+    attempt = secrets.randbits(63) or 1
+    out = pa.schema(
+        [
+            ("partition", pa.int32()),
+            ("attempt", pa.int64()),
+            ("rows", pa.int64()),
+            ("fenced", pa.bool_()),
+        ]
+    )
+    conn = None
+    rows = 0
+    fenced = False
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if conn is None:
+                conn = connect(plan.url)
+                conn.execute("BEGIN")
+                row = conn.execute(
+                    "SELECT epoch FROM sparkonce_owner WHERE pipeline = %s", (plan.pipeline,)
+                ).fetchone()
+                if row is None or int(row[0]) != plan.epoch:
+                    fenced = True  # a newer run owns the pipeline: write nothing
+                    break
+                conn.execute(
+                    f"INSERT INTO {ATTEMPTS_TABLE} (attempt_id, pipeline, target, epoch, seq, "
+                    "partition, row_count, state) VALUES (%s, %s, %s, %s, %s, %s, 0, "
+                    "'precommitted')",
+                    (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, partition),
+                )
+            _copy_batch(conn, plan, batch, attempt)
+            rows += batch.num_rows
+        if conn is not None and not fenced:
+            conn.execute(
+                f"UPDATE {ATTEMPTS_TABLE} SET row_count = %s WHERE attempt_id = %s",
+                (rows, attempt),
+            )
+            conn.execute("COMMIT")
+        elif conn is not None:
+            conn.execute("ROLLBACK")
+    finally:
+        if conn is not None:
+            conn.close()
+    key = f"{plan.pipeline}:{plan.seq}:{partition}"
+    if rows and task_failure_requested("write", key, spark_attempt):
+        # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows
+        # exist but Spark retries the task; only the retry's attempt may become visible.
+        raise RuntimeError(f"injected write-task failure after pre-commit ({key})")
+    yield pa.RecordBatch.from_pylist(
+        [
+            {
+                "partition": partition,
+                "attempt": attempt if rows else 0,
+                "rows": rows,
+                "fenced": fenced,
+            }
+        ],
+        schema=out,
+    )
+
+
+def _copy_batch(conn: Any, plan: _TaskPlan, batch: Any, attempt: int) -> None:
+    """COPY one Arrow batch, with the attempt id column, into the pre-commit table."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    cols = qlist((*plan.columns, ATTEMPT_COLUMN))
+    if any(_needs_row_copy(f.type) for f in batch.schema):
+        # Binary values have no CSV form PostgreSQL reads as bytea: go row by row.
+        with (
+            conn.cursor() as cur,
+            cur.copy(f"COPY {qi(plan.table)} ({cols}) FROM STDIN") as cp,
+        ):
+            for values in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+                cp.write_row((*values, attempt))
+        return
+    tagged = batch.append_column(ATTEMPT_COLUMN, pa.array([attempt] * batch.num_rows, pa.int64()))
+    buf = io.BytesIO()
+    pacsv.write_csv(tagged, buf, pacsv.WriteOptions(include_header=False))
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"COPY {qi(plan.table)} ({cols}) FROM STDIN (FORMAT csv)") as cp,
+    ):
+        cp.write(buf.getbuffer())
+
+
+def _needs_row_copy(dtype: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(
+        pa.types.is_binary(dtype)
+        or pa.types.is_large_binary(dtype)
+        or pa.types.is_nested(dtype)
+        or pa.types.is_dictionary(dtype)
+    )

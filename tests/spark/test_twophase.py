@@ -1,0 +1,233 @@
+"""The two-phase-commit PostgreSQL sink on the shared session, against the real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkonce import (
+    ConfigError,
+    EmbeddedLogSource,
+    FencedError,
+    Pipeline,
+    PostgresTwoPhaseSink,
+    SinkError,
+)
+from sparkonce.ledger import BatchContext
+from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
+from sparkonce.sinks.twophase import _precommit_task, _TaskPlan
+
+pytestmark = pytest.mark.postgres
+
+
+def values(df: DataFrame) -> DataFrame:
+    return df.select(
+        "record_id",
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").cast("long").alias("value"),
+    )
+
+
+def pipeline(tmp_path: Path, log_dir: Path, sink: PostgresTwoPhaseSink, **kw: Any) -> Pipeline:
+    return Pipeline(
+        name="p2",
+        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=100),
+        sink=sink,
+        checkpoint=tmp_path / "chk",
+        transform=kw.pop("transform", values),
+    )
+
+
+def scalar(url: str, sql: str) -> Any:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql).fetchone()
+        assert row is not None
+        return row[0]
+
+
+def test_append_commits_each_batch_once_through_the_view(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], pg_url: str
+) -> None:
+    log_dir = make_log(900, partitions=3)
+    sink = PostgresTwoPhaseSink(pg_url, "events_out")
+    p = pipeline(tmp_path, log_dir, sink)
+    report = p.run(spark)
+    with sink:
+        rows = sink.rows()
+        entries = sink.ledger("p2")
+        assert sink.pending("p2") == 0
+    assert sorted(r["value"] for r in rows) == list(range(1, 901))
+    assert set(rows[0]) == {"record_id", "key", "value"}  # the view hides the attempt column
+    assert report.batches_committed == len(entries) >= 3
+    assert check_chain(e.ranges for e in entries) == []
+    assert sum(e.row_count for e in entries) == 900
+    # Readers see a view; the rows live in the data table, tagged with committed attempts.
+    assert scalar(pg_url, "SELECT relkind FROM pg_class WHERE relname = 'events_out'") == "v"
+    assert scalar(pg_url, "SELECT count(*) FROM events_out__sparkonce_data") == 900
+    assert scalar(
+        pg_url, "SELECT count(DISTINCT state) || ':' || min(state) FROM sparkonce_attempts"
+    ) == ("1:committed")
+    # A second run finds nothing new and writes nothing.
+    again = p.run(spark)
+    assert again.rows_committed == 0
+    assert scalar(pg_url, "SELECT count(*) FROM events_out") == 900
+
+
+def test_upsert_merges_by_key_at_commit(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], pg_url: str
+) -> None:
+    log_dir = make_log(600, partitions=3, keys=7)
+
+    def latest(df: DataFrame) -> DataFrame:
+        v = values(df)
+        return v.groupBy("key").agg(F.max("value").alias("latest"), F.count("*").alias("n"))
+
+    sink = PostgresTwoPhaseSink(pg_url, "latest", mode="upsert", keys=["key"])
+    p = pipeline(tmp_path, log_dir, sink, transform=latest)
+    report = p.run(spark)
+    assert report.batches_committed >= 2
+    with sink:
+        rows = {r["key"]: r["latest"] for r in sink.rows()}
+        assert sink.pending("p2") == 0
+    # Each key holds the value of the last batch that touched it: the overall maximum.
+    assert rows == {f"k{k}": max(i for i in range(1, 601) if i % 7 == k) for k in range(7)}
+    assert scalar(pg_url, "SELECT count(*) FROM latest__sparkonce_stage") == 0
+    assert scalar(pg_url, "SELECT relkind FROM pg_class WHERE relname = 'latest'") == "r"
+
+
+def test_a_batch_with_a_duplicate_key_fails_clearly_and_leaves_nothing(
+    spark: SparkSession, pg_url: str
+) -> None:
+    sink = PostgresTwoPhaseSink(pg_url, "u", mode="upsert", keys=["k"])
+    df = spark.createDataFrame([("a", 1), ("a", 2), ("b", 3)], "k string, v long")
+    batch = BatchRanges((OffsetRange("t", 0, 0, 3),))
+    with sink:
+        epoch = sink.acquire("p").epoch
+        with pytest.raises(SinkError, match="more than one row for some key"):
+            sink.commit(BatchContext("p", epoch, batch, 0), df)
+        assert sink.rows() == []
+        assert sink.ledger("p") == []
+        assert sink.pending("p") == 0  # the aborted batch's pre-commits were collected
+        assert scalar(pg_url, "SELECT count(*) FROM u__sparkonce_stage") == 0
+
+
+def test_replayed_commit_is_a_no_op_and_fenced_runs_write_nothing(
+    spark: SparkSession, pg_url: str
+) -> None:
+    sink = PostgresTwoPhaseSink(pg_url, "out")
+    df = spark.createDataFrame([(i, f"v{i}") for i in range(50)], "id long, s string")
+    batch = BatchRanges((OffsetRange("t", 0, 0, 50),))
+    with sink:
+        epoch = sink.acquire("p").epoch
+        first = sink.commit(BatchContext("p", epoch, batch, 0), df.repartition(3))
+        assert not first.skipped and first.row_count == 50
+        again = sink.commit(BatchContext("p", epoch, batch, 0), df)
+        assert again.skipped and again.seq == first.seq
+        assert scalar(pg_url, "SELECT count(*) FROM out__sparkonce_data") == 50
+        newer = sink.acquire("p").epoch
+        nxt = BatchRanges((OffsetRange("t", 0, 50, 60),))
+        with pytest.raises(FencedError):
+            sink.commit(BatchContext("p", epoch, nxt, 1), df)
+        assert newer == epoch + 1
+        assert len(sink.rows()) == 50
+
+
+def test_a_zombie_task_finishing_after_its_batch_was_aborted_stays_invisible(
+    spark: SparkSession, pg_url: str
+) -> None:
+    """A task of an aborted batch pre-commits late: never visible, then collected."""
+    import pyarrow as pa
+
+    sink = PostgresTwoPhaseSink(pg_url, "z")
+    df = spark.createDataFrame([(1, "a"), (2, "b")], "id long, s string")
+    batch = BatchRanges((OffsetRange("t", 0, 0, 2),))
+    with sink:
+        epoch = sink.acquire("p").epoch
+        sink.commit(BatchContext("p", epoch, batch, 0), df)
+        plan = _TaskPlan(sink.url, sink.precommit_table, ("id", "s"), "p", "z", epoch, 1)
+        late = pa.RecordBatch.from_pylist([{"id": 99, "s": "zombie"}])
+        [out] = list(_precommit_task(plan, iter([late])))
+        assert out.to_pylist()[0]["rows"] == 1 and not out.to_pylist()[0]["fenced"]
+        assert sink.pending("p") == 1
+        assert sorted(r["id"] for r in sink.rows()) == [1, 2]  # durable, but invisible
+        assert sink.collect("p", epoch) == 1
+        assert sink.pending("p") == 0
+        assert scalar(pg_url, "SELECT count(*) FROM z__sparkonce_data") == 2
+        # A task of a fenced run writes nothing at all.
+        sink.acquire("p")
+        [out] = list(_precommit_task(plan, iter([late])))
+        assert out.to_pylist()[0] == {"partition": 0, "attempt": 0, "rows": 0, "fenced": True}
+        assert scalar(pg_url, "SELECT count(*) FROM z__sparkonce_data") == 2
+
+
+def test_a_zombie_run_never_collects_a_newer_runs_batch_in_flight(
+    spark: SparkSession, pg_url: str
+) -> None:
+    import pyarrow as pa
+
+    old = PostgresTwoPhaseSink(pg_url, "w")
+    new = PostgresTwoPhaseSink(pg_url, "w")
+    df = spark.createDataFrame([(1, "a")], "id long, s string")
+    with old, new:
+        e1 = old.acquire("p").epoch
+        old.commit(BatchContext("p", e1, BatchRanges((OffsetRange("t", 0, 0, 1),)), 0), df)
+        e2 = new.acquire("p").epoch
+        plan = _TaskPlan(new.url, new.precommit_table, ("id", "s"), "p", "w", e2, 1)
+        list(_precommit_task(plan, iter([pa.RecordBatch.from_pylist([{"id": 2, "s": "b"}])])))
+        assert old.collect("p", e1) == 0  # fenced: collects nothing
+        assert new.pending("p") == 1
+
+
+def test_types_survive_the_csv_copy_and_binary_goes_row_by_row(
+    spark: SparkSession, pg_url: str
+) -> None:
+    from datetime import UTC, date, datetime
+    from decimal import Decimal
+
+    sink = PostgresTwoPhaseSink(pg_url, "typed")
+    rows = [
+        (
+            'a,b\n"q"',
+            None,
+            True,
+            datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC),
+            Decimal("1.50"),
+            date(2024, 1, 2),
+            1.5,
+            b"\x00\xff",
+        ),
+        ("", 7, None, None, None, None, None, None),
+    ]
+    schema = (
+        "s string, i long, b boolean, ts timestamp, d decimal(10,2), dt date, f double, raw binary"
+    )
+    df = spark.createDataFrame(rows, schema)
+    with sink:
+        epoch = sink.acquire("p").epoch
+        sink.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 2),)), 0), df)
+        got = sorted(sink.rows(), key=lambda r: r["s"])
+    assert got[0]["s"] == "" and got[0]["i"] == 7 and got[0]["b"] is None
+    assert got[1]["s"] == 'a,b\n"q"' and got[1]["i"] is None and got[1]["b"] is True
+    assert got[1]["ts"] == datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert got[1]["d"] == Decimal("1.50") and got[1]["dt"] == date(2024, 1, 2)
+    assert bytes(got[1]["raw"]) == b"\x00\xff"
+
+
+def test_bad_configuration_is_refused_before_anything_is_written(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE plain (id bigint)")
+    sink = PostgresTwoPhaseSink(pg_url, "plain")
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    with sink, pytest.raises(ConfigError, match="already exists as a table"):
+        sink.validate(StructType([StructField("id", LongType())]))
+    with pytest.raises(ConfigError, match="too long"):
+        PostgresTwoPhaseSink(pg_url, "x" * 50)
+    with pytest.raises(ConfigError, match="postgresql://"):
+        sink.relocated("sqlite:///x.db")
