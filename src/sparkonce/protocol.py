@@ -39,7 +39,10 @@ drop would: the sink must retry on a new connection and commit exactly once.
 
 ``SPARKONCE_FAIL_TASKS=read`` makes about half of the source's read tasks fail
 halfway on their first attempt, so Spark retries them (run with a master that
-allows task retries, such as ``local[2,4]``).
+allows task retries, such as ``local[2,4]``). ``write`` does the same to the
+two-phase sink's pre-commit tasks, *after* their pre-commit is durable: the
+failed attempt's rows exist, and only the retry's may become visible. The two
+combine: ``SPARKONCE_FAIL_TASKS=read,write``.
 
 ``SPARKONCE_PAUSE_AT`` takes the same ``NAME[@N]`` form but SIGSTOPs this
 process instead: a driver that looks dead but is not. Sent SIGCONT later, it

@@ -103,15 +103,19 @@ def write_pipeline(
     checkpoint: Path | None = None,
     limit: int = LIMIT,
     file_name: str = "pipeline.py",
+    two_phase: bool = False,
 ) -> Path:
     """Write a pipeline file into ``tmp_path``; return its path.
 
     ``stateless``: record_id, partition, offset, value (cast to long), appended into
     ``events_out``. ``stateful``: per-key sum and count of the values, upserted on ``key``
-    into ``sums``. Checkpoint defaults to ``tmp_path/checkpoint``.
+    into ``sums``. Checkpoint defaults to ``tmp_path/checkpoint``. ``two_phase`` writes
+    through :class:`~sparkonce.PostgresTwoPhaseSink` (a PostgreSQL ``sink_url``).
     """
     checkpoint = checkpoint or tmp_path / "checkpoint"
     sink_kwargs = ', mode="upsert", keys=["key"]' if kind == "stateful" else ""
+    if two_phase:
+        sink_kwargs += ", two_phase=True"
     path = tmp_path / file_name
     path.write_text(
         _PIPELINE_FILE.format(

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkonce.errors import ConfigError, SequenceError, SourceError, TopicNotFoundError
 
@@ -189,6 +190,17 @@ class Topic:
 
     def read(self, partition: int, start: int, end: int) -> list[Record]:
         """Records ``start <= offset < end`` of ``partition``; raises if any is missing."""
+        return [Record(*r) for r in self._read_rows(partition, start, end)]
+
+    def read_columns(self, partition: int, start: int, end: int) -> dict[str, list[object]]:
+        """Like :meth:`read`, as columns (the Spark source's fast path: no Record objects)."""
+        rows = self._read_rows(partition, start, end)
+        names = ("partition", "offset", "key", "value", "timestamp_us", "record_id")
+        if not rows:
+            return {n: [] for n in names}
+        return {n: list(col) for n, col in zip(names, zip(*rows, strict=True), strict=True)}
+
+    def _read_rows(self, partition: int, start: int, end: int) -> list[Any]:
         self._check_partition(partition)
         rows = self._conn.execute(
             "SELECT partition, offset, key, value, timestamp_us, record_id FROM records "
@@ -200,19 +212,7 @@ class Topic:
                 f"topic {self.name!r} partition {partition}: asked for offsets {start}..{end} "
                 f"but only {len(rows)} exist; the batch was planned past the log's end"
             )
-        return [Record(*r) for r in rows]
-
-    def read_columns(self, partition: int, start: int, end: int) -> dict[str, list[object]]:
-        """Like :meth:`read`, as columns (the Spark source's fast path)."""
-        recs = self.read(partition, start, end)
-        return {
-            "partition": [r.partition for r in recs],
-            "offset": [r.offset for r in recs],
-            "key": [r.key for r in recs],
-            "value": [r.value for r in recs],
-            "timestamp_us": [r.timestamp_us for r in recs],
-            "record_id": [r.record_id for r in recs],
-        }
+        return rows
 
     def tail(self, partition: int | None = None, limit: int = 10) -> Iterator[Record]:
         """The last ``limit`` records of one or every partition, oldest first."""

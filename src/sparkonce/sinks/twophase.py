@@ -525,7 +525,7 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     if rows and task_failure_requested("write", key, spark_attempt):
         # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows
         # exist but Spark retries the task; only the retry's attempt may become visible.
-        raise RuntimeError(f"injected write-task failure after pre-commit ({key})")
+        raise RuntimeError(f"injected task failure after the pre-commit of write task {key}")
     yield pa.RecordBatch.from_pylist(
         [
             {

@@ -364,7 +364,7 @@ class Campaign:
             return code == 0
         if fault.kind in ("task-failure", "db-drop"):
             env = (
-                {FAIL_TASKS_ENV: "read"}
+                {FAIL_TASKS_ENV: "read,write"}
                 if fault.kind == "task-failure"
                 else {DROP_CONNECTION_ENV: f"{fault.point}@{fault.hit}"}
             )

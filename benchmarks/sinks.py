@@ -1,0 +1,465 @@
+"""Sinks side by side on one input: the COPY limit, baselines, and sparkonce's sinks.
+
+Run from the repository root (``make bench`` does, with 5 million records)::
+
+    .venv/bin/python benchmarks/sinks.py --records 5000000
+
+It writes ``--records`` records (keys ``k0``..``k999``) into an embedded log once (cached in
+``.cache/bench``), starts a throwaway PostgreSQL server, and then runs each measurement in a
+fresh child process, so peak driver memory is measured per variant. Every variant writes the
+same rows: ``record_id, key, value`` (value is the record's integer payload).
+
+1. ``copy-limit``: raw ``COPY`` of the same rows from Python, one connection (rows prepared
+   in memory before the clock starts): the physical limit of the store.
+2. ``source-read``: the embedded log source through Spark, no sink (``noop`` writer).
+3. ``alo-foreachbatch``: what a Spark user writes today: ``foreachBatch`` appending each batch
+   with ``COPY`` from the executors (Arrow to CSV), no ledger: at-least-once.
+4. ``driver-commit``: sparkonce's :class:`~sparkonce.PostgresSink` (rows through the driver).
+5. ``2pc-append`` and ``2pc-upsert``: sparkonce's :class:`~sparkonce.PostgresTwoPhaseSink`
+   (upsert keyed on ``record_id``, so every record is merged at commit).
+6. ``parquet``: Spark's built-in exactly-once file sink, for reference.
+
+Streaming variants read with the same per-partition limit (``--batch-records`` per batch) on
+``local[2]``. Reported per variant: records/s (records over the run's wall time, after the
+session is up), the ratio to (1) and to (3), the driver's peak resident memory (the Python
+driver and the JVM, from ``VmHWM``), and per-batch commit latency p50/p99 (the sink's time per
+batch, reading included, because Spark evaluates the batch lazily inside it). A ``copy-format``
+line compares psycopg's row-by-row ``write_row`` with Arrow-to-CSV ``COPY`` on one batch.
+
+Writes ``benchmarks/results/sinks.json`` and ``benchmarks/results/sinks.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+RESULTS = REPO / "benchmarks" / "results"
+CACHE = REPO / ".cache" / "bench"
+PARTITIONS = 4
+KEYS = 1000
+VARIANTS = (
+    "copy-limit",
+    "source-read",
+    "alo-foreachbatch",
+    "driver-commit",
+    "2pc-append",
+    "2pc-upsert",
+    "parquet",
+)
+
+
+# -- input ------------------------------------------------------------------------------------
+
+
+def make_log(records: int) -> Path:
+    """The benchmark's input, produced once per record count (a marker file says it is whole)."""
+    from rich.progress import Progress
+
+    from sparkonce.log import IdempotentProducer, Topic
+
+    root = CACHE / f"log-{records}"
+    if (root / "COMPLETE").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    topic = Topic.create(root, "events", PARTITIONS)
+    step = 50_000
+    with (
+        Progress(transient=True) as progress,
+        topic,
+        IdempotentProducer(topic, "bench", batch_size=step) as producer,
+    ):
+        task = progress.add_task(f"writing {records:,} records to the embedded log", total=records)
+        for lo in range(0, records, step):
+            hi = min(records, lo + step)
+            producer.send_many((f"k{i % KEYS}".encode(), str(i).encode()) for i in range(lo, hi))
+            progress.update(task, completed=hi)
+    (root / "COMPLETE").write_text(str(records))
+    return root
+
+
+def transform(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return df.select(
+        F.col("record_id"),
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").cast("long").alias("value"),
+    )
+
+
+# -- one variant, in a child process ------------------------------------------------------------
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Path) -> dict:
+    if name == "copy-limit":
+        return copy_limit(log_dir, url)
+    from sparkonce import EmbeddedLogSource, Pipeline, PostgresSink, PostgresTwoPhaseSink
+    from sparkonce.pipeline import build_session
+
+    spark = build_session()
+    jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    per_partition = max(1, batch_records // PARTITIONS)
+    source = EmbeddedLogSource(log_dir, "events", max_records_per_partition=per_partition)
+    latencies: list[float] = []
+    records = 0
+    started = time.perf_counter()
+    if name == "source-read":
+        df = transform(source.read_all(spark))
+        df.write.format("noop").mode("overwrite").save()
+        records = _log_records(log_dir)
+    elif name in ("driver-commit", "2pc-append", "2pc-upsert"):
+        sink: Any
+        if name == "driver-commit":
+            sink = PostgresSink(url, "out_driver")
+        elif name == "2pc-append":
+            sink = PostgresTwoPhaseSink(url, "out_2pc")
+        else:
+            sink = PostgresTwoPhaseSink(url, "out_2pc_upsert", mode="upsert", keys=["record_id"])
+        p = Pipeline(
+            name=f"bench-{name}",
+            source=source,
+            sink=sink,
+            checkpoint=work / f"{name}-checkpoint",
+            transform=transform,
+        )
+        report = p.run(spark, on_batch=lambda b: latencies.append(b.seconds))
+        records = report.rows_committed
+    elif name == "alo-foreachbatch":
+        from sparkonce.config import StoreURL
+        from sparkonce.db import connect
+
+        with connect(StoreURL.parse(url)) as conn:
+            conn.execute("CREATE TABLE out_alo (record_id text, key text, value bigint)")
+        counts: list[int] = []
+
+        def write(batch: Any, batch_id: int) -> None:
+            t0 = time.perf_counter()
+            rows = batch.mapInArrow(lambda it: _copy_task(url, it), "rows BIGINT").collect()
+            counts.append(sum(r["rows"] for r in rows))
+            latencies.append(time.perf_counter() - t0)
+
+        q = (
+            transform(source.stream(spark, None))
+            .writeStream.foreachBatch(write)
+            .option("checkpointLocation", str(work / "alo-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        records = sum(counts)
+    elif name == "parquet":
+        q = (
+            transform(source.stream(spark, None))
+            .writeStream.format("parquet")
+            .option("path", str(work / "parquet-out"))
+            .option("checkpointLocation", str(work / "parquet-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        latencies = [
+            p["durationMs"].get("addBatch", 0) / 1000
+            for p in q.recentProgress
+            if p["numInputRows"] > 0
+        ]
+        records = spark.read.parquet(str(work / "parquet-out")).count()
+    else:
+        raise SystemExit(f"unknown variant {name!r}")
+    seconds = time.perf_counter() - started
+    result = {
+        "records": records,
+        "seconds": seconds,
+        "records_per_s": records / seconds,
+        "python_driver_peak_mb": peak_rss_mb(),
+        "jvm_driver_peak_mb": peak_rss_mb(jvm_pid),
+        "batches": len(latencies),
+        "commit_p50_s": _pct(latencies, 50),
+        "commit_p99_s": _pct(latencies, 99),
+    }
+    if name in ("2pc-append", "driver-commit"):
+        result["copy_format"] = copy_format(url) if name == "2pc-append" else None
+    spark.stop()
+    return result
+
+
+def _log_records(log_dir: Path) -> int:
+    from sparkonce.log import Topic
+
+    with Topic(log_dir, "events") as t:
+        return sum(t.end_offsets().values())
+
+
+def _pct(values: list[float], q: int) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _copy_task(url: str, batches: Any) -> Any:
+    """The at-least-once baseline's executor side: COPY each Arrow batch as CSV."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from sparkonce.config import StoreURL
+    from sparkonce.db import connect
+
+    n = 0
+    with connect(StoreURL.parse(url)) as conn:
+        for batch in batches:
+            buf = io.BytesIO()
+            pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=False))
+            with (
+                conn.cursor() as cur,
+                cur.copy("COPY out_alo (record_id, key, value) FROM STDIN (FORMAT csv)") as cp,
+            ):
+                cp.write(buf.getbuffer())
+            n += batch.num_rows
+    yield pa.RecordBatch.from_pylist([{"rows": n}], schema=pa.schema([("rows", pa.int64())]))
+
+
+def copy_limit(log_dir: Path, url: str) -> dict:
+    import psycopg
+
+    from sparkonce.log import Topic
+
+    buf = io.StringIO()
+    records = 0
+    with Topic(log_dir, "events") as t:
+        for p, end in t.end_offsets().items():
+            for lo in range(0, end, 200_000):
+                cols = t.read_columns(p, lo, min(end, lo + 200_000))
+                for rid, key, value in zip(
+                    cols["record_id"], cols["key"], cols["value"], strict=True
+                ):
+                    buf.write(f"{rid}\t{key.decode()}\t{value.decode()}\n")  # type: ignore[union-attr]
+                    records += 1
+    data = buf.getvalue().encode()
+    del buf
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE out_copy (record_id text, key text, value bigint)")
+        started = time.perf_counter()
+        with conn.transaction(), conn.cursor() as cur, cur.copy("COPY out_copy FROM STDIN") as cp:
+            view = memoryview(data)
+            for i in range(0, len(view), 1 << 20):
+                cp.write(view[i : i + (1 << 20)])
+        seconds = time.perf_counter() - started
+    return {
+        "records": records,
+        "seconds": seconds,
+        "records_per_s": records / seconds,
+        "python_driver_peak_mb": peak_rss_mb(),
+        "jvm_driver_peak_mb": None,
+        "batches": 1,
+        "commit_p50_s": None,
+        "commit_p99_s": None,
+    }
+
+
+def copy_format(url: str, rows: int = 500_000) -> dict:
+    """Python serialization and COPY format, on one Arrow batch: write_row vs Arrow CSV."""
+    import psycopg
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "record_id": [f"events/0/{i}" for i in range(rows)],
+            "key": [f"k{i % KEYS}" for i in range(rows)],
+            "value": list(range(rows)),
+        }
+    )
+    out = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE fmt (record_id text, key text, value bigint)")
+        t0 = time.perf_counter()
+        with conn.cursor() as cur, cur.copy("COPY fmt FROM STDIN") as cp:
+            for r in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+                cp.write_row(r)
+        out["write_row_rows_per_s"] = rows / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        buf = io.BytesIO()
+        pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=False))
+        with conn.cursor() as cur, cur.copy("COPY fmt FROM STDIN (FORMAT csv)") as cp:
+            cp.write(buf.getbuffer())
+        out["arrow_csv_rows_per_s"] = rows / (time.perf_counter() - t0)
+        conn.execute("DROP TABLE fmt")
+    return out
+
+
+# -- the parent: run everything, report ----------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=5_000_000)
+    ap.add_argument("--batch-records", type=int, default=500_000, help="records per micro-batch")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variant", help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.variant:
+        result = run_variant(
+            args.variant, make_log(args.records), args.url, args.batch_records, Path(args.work)
+        )
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(wanted) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    make_log(args.records)  # once, before the children race to create it
+    from tests.services import postgres
+
+    pg_dir = Path(tempfile.mkdtemp(prefix="sparkonce-bench-pg-"))
+    server = postgres.start(pg_dir)
+    work = Path(tempfile.mkdtemp(prefix="sparkonce-bench-"))
+    results: dict[str, dict] = {}
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    try:
+        for name in wanted:
+            console.print(f"[bold]{name}[/]: running ({args.records:,} records)...")
+            db_url = server.create_database(f"bench_{name.replace('-', '_')}")
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--variant",
+                    name,
+                    "--records",
+                    str(args.records),
+                    "--batch-records",
+                    str(args.batch_records),
+                    "--url",
+                    db_url,
+                    "--work",
+                    str(work),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not line:
+                console.print(proc.stdout[-3000:], proc.stderr[-3000:])
+                raise SystemExit(f"variant {name} failed (exit {proc.returncode})")
+            results[name] = json.loads(line[-1][len("RESULT ") :])
+            r = results[name]
+            console.print(
+                f"  {r['records']:,} records in {r['seconds']:.1f} s: "
+                f"{r['records_per_s']:,.0f} records/s"
+            )
+    finally:
+        postgres.stop(pg_dir)
+        shutil.rmtree(pg_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    report = summarize(results, args)
+    table = Table(title=f"sinks, {args.records:,} records, {report['machine']}")
+    for col in ("variant", "records/s", "vs COPY", "vs ALO", "driver peak MB", "p50 s", "p99 s"):
+        table.add_column(col, justify="right" if col != "variant" else "left")
+    for name, r in report["results"].items():
+        table.add_row(
+            name,
+            f"{r['records_per_s']:,.0f}",
+            _fmt(r.get("vs_copy_limit")),
+            _fmt(r.get("vs_at_least_once")),
+            f"{r['python_driver_peak_mb']:.0f} + {r['jvm_driver_peak_mb'] or 0:.0f}",
+            _fmt(r["commit_p50_s"]),
+            _fmt(r["commit_p99_s"]),
+        )
+    console.print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sinks.json").write_text(json.dumps(report, indent=2) + "\n")
+    chart(report, RESULTS / "sinks.png")
+    console.print("wrote benchmarks/results/sinks.json and benchmarks/results/sinks.png")
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def summarize(results: dict[str, dict], args: argparse.Namespace) -> dict:
+    copy = results.get("copy-limit", {}).get("records_per_s")
+    alo = results.get("alo-foreachbatch", {}).get("records_per_s")
+    for r in results.values():
+        r["vs_copy_limit"] = r["records_per_s"] / copy if copy else None
+        r["vs_at_least_once"] = r["records_per_s"] / alo if alo else None
+    cpu = platform.processor() or platform.machine()
+    return {
+        "benchmark": "sinks",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} cores, {_mem_gib():.0f} GiB, {cpu}, Spark local[2]",
+        "records": args.records,
+        "batch_records": args.batch_records,
+        "keys": KEYS,
+        "results": results,
+        "median_commit_s": statistics.median(
+            [r["commit_p50_s"] for r in results.values() if r["commit_p50_s"] is not None] or [0.0]
+        ),
+    }
+
+
+def _mem_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 1024 / 1024
+    return 0.0
+
+
+def chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["results"])
+    rates = [report["results"][n]["records_per_s"] / 1000 for n in names]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bars = ax.barh(names[::-1], rates[::-1], color="#4c72b0")
+    for bar, n in zip(bars, names[::-1], strict=True):
+        ratio = report["results"][n].get("vs_at_least_once")
+        label = f"{bar.get_width():,.0f}k/s" + (f"  ({ratio:.2f}x ALO)" if ratio else "")
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center")
+    ax.set_xlabel("records per second (thousands)")
+    ax.set_title(f"{report['records']:,} records, {report['date']}, {report['machine']}")
+    ax.set_xlim(0, max(rates) * 1.35)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
