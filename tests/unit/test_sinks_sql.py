@@ -391,3 +391,16 @@ def test_sqlite_row_conversion(sink: SQLiteSink) -> None:
     ]
     plain = pa.table({"id": [1, 2], "v": ["a", None]})
     assert sink._rows_from_arrow(plain, SCHEMA) == [(1, "a"), (2, None)]
+
+
+def test_two_phase_is_postgres_only_and_never_shows_the_password() -> None:
+    from sparkonce import PostgresTwoPhaseSink, sink_from_url
+
+    with pytest.raises(ConfigError, match="two_phase=True needs a postgresql"):
+        sink_from_url("sqlite:///x.db", "t", two_phase=True)
+    sink = sink_from_url("postgresql://app:pw-123@db:5432/shop", "orders", two_phase=True)
+    assert isinstance(sink, PostgresTwoPhaseSink)
+    assert sink.precommit_table == "orders__sparkonce_data"
+    assert "pw-123" not in repr(sink) and "2pc" in repr(sink)
+    upsert = PostgresTwoPhaseSink("postgresql://db/shop", "t", mode="upsert", keys=["k"])
+    assert upsert.precommit_table == "t__sparkonce_stage"
