@@ -69,10 +69,15 @@ class CrashPoint(StrEnum):
     """Named crash points, in the order a batch reaches them."""
 
     BEFORE_COMMIT = "before-commit"
-    """The batch's offsets are in Spark's checkpoint; the sink transaction has not begun."""
+    """The batch's offsets are in Spark's checkpoint; the sink transaction has not begun.
+
+    For the two-phase and Kafka sinks: before the batch's tasks pre-commit."""
 
     AFTER_ROWS = "after-rows"
-    """Step 3 done: rows written inside the open transaction, no ledger row yet."""
+    """Step 3 done: rows written inside the open transaction, no ledger row yet.
+
+    For the two-phase sink: the tasks' pre-commits are durable and the driver's open
+    transaction has flipped the successful attempts."""
 
     BEFORE_LEDGER_COMMIT = "before-ledger-commit"
     """Step 4 done: rows and ledger row written, transaction not yet committed."""
