@@ -11,7 +11,9 @@ same rows: ``record_id, key, value`` (value is the record's integer payload).
 
 1. ``copy-limit``: raw ``COPY`` of the same rows from Python, one connection (rows prepared
    in memory before the clock starts): the physical limit of the store.
-2. ``source-read``: the embedded log source through Spark, no sink (``noop`` writer).
+2. ``source-read``: the embedded log source through Spark, no sink (``noop`` writer), as one
+   batch query; ``stream-read`` is the same as a streaming query with the same micro-batches
+   as the sinks below: the most any sink can reach through this source and Spark.
 3. ``alo-foreachbatch``: what a Spark user writes today: ``foreachBatch`` appending each batch
    with ``COPY`` from the executors (Arrow to CSV), no ledger: at-least-once.
 4. ``driver-commit``: sparkonce's :class:`~sparkonce.PostgresSink` (rows through the driver).
@@ -55,6 +57,7 @@ KEYS = 1000
 VARIANTS = (
     "copy-limit",
     "source-read",
+    "stream-read",
     "alo-foreachbatch",
     "driver-commit",
     "2pc-append",
@@ -172,6 +175,18 @@ def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Pa
         )
         q.awaitTermination()
         records = sum(counts)
+    elif name == "stream-read":
+        q = (
+            transform(source.stream(spark, None))
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(work / "noop-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
+        latencies = [p["durationMs"].get("addBatch", 0) / 1000 for p in progress]
+        records = sum(int(p["numInputRows"]) for p in progress)
     elif name == "parquet":
         q = (
             transform(source.stream(spark, None))
