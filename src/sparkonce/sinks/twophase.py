@@ -232,7 +232,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                 )
             attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
             rows = sum(int(r["rows"]) for r in results)
-            result = self._commit_attempts(ctx, seq, attempts, rows)
+            result = self._commit_attempts(ctx, seq, attempts, rows, list(plan.columns))
         except BaseException:
             self._collect_after_failure(ctx)
             raise
@@ -241,10 +241,10 @@ class PostgresTwoPhaseSink(PostgresSink):
         return result
 
     def _commit_attempts(
-        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int
+        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int, columns: list[str]
     ) -> CommitResult:
         try:
-            return self._commit_attempts_once(ctx, seq, attempts, rows)
+            return self._commit_attempts_once(ctx, seq, attempts, rows, columns)
         except SparkOnceError:
             raise
         except Exception as exc:
@@ -263,10 +263,10 @@ class PostgresTwoPhaseSink(PostgresSink):
             last = self._ledger.last(self.conn, ctx.pipeline)
             if last is not None and last.seq == seq and last.ranges == ctx.ranges:
                 return CommitResult(False, rows, seq)
-            return self._commit_attempts_once(ctx, seq, attempts, rows)
+            return self._commit_attempts_once(ctx, seq, attempts, rows, columns)
 
     def _commit_attempts_once(
-        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int
+        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int, columns: list[str]
     ) -> CommitResult:
         conn = self.conn
         with write_transaction(conn, self.dialect):
@@ -305,7 +305,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                     "committed; restart the run to replay it."
                 )
             if self.mode == "upsert" and attempts:
-                self._merge(conn, attempts)
+                self._merge(conn, attempts, columns)
             if crash_point(CrashPoint.AFTER_ROWS):
                 self._lose_connection(conn)
             # Step 4: the ledger row, in the same transaction.
@@ -322,11 +322,10 @@ class PostgresTwoPhaseSink(PostgresSink):
             crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
         return CommitResult(False, rows, seq)
 
-    def _merge(self, conn: Any, attempts: list[int]) -> None:
+    def _merge(self, conn: Any, attempts: list[int], columns: list[str]) -> None:
         """Upsert: merge the successful attempts' staged rows into the table by key."""
         import psycopg
 
-        columns = self._existing_columns_ordered(self.table)
         collist = qlist(columns)
         try:
             with conn.transaction():  # a savepoint, so the error below is ours to explain
@@ -351,16 +350,6 @@ class PostgresTwoPhaseSink(PostgresSink):
             f"DELETE FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)",
             (attempts,),
         )
-
-    def _existing_columns_ordered(self, table: str) -> list[str]:
-        rows = fetchall(
-            self.conn,
-            self.dialect,
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = %s ORDER BY ordinal_position",
-            (table,),
-        )
-        return [str(r[0]) for r in rows]
 
     # -- abort and collection ---------------------------------------------------------
     def collect(self, pipeline: str, epoch: int) -> int:
