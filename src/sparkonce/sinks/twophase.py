@@ -79,7 +79,11 @@ _TASK_RESULT = "partition INT, attempt BIGINT, rows BIGINT, fenced BOOLEAN"
 
 
 class PostgresTwoPhaseSink(PostgresSink):
-    """Two-phase-commit sink into PostgreSQL (see the module docstring for the guarantee).
+    """Two-phase-commit sink into PostgreSQL, writing from the executors.
+
+    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.twophase`): the tasks'
+    pre-committed rows become visible only through the driver's one transaction with the
+    epoch check and the ledger row, and only for the attempts Spark reports successful.
 
     Same arguments as :class:`~sparkonce.PostgresSink`. In append mode the name
     ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is a
