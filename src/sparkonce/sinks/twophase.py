@@ -278,9 +278,8 @@ class PostgresTwoPhaseSink(PostgresSink):
             self._ledger.check_owner(conn, ctx.pipeline, ctx.epoch)
             # Step 2: the ledger may have moved since the look before the tasks ran.
             last = self._ledger.last(conn, ctx.pipeline)
-            if classify(ctx.ranges, {} if last is None else last.end_offsets) is (
-                Coverage.COMMITTED
-            ):
+            coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
+            if coverage is Coverage.COMMITTED:
                 assert last is not None
                 covering = self._covering_seq(conn, ctx, last)
                 return CommitResult(True, 0, covering, "offsets already in the ledger (replay)")
@@ -290,9 +289,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                     f"being pre-committed (expected entry {seq}); another writer is using this "
                     f"pipeline's ledger. Inspect it with: {self._status_hint(ctx.pipeline)}"
                 )
-            if not attempts and classify(ctx.ranges, {} if last is None else last.end_offsets) is (
-                Coverage.NO_DATA
-            ):
+            if not attempts and coverage is Coverage.NO_DATA:
                 return CommitResult(True, 0, None, "no new offsets and no rows")
             # Step 3: make exactly the attempts Spark reported successful visible.
             flipped = conn.execute(

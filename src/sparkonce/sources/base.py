@@ -29,6 +29,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
 
+_registered: set[tuple[int, str]] = set()
+
+
+def register_data_source(spark: SparkSession, data_source: type) -> None:
+    """Register a Python Data Source class with ``spark`` once per session (idempotent)."""
+    key = (id(spark), data_source.__name__)
+    if key not in _registered:
+        spark.dataSource.register(data_source)
+        _registered.add(key)
+
+
 class Source(ABC):
     """Base class of sources. Subclasses state their guarantee in their docstring."""
 

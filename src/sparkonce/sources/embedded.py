@@ -33,7 +33,7 @@ from sparkonce.errors import ConfigError
 from sparkonce.log.storage import Topic, validate_topic_name
 from sparkonce.offsets import BatchRanges, TopicPartition, plan_batch
 from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
-from sparkonce.sources.base import Source
+from sparkonce.sources.base import Source, register_data_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -143,14 +143,9 @@ def _parse_starting(value: str, topic: str) -> dict[int, int] | str:
         ) from None
 
 
-_registered: set[int] = set()
-
-
 def register(spark: SparkSession) -> None:
     """Register the data source with ``spark`` (idempotent)."""
-    if id(spark) not in _registered:
-        spark.dataSource.register(EmbeddedLogDataSource)
-        _registered.add(id(spark))
+    register_data_source(spark, EmbeddedLogDataSource)
 
 
 # --- The Spark side: Python Data Source API classes --------------------------------

@@ -60,7 +60,7 @@ from sparkonce.errors import ConfigError, SourceError, TopicNotFoundError
 from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition, plan_batch
 from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
-from sparkonce.sources.base import Source
+from sparkonce.sources.base import Source, register_data_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -479,14 +479,9 @@ class _OffsetClient:
         return {p: self.watermarks(p)[0] for p in self.partitions()}
 
 
-_registered: set[int] = set()
-
-
 def register(spark: SparkSession) -> None:
     """Register the data source with ``spark`` (idempotent)."""
-    if id(spark) not in _registered:
-        spark.dataSource.register(KafkaDataSource)
-        _registered.add(id(spark))
+    register_data_source(spark, KafkaDataSource)
 
 
 # --- The Spark side: Python Data Source API classes --------------------------------
