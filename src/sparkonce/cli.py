@@ -43,7 +43,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.pipeline_file).with_overrides(
         sink_url=args.sink, checkpoint=args.checkpoint
     )
-    spark = build_session(master=args.master, app_name=f"sparkonce:{pipeline.name}")
+    spark = build_session(
+        master=args.master, app_name=f"sparkonce:{pipeline.name}", quick_start=args.quick_start
+    )
     try:
         report = pipeline.run(spark, timeout=args.timeout)
     finally:
@@ -314,8 +316,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from sparkonce.verify import (
         Campaign,
+        Fault,
         load_outcomes,
         parse_fault_kinds,
+        run_trials,
         summarize,
         write_chart,
         write_json,
@@ -327,17 +331,30 @@ def cmd_verify(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console()
-    campaign = Campaign(
-        args.pipeline_file,
-        workdir=out_dir / "work",
-        seed=args.seed,
-        kinds=kinds,
-        sink_url=args.sink,
-        on_event=lambda msg: console.print(f"[dim]{msg}[/]"),
-    )
+    env_sink = _env("SPARKONCE_VERIFY_SINK")
+    sink_urls: list[str | None] = list(args.sink or [env_sink or None])
+    if len(set(sink_urls)) != len(sink_urls):
+        raise ConfigError(
+            f"--sink names the same store twice ({sink_urls}); parallel trials each need "
+            "their own store"
+        )
+    campaigns = [
+        Campaign(
+            args.pipeline_file,
+            workdir=out_dir / ("work" if len(sink_urls) == 1 else f"work/w{i}"),
+            seed=args.seed,
+            kinds=kinds,
+            sink_url=url,
+            on_event=lambda msg: console.print(f"[dim]{msg}[/]"),
+            quick_start=not args.full_jit,
+        )
+        for i, url in enumerate(sink_urls)
+    ]
+    campaign = campaigns[0]
     kinds = campaign.kinds  # db-drop is left out for sinks without a store connection
+    stores = [c.pipeline.sink.describe() for c in campaigns]
     console.print(
-        f"[bold]verify[/] {campaign.pipeline.name}: sink {campaign.pipeline.sink.describe()}, "
+        f"[bold]verify[/] {campaign.pipeline.name}: sink {', '.join(stores)}, "
         f"faults {', '.join(kinds)}, seed {args.seed}. Each trial wipes this pipeline's "
         "output (table or topic) and ledger in that sink."
     )
@@ -356,15 +373,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
             console.print(f"resuming: {len(done)} trials already in {json_path}")
     started = time.monotonic()
     try:
-        campaign.run_oracle()
+        oracle = campaign.run_oracle()
+        for other in campaigns[1:]:
+            other.oracle = oracle
+        if len(campaigns) > 1:
+            console.print(f"running {len(campaigns)} trials at a time, one per store")
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
         ) as progress:
             task = progress.add_task("trials", total=len(trials))
-            for n in trials:
-                fault = campaign.plan(n)
+
+            def starting(n: int, fault: Fault) -> None:
                 progress.update(task, description=f"trial {n}: {fault.describe()}")
-                outcome = campaign.run_trial(n)
+
+            for outcome in run_trials(campaigns, trials, on_start=starting):
                 outcomes.append(outcome)
                 mark = "[green]pass[/]" if outcome.passed else "[bold red]FAIL[/]"
                 detail = (
@@ -373,15 +395,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 )
                 if outcome.error:
                     detail += f"; {outcome.error.splitlines()[0][:160]}"
+                where = f" on store {outcome.worker}" if len(campaigns) > 1 else ""
                 progress.console.print(
-                    f"trial {n} ({fault.describe()}): {mark} in {outcome.seconds:.0f} s; {detail}"
+                    f"trial {outcome.trial} ({outcome.fault.describe()}){where}: {mark} in "
+                    f"{outcome.seconds:.0f} s; {detail}"
                 )
                 progress.advance(task)
-                write_json(json_path, campaign, outcomes, time.monotonic() - started)
+                write_json(json_path, campaign, outcomes, time.monotonic() - started, stores)
     finally:
-        campaign.close()
+        for c in campaigns:
+            c.close()
     elapsed = time.monotonic() - started
-    write_json(json_path, campaign, outcomes, elapsed)
+    write_json(json_path, campaign, outcomes, elapsed, stores)
     charted = write_chart(png_path, outcomes, kinds)
     table = Table(title=f"sparkonce verify: {len(outcomes)} trials in {elapsed / 60:.1f} min")
     for col in (
@@ -469,6 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint",
         default=_env("SPARKONCE_RUN_CHECKPOINT"),
         help=_help("use this checkpoint directory instead", "SPARKONCE_RUN_CHECKPOINT"),
+    )
+    p.add_argument(
+        "--quick-start",
+        action="store_true",
+        default=_env("SPARKONCE_QUICK_START", "") == "1",
+        help=_help(
+            "start Spark's JVM for a short run (C1 JIT, serial GC): about a third less "
+            "CPU for runs of a minute; keep it off for long-running jobs",
+            "SPARKONCE_QUICK_START=1",
+        ),
     )
     p.set_defaults(func=cmd_run)
 
@@ -629,13 +664,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--sink",
-        default=_env("SPARKONCE_VERIFY_SINK"),
-        help=_help("test store to use instead of the file's sink URL", "SPARKONCE_VERIFY_SINK"),
+        action="append",
+        default=None,
+        help=_help(
+            "test store to use instead of the file's sink URL; give it several times to run "
+            "that many trials at a time, one per store",
+            "SPARKONCE_VERIFY_SINK, one store",
+        ),
     )
     p.add_argument(
         "--out",
         default=_env("SPARKONCE_VERIFY_OUT", "verify-out"),
         help=_help("directory for verify.json, recovery.png and logs", "SPARKONCE_VERIFY_OUT"),
+    )
+    p.add_argument(
+        "--full-jit",
+        action="store_true",
+        help="start trial drivers without --quick-start (slower; same results expected)",
     )
     p.set_defaults(func=cmd_verify)
 

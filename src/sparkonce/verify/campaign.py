@@ -3,7 +3,9 @@
 A campaign first runs the pipeline once with no fault: that run's sink content
 is the **oracle**. Then each trial starts from a clean sink (``Sink.reset``)
 and an empty checkpoint, injects one fault, restarts the pipeline until its
-input is consumed, and compares the sink with the oracle.
+input is consumed, and compares the sink with the oracle. Drivers start with
+``sparkonce run --quick-start`` unless told otherwise: trials are short runs, and
+the JIT mode changes timing only.
 
 Fault kinds (``--faults``):
 
@@ -35,12 +37,14 @@ instruction.
 from __future__ import annotations
 
 import json
+import queue
 import random
 import shutil
 import statistics
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +103,8 @@ class TrialOutcome:
     driver_runs: int = 0
     seconds: float = 0.0
     error: str | None = None
+    quick_start: bool | None = None  # drivers ran with --quick-start (None: not recorded)
+    worker: int = 0  # which test store (``--sink``, in order) the trial ran on
 
 
 @dataclass
@@ -193,6 +199,7 @@ class Campaign:
         sink_url: str | None = None,
         on_event: Callable[[str], None] | None = None,
         keep_logs: bool = False,
+        quick_start: bool = True,
     ) -> None:
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
@@ -200,6 +207,7 @@ class Campaign:
         self.kinds = tuple(kinds)
         self.sink_url = sink_url
         self.keep_logs = keep_logs
+        self.quick_start = quick_start
         self.on_event = on_event or (lambda _msg: None)
         base = load_pipeline(self.pipeline_file)
         self.checkpoint = self.workdir / "checkpoint"
@@ -213,6 +221,8 @@ class Campaign:
             self.kinds = tuple(k for k in self.kinds if k != "db-drop")
         self.keys: tuple[str, ...] = tuple(getattr(self.pipeline.sink, "keys", ()) or ())
         self.oracle: Oracle | None = None
+        self._drivers: list[Driver] = []  # started by this campaign, for abort()
+        self._aborted = threading.Event()
         # One long-lived connection for polling the ledger while drivers run.
         self._inspector = self.pipeline.sink.fresh()
 
@@ -226,6 +236,8 @@ class Campaign:
             args += ["--sink", self.sink_url]
         if master:
             args += ["--master", master]
+        if self.quick_start:
+            args.append("--quick-start")
         return tuple(args)
 
     def _driver(
@@ -236,8 +248,10 @@ class Campaign:
         env: dict[str, str] | None = None,
         master: str | None = None,
     ) -> Driver:
+        if self._aborted.is_set():
+            raise VerificationError("the campaign was stopped")
         point = CrashPoint(crash.point) if crash and crash.point else None
-        return Driver(
+        driver = Driver(
             self.pipeline_file,
             log,
             crash_at=point,
@@ -245,6 +259,15 @@ class Campaign:
             env=env,
             extra_args=self._driver_args(master),
         )
+        self._drivers.append(driver)
+        return driver
+
+    def abort(self) -> None:
+        """Kill this campaign's running drivers and start no new ones (from any thread)."""
+        self._aborted.set()
+        for d in list(self._drivers):
+            if d.proc is not None and d.proc.poll() is None:
+                d.kill()
 
     def clean(self) -> None:
         """An empty sink (for this pipeline) and no checkpoint."""
@@ -296,8 +319,9 @@ class Campaign:
     def run_trial(self, trial: int) -> TrialOutcome:
         assert self.oracle is not None, "run_oracle() first"
         fault = self.plan(trial)
-        out = TrialOutcome(trial, self.trial_seed(trial), fault)
+        out = TrialOutcome(trial, self.trial_seed(trial), fault, quick_start=self.quick_start)
         started = time.monotonic()
+        self._drivers = [d for d in self._drivers if d.proc is None or d.proc.poll() is None]
         logs = self.workdir / "trials" / f"{trial:05d}"
         if logs.exists():
             shutil.rmtree(logs)
@@ -441,6 +465,71 @@ class Campaign:
         )
 
 
+def run_trials(
+    campaigns: Sequence[Campaign],
+    trials: Iterable[int],
+    on_start: Callable[[int, Fault], None] | None = None,
+) -> Iterator[TrialOutcome]:
+    """Run ``trials``, one at a time per campaign, and yield outcomes as they finish.
+
+    Several campaigns are the same pipeline on separate test stores (``verify
+    --sink A --sink B``): their trials run side by side, and each trial's fault
+    plan still depends only on ``(seed, trial)``, so the result is the same
+    campaign as a serial run, in another order. They must share one oracle.
+    Closing the iterator early lets running trials finish and starts no more.
+    """
+    if not campaigns:
+        raise ConfigError("run_trials needs at least one campaign")
+    oracle = campaigns[0].oracle
+    if oracle is None or any(c.oracle is not oracle for c in campaigns):
+        raise ConfigError("run the oracle first, and give every campaign the same oracle")
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    count = 0
+    for n in trials:
+        todo.put(n)
+        count += 1
+    done: queue.SimpleQueue[TrialOutcome | BaseException] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work(index: int, campaign: Campaign) -> None:
+        while not stop.is_set():
+            try:
+                n = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if on_start is not None:
+                    on_start(n, campaign.plan(n))
+                outcome = campaign.run_trial(n)
+            except BaseException as exc:  # handed to the caller's thread
+                done.put(exc)
+                return
+            outcome.worker = index
+            done.put(outcome)
+
+    threads = [
+        threading.Thread(target=work, args=(i, c), name=f"verify-worker-{i}", daemon=True)
+        for i, c in enumerate(campaigns)
+    ]
+    for t in threads:
+        t.start()
+    finished = False
+    try:
+        for _ in range(count):
+            item = done.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        finished = True
+    finally:
+        stop.set()
+        if not finished:  # an error or an early exit: no driver may outlive the campaign
+            for c in campaigns:
+                c.abort()
+        for t in threads:
+            t.join()
+
+
 def _wait_stopped(d: Driver, timeout: float) -> bool:
     """Wait until the driver SIGSTOPped itself (state 'T'); False if it exited first."""
     deadline = time.monotonic() + timeout
@@ -514,13 +603,19 @@ def load_outcomes(path: Path, seed: int, kinds: Sequence[str]) -> list[TrialOutc
 
 
 def write_json(
-    path: Path, campaign: Campaign, outcomes: Sequence[TrialOutcome], elapsed_s: float
+    path: Path,
+    campaign: Campaign,
+    outcomes: Sequence[TrialOutcome],
+    elapsed_s: float,
+    stores: Sequence[str] = (),
 ) -> None:
+    """The campaign report; ``stores`` lists the test stores of parallel trials."""
     oracle = campaign.oracle
     doc = {
         "pipeline_file": str(campaign.pipeline_file),
         "pipeline": campaign.pipeline.name,
         "sink": campaign.pipeline.sink.describe(),
+        "stores": list(stores) or [campaign.pipeline.sink.describe()],
         "seed": campaign.seed,
         "faults": list(campaign.kinds),
         "oracle": None
@@ -528,7 +623,7 @@ def write_json(
         else {"rows": len(oracle.rows), "batches": oracle.batches, "seconds": oracle.seconds},
         "elapsed_s": round(elapsed_s, 1),
         "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
-        "trials": [asdict(o) for o in outcomes],
+        "trials": [asdict(o) for o in sorted(outcomes, key=lambda o: o.trial)],
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2, default=str))
