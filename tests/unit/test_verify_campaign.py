@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from sparkonce.verify.campaign import (
     load_outcomes,
     parse_fault_kinds,
     plan_fault,
+    run_trials,
     summarize,
 )
 
@@ -104,3 +106,55 @@ def test_resume_reads_back_trials_and_refuses_another_campaign(tmp_path: Path) -
     with pytest.raises(ConfigError, match="same --seed"):
         load_outcomes(path, 6, ["kill"])
     assert load_outcomes(tmp_path / "none.json", 5, ["kill"]) == []
+
+
+class _FakeCampaign:
+    """Stands in for a Campaign in the scheduler tests: records which trials it ran."""
+
+    def __init__(self, oracle: Oracle, fail_on: int | None = None) -> None:
+        self.oracle = oracle
+        self.fail_on = fail_on
+        self.ran: list[int] = []
+        self.aborted = threading.Event()
+
+    def plan(self, trial: int) -> Fault:
+        return Fault("kill", delay_s=float(trial))
+
+    def run_trial(self, trial: int) -> TrialOutcome:
+        self.ran.append(trial)
+        if trial == self.fail_on:
+            raise RuntimeError(f"store broke in trial {trial}")
+        # Give the other worker a chance to take trials too.
+        self.aborted.wait(0.01)
+        return TrialOutcome(trial, f"0:{trial}", self.plan(trial), passed=True)
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+
+def test_parallel_trials_run_each_trial_once_and_tag_the_store() -> None:
+    oracle = Oracle(rows=[], seconds=1.0, batches=1)
+    a, b = _FakeCampaign(oracle), _FakeCampaign(oracle)
+    started: list[int] = []
+    outcomes = list(run_trials([a, b], range(40), on_start=lambda n, _f: started.append(n)))  # type: ignore[list-item]
+    assert sorted(o.trial for o in outcomes) == list(range(40))
+    assert sorted(started) == list(range(40))
+    assert a.ran and b.ran, "both stores should have taken trials"
+    assert sorted(a.ran + b.ran) == list(range(40))
+    assert {o.trial for o in outcomes if o.worker == 1} == set(b.ran)
+
+
+def test_a_broken_worker_stops_the_campaign_and_aborts_the_others() -> None:
+    oracle = Oracle(rows=[], seconds=1.0, batches=1)
+    a, b = _FakeCampaign(oracle, fail_on=5), _FakeCampaign(oracle, fail_on=5)
+    with pytest.raises(RuntimeError, match="store broke in trial 5"):
+        list(run_trials([a, b], range(100)))  # type: ignore[list-item]
+    assert a.aborted.is_set() and b.aborted.is_set()
+    assert len(a.ran) + len(b.ran) < 100
+
+
+def test_parallel_trials_need_one_shared_oracle() -> None:
+    a = _FakeCampaign(Oracle(rows=[], seconds=1.0, batches=1))
+    b = _FakeCampaign(Oracle(rows=[], seconds=1.0, batches=1))
+    with pytest.raises(ConfigError, match="same oracle"):
+        list(run_trials([a, b], range(3)))  # type: ignore[list-item]

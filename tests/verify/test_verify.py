@@ -91,7 +91,10 @@ def test_real_sinks_pass_a_small_campaign(
     make_log: Callable[..., Path],
     request: pytest.FixtureRequest,
 ) -> None:
-    """Every fault kind at least once per store; 2PC is the scale-out PostgreSQL sink."""
+    """Every fault kind at least once per store; 2PC is the scale-out PostgreSQL sink.
+
+    The SQLite campaign runs two trials at a time, on two SQLite files.
+    """
     log_dir = make_log(1200, partitions=3, keys=6)
     url = (
         f"sqlite:///{tmp_path / 'sink.db'}"
@@ -101,13 +104,29 @@ def test_real_sinks_pass_a_small_campaign(
     two_phase = ", two_phase=True" if store == "postgres-2pc" else ""
     pipeline = write_pipeline(tmp_path, log_dir, f"sink_from_url({url!r}, 'events_out'{two_phase})")
     out = tmp_path / "out"
+    stores = [url, f"sqlite:///{tmp_path / 'sink2.db'}"] if store == "sqlite" else []
+    sink_args = [arg for u in stores for arg in ("--sink", u)]
     code = main(
-        ["verify", str(pipeline), "--trials", str(trials), "--seed", "11", "--out", str(out)]
+        [
+            "verify",
+            str(pipeline),
+            "--trials",
+            str(trials),
+            "--seed",
+            "11",
+            "--out",
+            str(out),
+            *sink_args,
+        ]
     )
     report = json.loads((out / "verify.json").read_text())
     failures = [t for t in report["trials"] if not t["passed"]]
     assert code == 0, failures
-    assert len(report["trials"]) == trials
+    assert [t["trial"] for t in report["trials"]] == list(range(trials))
+    assert all(t["quick_start"] is True for t in report["trials"])
+    if stores:
+        assert len(report["stores"]) == 2
+        assert {t["worker"] for t in report["trials"]} == {0, 1}
     kinds = {t["fault"]["kind"] for t in report["trials"]}
     assert kinds == {"kill", "crash-point", "task-failure", "db-drop", "zombie"}
     assert all(t["lost_rows"] == t["duplicated_rows"] == 0 for t in report["trials"])
