@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # For short-lived drivers (verify trials, crash tests, demos): the C1 JIT only and the
 # serial collector. A failure-free run of a small stateful pipeline then costs about a
-# third less CPU (57 -> 37 CPU-seconds on 2 cores). Long-running jobs should keep the
+# quarter less CPU (55 -> 40 CPU-seconds on 2 cores). Long-running jobs should keep the
 # default C2 JIT, which pays off after warm-up.
 QUICK_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
