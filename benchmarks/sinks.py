@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -358,6 +359,9 @@ def main() -> None:
     make_log(args.records)  # once, before the children race to create it
     from tests.services import postgres
 
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the finally below stops the
+    # throwaway server and subprocess.run kills the running variant.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     pg_dir = Path(tempfile.mkdtemp(prefix="sparkonce-bench-pg-"))
     server = postgres.start(pg_dir)
     work = Path(tempfile.mkdtemp(prefix="sparkonce-bench-"))
