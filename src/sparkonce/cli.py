@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=_env("SPARKONCE_QUICK_START", "") == "1",
         help=_help(
-            "start Spark's JVM for a short run (C1 JIT, serial GC): about a third less "
+            "start Spark's JVM for a short run (C1 JIT, serial GC): about a quarter less "
             "CPU for runs of a minute; keep it off for long-running jobs",
             "SPARKONCE_QUICK_START=1",
         ),

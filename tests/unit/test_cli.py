@@ -126,3 +126,14 @@ def test_run_reports_a_bad_pipeline_file(
     assert "not a sparkonce.Pipeline" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "missing.py")]) == EXIT_USAGE
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_verify_refuses_the_same_store_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Parallel trials on one store would wipe each other's output: refused before any run."""
+    store = f"sqlite:///{tmp_path / 'sink.db'}"
+    args = ["verify", str(tmp_path / "p.py"), "--sink", store, "--sink", store]
+    assert main([*args, "--out", str(tmp_path / "out")]) == EXIT_USAGE
+    assert "names the same store twice" in capsys.readouterr().err
+    assert not (tmp_path / "sink.db").exists()

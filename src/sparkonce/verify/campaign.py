@@ -473,21 +473,21 @@ def run_trials(
     """Run ``trials``, one at a time per campaign, and yield outcomes as they finish.
 
     Several campaigns are the same pipeline on separate test stores (``verify
-    --sink A --sink B``): their trials run side by side, and each trial's fault
-    plan still depends only on ``(seed, trial)``, so the result is the same
-    campaign as a serial run, in another order. They must share one oracle.
-    Closing the iterator early lets running trials finish and starts no more.
+    --sink A --sink B``): their trials run side by side. A trial's fault plan
+    depends only on ``(seed, trial)`` and the shared oracle, so the result is the
+    same campaign as a serial run, in another order. Leaving early (an error in
+    a worker, or closing the iterator) kills the running drivers and starts no
+    more trials.
     """
     if not campaigns:
         raise ConfigError("run_trials needs at least one campaign")
     oracle = campaigns[0].oracle
     if oracle is None or any(c.oracle is not oracle for c in campaigns):
         raise ConfigError("run the oracle first, and give every campaign the same oracle")
+    pending = list(trials)
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-    count = 0
-    for n in trials:
+    for n in pending:
         todo.put(n)
-        count += 1
     done: queue.SimpleQueue[TrialOutcome | BaseException] = queue.SimpleQueue()
     stop = threading.Event()
 
@@ -515,7 +515,7 @@ def run_trials(
         t.start()
     finished = False
     try:
-        for _ in range(count):
+        for _ in pending:
             item = done.get()
             if isinstance(item, BaseException):
                 raise item
