@@ -317,7 +317,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sparkonce.verify import (
         Campaign,
         Fault,
-        load_outcomes,
+        TrialOutcome,
+        load_report,
         parse_fault_kinds,
         run_trials,
         summarize,
@@ -359,21 +360,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "output (table or topic) and ledger in that sink."
     )
     json_path, png_path = out_dir / "verify.json", out_dir / "recovery.png"
-    outcomes = load_outcomes(json_path, args.seed, kinds) if args.resume else []
-    done = {o.trial for o in outcomes}
+    recorded = (
+        load_report(json_path, args.seed, kinds) if args.resume or args.replay is not None else None
+    )
+    outcomes: list[TrialOutcome] = []
     if args.replay is not None:
         trials = [args.replay]
-        outcomes = []
         # A replay never overwrites the campaign's own report.
         json_path = out_dir / f"replay-{args.replay}.json"
         png_path = out_dir / f"replay-{args.replay}.png"
     else:
+        again: list[int] = []
+        if recorded is not None:
+            outcomes, again = recorded.split()
+        done = {o.trial for o in outcomes}
         trials = [n for n in range(args.trials) if n not in done]
-        if done:
-            console.print(f"resuming: {len(done)} trials already in {json_path}")
+        if done or again:
+            console.print(f"resuming: {len(done)} trials kept from {json_path}")
+        again = [n for n in again if n < args.trials]
+        if again:
+            console.print(
+                f"running again {len(again)} trials whose fault did not fire: {again[:20]}"
+            )
+    oracle_seconds = None
+    if recorded is not None and not args.retime_oracle:
+        oracle_seconds = recorded.oracle_seconds
     started = time.monotonic()
     try:
-        oracle = campaign.run_oracle()
+        oracle = campaign.run_oracle(oracle_seconds)
         for other in campaigns[1:]:
             other.oracle = oracle
         if len(campaigns) > 1:
@@ -443,6 +457,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             + (f" --faults {args.faults}" if args.faults else "")
         )
         return EXIT_FAIL
+    unfired = [o.trial for o in outcomes if not o.fault_fired]
+    if unfired:
+        console.print(
+            f"[yellow]note[/]: in {len(unfired)} trials the fault did not fire, so they "
+            f"tested nothing ({unfired[:20]}); --resume runs them again"
+        )
     console.print("[bold green]PASS[/]: every trial matched the oracle")
     return 0
 
@@ -660,7 +680,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="keep the trials already in OUT/verify.json and run the rest",
+        help="keep the trials already in OUT/verify.json and run the rest, and again "
+        "those whose fault did not fire",
+    )
+    p.add_argument(
+        "--retime-oracle",
+        action="store_true",
+        help="with --resume or --replay: plan kills on this oracle run's time, not the "
+        "time recorded in OUT/verify.json",
     )
     p.add_argument(
         "--sink",

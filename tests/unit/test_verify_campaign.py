@@ -13,9 +13,10 @@ from sparkonce.errors import ConfigError
 from sparkonce.verify.campaign import (
     Fault,
     Oracle,
+    Recorded,
     TrialOutcome,
     compare_rows,
-    load_outcomes,
+    load_report,
     parse_fault_kinds,
     plan_fault,
     run_trials,
@@ -101,11 +102,44 @@ def test_resume_reads_back_trials_and_refuses_another_campaign(tmp_path: Path) -
     trial = TrialOutcome(4, "5:4", Fault("kill", delay_s=3.5), passed=True, fault_fired=True)
     from dataclasses import asdict
 
-    path.write_text(json.dumps({"seed": 5, "faults": ["kill"], "trials": [asdict(trial)]}))
-    assert load_outcomes(path, 5, ["kill"]) == [trial]
+    path.write_text(
+        json.dumps(
+            {
+                "seed": 5,
+                "faults": ["kill"],
+                "oracle": {"rows": 6, "batches": 2, "seconds": 38.5},
+                "trials": [asdict(trial)],
+            }
+        )
+    )
+    recorded = load_report(path, 5, ["kill"])
+    assert recorded.outcomes == [trial]
+    assert recorded.oracle_seconds == 38.5
     with pytest.raises(ConfigError, match="same --seed"):
-        load_outcomes(path, 6, ["kill"])
-    assert load_outcomes(tmp_path / "none.json", 5, ["kill"]) == []
+        load_report(path, 6, ["kill"])
+    assert load_report(tmp_path / "none.json", 5, ["kill"]) == Recorded()
+    path.write_text(json.dumps({"seed": 5, "faults": ["kill"], "trials": [{"trial": 1}]}))
+    with pytest.raises(ConfigError, match="not a verify report"):
+        load_report(path, 5, ["kill"])
+
+
+def test_resume_runs_again_only_passed_trials_whose_fault_did_not_fire() -> None:
+    fired = TrialOutcome(0, "1:0", Fault("kill", delay_s=9.0), passed=True, fault_fired=True)
+    unfired = TrialOutcome(5, "1:5", Fault("kill", delay_s=50.0), passed=True)
+    no_zombie = TrialOutcome(4, "1:4", Fault("zombie", point="before-commit", hit=2), passed=True)
+    failed_unfired = TrialOutcome(7, "1:7", Fault("kill", delay_s=40.0), error="boom")
+    keep, again = Recorded([no_zombie, fired, unfired, failed_unfired], 38.5).split()
+    assert keep == [fired, failed_unfired]  # a failure is never hidden by a re-run
+    assert again == [4, 5]
+
+
+def test_kill_delays_follow_the_oracle_time_they_are_planned_on() -> None:
+    plans = [
+        plan_fault("kill", random.Random("1:100"), Oracle([], seconds, 2)) for seconds in (38.5, 77)
+    ]
+    assert plans[0].delay_s is not None and plans[1].delay_s is not None
+    assert 0.3 * 38.5 <= plans[0].delay_s <= 0.95 * 38.5
+    assert plans[1].delay_s == pytest.approx(2 * plans[0].delay_s, abs=0.01)
 
 
 class _FakeCampaign:

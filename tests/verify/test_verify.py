@@ -61,26 +61,38 @@ def test_verify_catches_a_sink_that_commits_rows_and_ledger_separately(
         tmp_path, log_dir, sink, extra_import="from broken_sink import NonTransactionalSink"
     )
     out = tmp_path / "out"
-    code = main(
-        [
-            "verify",
-            str(pipeline),
-            "--trials",
-            "2",
-            "--seed",
-            "3",
-            "--faults",
-            "crash-point:after-rows",
-            "--out",
-            str(out),
-        ]
-    )
-    assert code == 1
+    args = [
+        "verify",
+        str(pipeline),
+        "--trials",
+        "2",
+        "--seed",
+        "3",
+        "--faults",
+        "crash-point:after-rows",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 1
     report = json.loads((out / "verify.json").read_text())
     fired = [t for t in report["trials"] if t["fault_fired"]]
     assert fired, "the crash point was never reached"
     assert all(t["duplicated_rows"] > 0 and not t["passed"] for t in fired)
     assert report["summary"][0]["duplicated_rows"] == sum(t["duplicated_rows"] for t in fired)
+
+    # --resume keeps failed trials, runs again a trial recorded as passed with its
+    # fault not fired, and plans on the oracle time recorded, not a new one.
+    report["oracle"]["seconds"] = 123.0
+    report["trials"][1].update(passed=True, fault_fired=False, duplicated_rows=0)
+    (out / "verify.json").write_text(json.dumps(report))
+    again = [*args, "--resume"]
+    assert main(again) == 1
+    resumed = json.loads((out / "verify.json").read_text())
+    assert resumed["oracle"]["seconds"] == 123.0
+    assert resumed["trials"][0] == report["trials"][0]
+    assert resumed["trials"][1]["fault_fired"] and not resumed["trials"][1]["passed"]
+    assert main([*again, "--retime-oracle"]) == 1
+    assert json.loads((out / "verify.json").read_text())["oracle"]["seconds"] != 123.0
 
 
 @pytest.mark.parametrize(("store", "trials"), [("sqlite", 5), ("postgres", 5), ("postgres-2pc", 5)])

@@ -31,7 +31,13 @@ the sink's ``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline
 as a black box. Each trial's fault schedule derives from ``(seed, trial)``, so
 ``--replay TRIAL`` repeats the same schedule. Timing-based faults (a kill at a
 random moment) land at the same delay, though not necessarily at the same
-instruction.
+instruction. A kill's delay is a fraction of the oracle's run time, so
+``--resume`` and ``--replay`` reuse the oracle time recorded in ``verify.json``
+rather than a new measurement that a busy machine would skew.
+
+A fault that did not fire (a kill planned after the driver had already
+finished, say) tested nothing: the report counts it under ``fired``, and
+``--resume`` runs such trials again. A failed trial is always kept.
 """
 
 from __future__ import annotations
@@ -285,7 +291,9 @@ class Campaign:
         return s.rows(), s.ledger(self.pipeline.name), s.owner(self.pipeline.name)
 
     # -- oracle ------------------------------------------------------------------------
-    def run_oracle(self) -> Oracle:
+    def run_oracle(self, seconds: float | None = None) -> Oracle:
+        """The failure-free run. ``seconds``: the run time to plan kills with, as
+        recorded by an earlier segment of this campaign (default: this run's)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.clean()
         self.on_event("oracle: failure-free run")
@@ -302,8 +310,11 @@ class Campaign:
                 f"the oracle run of {self.pipeline_file} committed no batch: its source is "
                 "empty, so there is nothing to verify. Produce input first."
             )
-        self.oracle = Oracle(rows, driver.seconds, len(ledger))
-        self.on_event(f"oracle: {len(rows)} rows, {len(ledger)} batches in {driver.seconds:.1f} s")
+        self.oracle = Oracle(rows, driver.seconds if seconds is None else seconds, len(ledger))
+        self.on_event(
+            f"oracle: {len(rows)} rows, {len(ledger)} batches in {driver.seconds:.1f} s"
+            + ("" if seconds is None else f"; kills are planned on the recorded {seconds:.1f} s")
+        )
         return self.oracle
 
     # -- one trial ---------------------------------------------------------------------
@@ -585,21 +596,46 @@ def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[Ki
     return out
 
 
-def load_outcomes(path: Path, seed: int, kinds: Sequence[str]) -> list[TrialOutcome]:
-    """Trials already recorded in ``path`` by a campaign with the same seed and faults."""
+@dataclass
+class Recorded:
+    """What an earlier segment of a campaign left in its ``verify.json``."""
+
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    oracle_seconds: float | None = None  # the run time its kill delays were planned on
+
+    def split(self) -> tuple[list[TrialOutcome], list[int]]:
+        """(trials to keep, trials to run again): a passed trial whose fault did not
+        fire tested nothing and runs again; a failed trial is always kept."""
+        keep = [o for o in self.outcomes if o.fault_fired or not o.passed]
+        again = sorted(o.trial for o in self.outcomes if o.passed and not o.fault_fired)
+        return keep, again
+
+
+def load_report(path: Path, seed: int, kinds: Sequence[str]) -> Recorded:
+    """The trials and oracle time in ``path``, written by a campaign with the same
+    seed and faults (empty if there is no such file)."""
     if not path.exists():
-        return []
-    doc = json.loads(path.read_text())
-    if doc.get("seed") != seed or list(doc.get("faults", [])) != list(kinds):
+        return Recorded()
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("seed") != seed or list(doc.get("faults", [])) != list(kinds):
+            raise ConfigError(
+                f"{path} holds a campaign with seed {doc.get('seed')} and faults "
+                f"{doc.get('faults')}; --resume and --replay need the same --seed and "
+                "--faults (or another --out)"
+            )
+        out = []
+        for t in doc.get("trials", []):
+            fault = Fault(**t.pop("fault"))
+            out.append(TrialOutcome(fault=fault, **t))
+        oracle = doc.get("oracle") or {}
+        seconds = oracle.get("seconds")
+        return Recorded(out, float(seconds) if seconds is not None else None)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(
-            f"{path} holds a campaign with seed {doc.get('seed')} and faults "
-            f"{doc.get('faults')}; --resume needs the same --seed and --faults"
-        )
-    out = []
-    for t in doc.get("trials", []):
-        fault = Fault(**t.pop("fault"))
-        out.append(TrialOutcome(fault=fault, **t))
-    return out
+            f"{path} is not a verify report this version can read ({exc}); "
+            "move it away, or give another --out"
+        ) from exc
 
 
 def write_json(
