@@ -176,3 +176,17 @@ def test_batch_ranges_are_the_offset_itself() -> None:
     assert src.batch_ranges('{"events":{"0":[0,3],"1":[0,0]}}', current) == (
         BatchRanges.from_json(current)
     )
+
+
+def test_waiting_for_a_new_topic_keeps_to_its_deadline() -> None:
+    """A real client with no broker behind the address: the wait ends at its own
+    deadline (1 s), not after a full metadata timeout per poll."""
+    import time
+
+    from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, KafkaUnavailableError
+
+    conn = KafkaConnection("127.0.0.1:1")
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailableError, match="partition leaders"):
+        conn._wait_for_topic("nowhere", timeout=1.0)
+    assert time.monotonic() - started < TIMEOUT_S / 2

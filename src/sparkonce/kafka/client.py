@@ -159,11 +159,15 @@ class KafkaConnection:
     def _wait_for_topic(self, topic: str, timeout: float) -> None:
         import time
 
+        from confluent_kafka import KafkaException
+
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            admin = self.admin()
-            meta = admin.list_topics(topic=topic, timeout=TIMEOUT_S)
-            t = meta.topics.get(topic)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                meta = self.admin().list_topics(topic=topic, timeout=min(TIMEOUT_S, left))
+                t = meta.topics.get(topic)
+            except KafkaException:
+                t = None  # no answer within what was left; the loop ends at the deadline
             if (
                 t is not None
                 and t.error is None
