@@ -24,16 +24,16 @@ Offsets (the wire form of :mod:`sparkonce.offsets`)::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError
 from sparkonce.log.storage import Topic, validate_topic_name
-from sparkonce.offsets import BatchRanges, TopicPartition, plan_batch
-from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
+from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
+from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source
+from sparkonce.sources.reader import RangeStreamReader, injected_failure_offset, parse_starting
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -73,7 +73,7 @@ class EmbeddedLogSource(Source):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         self.max_records_per_partition = max_records_per_partition
         self.max_records_per_batch = max_records_per_batch
-        _parse_starting(starting_offsets, self.topic)
+        parse_starting(starting_offsets, self.topic)
         self.starting_offsets = starting_offsets
 
     def describe(self) -> str:
@@ -128,40 +128,20 @@ class EmbeddedLogSource(Source):
             return {(self.topic, p): o for p, o in t.end_offsets().items()}
 
 
-def _parse_starting(value: str, topic: str) -> dict[int, int] | str:
-    if value in ("earliest", "latest"):
-        return value
-    try:
-        obj = json.loads(value)
-        if not isinstance(obj, dict):
-            raise ValueError
-        return {int(p): int(o) for p, o in obj.items()}
-    except (ValueError, TypeError):
-        raise ConfigError(
-            f"starting_offsets {value!r} for topic {topic!r}: use 'earliest', 'latest' or a "
-            'JSON object of partition -> offset such as {"0": 42, "1": 17}'
-        ) from None
-
-
 def register(spark: SparkSession) -> None:
     """Register the data source with ``spark`` (idempotent)."""
     register_data_source(spark, EmbeddedLogDataSource)
 
 
 # --- The Spark side: Python Data Source API classes --------------------------------
-# Imported lazily by Spark's Python workers; keep pyspark imports inside.
+# Spark's Python workers import these classes; the planning they share is in
+# sparkonce.sources.reader.
 
 from pyspark.sql.datasource import (  # noqa: E402
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
-)
-from pyspark.sql.streaming.datasource import (  # noqa: E402
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
 )
 
 
@@ -191,7 +171,7 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
             ("record_id", pa.string()),
         ]
     )
-    fail_at = _injected_failure_offset(part)
+    fail_at = injected_failure_offset(part.topic, part.partition, part.start, part.end)
     with Topic(Path(part.path), part.topic) as t:
         lo = part.start
         while lo < part.end:
@@ -220,21 +200,7 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
             lo = hi
 
 
-def _injected_failure_offset(part: RangePartition) -> int | None:
-    """Where to fail this read task halfway, when fault injection asks for it."""
-    if not os.environ.get(FAIL_TASKS_ENV):
-        return None
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    attempt = ctx.attemptNumber() if ctx is not None else 0
-    key = f"{part.topic}:{part.partition}:{part.start}:{part.end}"
-    if part.end - part.start < 2 or not task_failure_requested("read", key, attempt):
-        return None
-    return part.start + (part.end - part.start) // 2
-
-
-class EmbeddedLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class EmbeddedLogStreamReader(RangeStreamReader):
     """Plans batches as offset ranges; see the module docstring."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
@@ -243,75 +209,21 @@ class EmbeddedLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             self.topic = options["topic"]
         except KeyError as exc:
             raise ConfigError(f"the {FORMAT} source needs option {exc.args[0]!r}") from None
-        self.max_per_partition = _opt_int(options, "maxRecordsPerPartition")
-        self.max_per_batch = _opt_int(options, "maxRecordsPerBatch")
-        self.starting = _parse_starting(options.get("startingOffsets", "earliest"), self.topic)
-        self.target: dict[int, int] | None = None
+        self._configure_limits(options)
 
-    def _ends(self) -> dict[int, int]:
+    def _log_ends(self) -> dict[int, int]:
         with Topic(Path(self.path), self.topic) as t:
-            ends = t.end_offsets()
-        if self.target is not None:
-            ends = {p: min(o, self.target.get(p, 0)) for p, o in ends.items()}
-        return ends
+            return t.end_offsets()
 
-    def initialOffset(self) -> dict:
-        ends = self._ends()
-        if self.starting == "earliest":
-            pos = dict.fromkeys(ends, 0)
-        elif self.starting == "latest":
-            pos = ends
-        else:
-            assert isinstance(self.starting, dict)
-            pos = {p: self.starting.get(p, 0) for p in ends}
-        return BatchRanges.at({(self.topic, p): o for p, o in pos.items()}).to_json_obj()
+    def _log_starts(self) -> dict[int, int]:
+        return dict.fromkeys(self._log_ends(), 0)  # the embedded log keeps every record
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.max_per_batch is not None:
-            return ReadMaxRows(self.max_per_batch)
-        if self.max_per_partition is not None:
-            with Topic(Path(self.path), self.topic) as t:
-                return ReadMaxRows(self.max_per_partition * t.partitions)
-        return ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._ends()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        prev = BatchRanges.from_json_obj(start)
-        positions = prev.ends()
-        latest = {(self.topic, p): o for p, o in self._ends().items()}
-        if isinstance(limit, ReadAllAvailable):
-            batch = plan_batch(positions, latest)
-        else:
-            total = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_per_batch
-            batch = plan_batch(
-                positions, latest, max_per_partition=self.max_per_partition, max_total=total
-            )
-        if batch.empty:
-            return start  # nothing new: Spark skips the batch
-        return batch.to_json_obj()
-
-    def reportLatestOffset(self) -> dict | None:
-        ends = self._ends()
-        return BatchRanges.at({(self.topic, p): o for p, o in ends.items()}).to_json_obj()
-
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        batch = BatchRanges.from_json_obj(end)
-        if batch == BatchRanges.from_json_obj(start):
-            return []
-        return [
-            RangePartition(self.path, r.topic, r.partition, r.start, r.end)
-            for r in batch.ranges
-            if not r.empty
-        ]
+    def _range_partition(self, r: OffsetRange) -> InputPartition:
+        return RangePartition(self.path, r.topic, r.partition, r.start, r.end)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)
         return _arrow_batches(partition)
-
-    def commit(self, end: dict) -> None:
-        """Nothing to do: the sink's ledger, not the source, records progress."""
 
 
 class EmbeddedLogBatchReader(DataSourceReader):
@@ -346,16 +258,3 @@ class EmbeddedLogDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return EmbeddedLogBatchReader(self.options)
-
-
-def _opt_int(options: Mapping[str, str], name: str) -> int | None:
-    raw = options.get(name)
-    if raw in (None, ""):
-        return None
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise ConfigError(f"option {name}={raw!r} must be a positive integer") from None
-    if value < 1:
-        raise ConfigError(f"option {name}={raw!r} must be a positive integer")
-    return value

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -58,9 +57,10 @@ from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, SourceError, TopicNotFoundError
 from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
-from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition, plan_batch
-from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
+from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
+from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source
+from sparkonce.sources.reader import RangeStreamReader, injected_failure_offset, parse_starting
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -201,7 +201,7 @@ class KafkaSource(Source):
             raise ConfigError(
                 f"starting_offsets must be a string, got {type(starting_offsets).__name__}"
             )
-        _parse_starting(starting_offsets, self.topic)
+        parse_starting(starting_offsets, self.topic)
         self.starting_offsets = starting_offsets
         if value_format not in VALUE_FORMATS:
             raise ConfigError(
@@ -373,24 +373,6 @@ _CONFIG_OPTION = "clientConfigSecret"
 _COMMIT_NOTE = "sparkonce: monitoring only; the sink ledger holds progress"
 
 
-def _parse_starting(value: str, topic: str) -> dict[int, int] | str:
-    if value in ("earliest", "latest"):
-        return value
-    try:
-        obj = json.loads(value)
-        if not isinstance(obj, dict):
-            raise ValueError
-        parsed = {int(p): int(o) for p, o in obj.items()}
-        if any(p < 0 or o < 0 for p, o in parsed.items()):
-            raise ValueError
-        return parsed
-    except (ValueError, TypeError):
-        raise ConfigError(
-            f"starting_offsets {value!r} for topic {topic!r}: use 'earliest', 'latest' or a "
-            'JSON object of partition -> offset such as {"0": 42, "1": 17}'
-        ) from None
-
-
 # --- confluent-kafka helpers (driver and executors) ---------------------------------------
 
 
@@ -485,19 +467,14 @@ def register(spark: SparkSession) -> None:
 
 
 # --- The Spark side: Python Data Source API classes --------------------------------
-# Imported lazily by Spark's Python workers; keep pyspark imports inside.
+# Spark's Python workers import these classes; the planning they share is in
+# sparkonce.sources.reader.
 
 from pyspark.sql.datasource import (  # noqa: E402
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
-)
-from pyspark.sql.streaming.datasource import (  # noqa: E402
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
 )
 
 
@@ -513,20 +490,6 @@ class KafkaRangePartition(InputPartition):
 
     def __str__(self) -> str:
         return f"{self.topic}[{self.partition}] offsets {self.start}..{self.end}"
-
-
-def _injected_failure_offset(part: KafkaRangePartition) -> int | None:
-    """Where to fail this read task halfway, when fault injection asks for it."""
-    if not os.environ.get(FAIL_TASKS_ENV):
-        return None
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    attempt = ctx.attemptNumber() if ctx is not None else 0
-    key = f"{part.topic}:{part.partition}:{part.start}:{part.end}"
-    if part.end - part.start < 2 or not task_failure_requested("read", key, attempt):
-        return None
-    return part.start + (part.end - part.start) // 2
 
 
 def _retention_error(part: KafkaRangePartition, log_start: int) -> SourceError:
@@ -651,7 +614,7 @@ def read_range(
     from confluent_kafka import KafkaError
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    fail_at = _injected_failure_offset(part)
+    fail_at = injected_failure_offset(part.topic, part.partition, part.start, part.end)
     offsets = _OffsetClient(connection, part.topic, timeout)
     consumer = offsets.consumer
     try:
@@ -780,73 +743,21 @@ class _KafkaReaderBase:
         return read_range(self.connection, partition, self.value_format, self.timeout)
 
 
-class KafkaStreamReader(_KafkaReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
+class KafkaStreamReader(_KafkaReaderBase, RangeStreamReader):
     """Plans batches as offset ranges up to the last stable offsets; see the module docstring."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self._configure(options)
-        self.max_per_partition = _opt_int(options, "maxRecordsPerPartition")
-        self.max_per_batch = _opt_int(options, "maxRecordsPerBatch")
-        self.starting = _parse_starting(options.get("startingOffsets") or "earliest", self.topic)
-        self.target: dict[int, int] | None = None
+        self._configure_limits(options)
 
-    def _ends(self) -> dict[int, int]:
-        ends = self._offsets().ends()
-        if self.target is not None:
-            ends = {p: min(o, self.target.get(p, 0)) for p, o in ends.items()}
-        return ends
+    def _log_ends(self) -> dict[int, int]:
+        return self._offsets().ends()
 
-    def initialOffset(self) -> dict:
-        if self.starting == "earliest":
-            pos = self._offsets().starts()
-        elif self.starting == "latest":
-            pos = self._offsets().ends()
-        else:
-            assert isinstance(self.starting, dict)
-            pos = {p: self.starting.get(p, 0) for p in self._offsets().partitions()}
-        return BatchRanges.at({(self.topic, p): o for p, o in pos.items()}).to_json_obj()
+    def _log_starts(self) -> dict[int, int]:
+        return self._offsets().starts()
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.max_per_batch is not None:
-            return ReadMaxRows(self.max_per_batch)
-        if self.max_per_partition is not None:
-            return ReadMaxRows(self.max_per_partition * len(self._offsets().partitions()))
-        return ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._offsets().ends()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        prev = BatchRanges.from_json_obj(start)
-        positions = prev.ends()
-        latest = {(self.topic, p): o for p, o in self._ends().items()}
-        if isinstance(limit, ReadAllAvailable):
-            batch = plan_batch(positions, latest)
-        else:
-            total = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_per_batch
-            batch = plan_batch(
-                positions, latest, max_per_partition=self.max_per_partition, max_total=total
-            )
-        if batch.empty:
-            return start  # nothing new: Spark skips the batch
-        return batch.to_json_obj()
-
-    def reportLatestOffset(self) -> dict | None:
-        ends = self._ends()
-        return BatchRanges.at({(self.topic, p): o for p, o in ends.items()}).to_json_obj()
-
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        batch = BatchRanges.from_json_obj(end)
-        if batch == BatchRanges.from_json_obj(start):
-            return []
-        return [
-            KafkaRangePartition(r.topic, r.partition, r.start, r.end)
-            for r in batch.ranges
-            if not r.empty
-        ]
-
-    def commit(self, end: dict) -> None:
-        """Nothing to do: the sink's ledger, not the source, records progress."""
+    def _range_partition(self, r: OffsetRange) -> InputPartition:
+        return KafkaRangePartition(r.topic, r.partition, r.start, r.end)
 
     def stop(self) -> None:
         self._close()
@@ -891,16 +802,3 @@ class KafkaDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return KafkaBatchReader(self.options)
-
-
-def _opt_int(options: Mapping[str, str], name: str) -> int | None:
-    raw = options.get(name)
-    if raw in (None, ""):
-        return None
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise ConfigError(f"option {name}={raw!r} must be a positive integer") from None
-    if value < 1:
-        raise ConfigError(f"option {name}={raw!r} must be a positive integer")
-    return value
