@@ -98,6 +98,8 @@ def test_upsert_merges_by_key_at_commit(
     # Each key holds the value of the last batch that touched it: the overall maximum.
     assert rows == {f"k{k}": max(i for i in range(1, 601) if i % 7 == k) for k in range(7)}
     assert scalar(pg_url, "SELECT count(*) FROM latest__sparkonce_stage") == 0
+    # Merged attempts leave no attempt rows behind: the table does not grow with batches.
+    assert scalar(pg_url, "SELECT count(*) FROM sparkonce_attempts WHERE target = 'latest'") == 0
     assert scalar(pg_url, "SELECT relkind FROM pg_class WHERE relname = 'latest'") == "r"
 
 

@@ -29,8 +29,8 @@ commits (step 5). Calling it again for a committed batch is a no-op.
   ``benchmarks/results/precommit-mechanism.json``).
 - ``mode="upsert"``: tasks pre-commit into ``<table>__sparkonce_stage``; the
   commit merges the successful attempts into the table ``<table>`` with
-  ``INSERT ... ON CONFLICT (keys) DO UPDATE`` and deletes them from the stage.
-  Readers read the table ``<table>``.
+  ``INSERT ... ON CONFLICT (keys) DO UPDATE`` and deletes them, and their attempt
+  rows, from the stage and the attempts table. Readers read the table ``<table>``.
 
 **Abort and collection.** Rows of failed, speculative, aborted and zombie
 attempts are never made visible. A collector deletes them, and their attempt
@@ -291,11 +291,18 @@ class PostgresTwoPhaseSink(PostgresSink):
                 )
             if not attempts and coverage is Coverage.NO_DATA:
                 return CommitResult(True, 0, None, "no new offsets and no rows")
-            # Step 3: make exactly the attempts Spark reported successful visible.
+            # Step 3: make exactly the attempts Spark reported successful visible. Append
+            # mode flips their state (the view shows committed attempts); upsert mode merges
+            # their rows into the table, so their attempt rows go, and the attempts table
+            # only ever holds batches in flight.
+            change = (
+                f"DELETE FROM {ATTEMPTS_TABLE}"
+                if self.mode == "upsert"
+                else f"UPDATE {ATTEMPTS_TABLE} SET state = 'committed'"
+            )
             flipped = conn.execute(
-                f"UPDATE {ATTEMPTS_TABLE} SET state = 'committed' WHERE attempt_id = ANY(%s) "
-                "AND pipeline = %s AND target = %s AND epoch = %s AND seq = %s "
-                "AND state = 'precommitted'",
+                f"{change} WHERE attempt_id = ANY(%s) AND pipeline = %s AND target = %s "
+                "AND epoch = %s AND seq = %s AND state = 'precommitted'",
                 (attempts, ctx.pipeline, self.table, ctx.epoch, seq),
             ).rowcount
             if flipped != len(attempts):
