@@ -311,7 +311,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.table import Table
 
     from sparkonce.verify import (
@@ -393,7 +400,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if len(campaigns) > 1:
             console.print(f"running {len(campaigns)} trials at a time, one per store")
         with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=console,
         ) as progress:
             task = progress.add_task("trials", total=len(trials))
 
