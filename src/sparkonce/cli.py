@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, FencedError, SinkUnavailableError, SparkOnceError
 from sparkonce.kafka.client import KafkaUnavailableError
@@ -134,24 +134,41 @@ def cmd_log_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_records(args: argparse.Namespace) -> list[tuple[str | None, str]]:
+    """(key, value) of each --value or stdin line. Every line is parsed before any is
+    sent, so that bad input writes nothing."""
+    lines: Sequence[str] = args.values or [ln.rstrip("\n") for ln in sys.stdin]
+    sep = args.separator
+    records: list[tuple[str | None, str]] = []
+    for text in lines:
+        if sep is None:
+            records.append((args.key, text))
+        elif sep not in text:
+            raise ConfigError(
+                f"line {text[:80]!r} has no separator {sep!r}; every line must be "
+                "KEY<separator>VALUE when --separator is given"
+            )
+        else:
+            k, v = text.split(sep, 1)
+            records.append((k, v))
+    return records
+
+
+def _print_record(r: Any) -> None:
+    """One record as a tab-separated line: partition, offset, record id, key, value."""
+    key = r.key.decode(errors="replace") if r.key is not None else ""
+    value = r.value.decode(errors="replace") if r.value is not None else ""
+    print(f"{r.partition}\t{r.offset}\t{r.record_id or ''}\t{key}\t{value}")
+
+
 def cmd_log_produce(args: argparse.Namespace) -> int:
     from sparkonce.log import IdempotentProducer, Topic
 
-    values: Sequence[str] = args.values or [ln.rstrip("\n") for ln in sys.stdin]
-    sep = args.separator
+    records = _read_records(args)
     with Topic(args.dir, args.topic) as t, IdempotentProducer(t, args.producer_id) as producer:
-        for text in values:
-            key: bytes | None = args.key.encode() if args.key is not None else None
-            value = text
-            if sep is not None:
-                if sep not in text:
-                    raise ConfigError(
-                        f"line {text[:80]!r} has no separator {sep!r}; every line must be "
-                        "KEY<separator>VALUE when --separator is given"
-                    )
-                k, value = text.split(sep, 1)
-                key = k.encode()
-            producer.send(value.encode(), key, partition=args.partition)
+        for key, value in records:
+            raw_key = None if key is None else key.encode()
+            producer.send(value.encode(), raw_key, partition=args.partition)
         producer.flush()
         sent = producer.sent
     print(f"appended {sent} records to {args.topic!r} as producer {args.producer_id!r}")
@@ -163,9 +180,7 @@ def cmd_log_tail(args: argparse.Namespace) -> int:
 
     with Topic(args.dir, args.topic) as t:
         for r in t.tail(args.partition, args.n):
-            key = r.key.decode(errors="replace") if r.key is not None else ""
-            value = r.value.decode(errors="replace") if r.value is not None else ""
-            print(f"{r.partition}\t{r.offset}\t{r.record_id}\t{key}\t{value}")
+            _print_record(r)
     return 0
 
 
@@ -237,21 +252,7 @@ def cmd_kafka_produce(args: argparse.Namespace) -> int:
 
     conn = _kafka_connection(args)
     from_stdin = not args.values
-    lines: Sequence[str] = args.values or [ln.rstrip("\n") for ln in sys.stdin]
-    sep = args.separator
-    # Parse every line before sending any, so that bad input writes nothing.
-    records: list[tuple[str | None, str]] = []
-    for text in lines:
-        if sep is None:
-            records.append((args.key, text))
-        elif sep not in text:
-            raise ConfigError(
-                f"line {text[:80]!r} has no separator {sep!r}; every line must be "
-                "KEY<separator>VALUE when --separator is given"
-            )
-        else:
-            k, v = text.split(sep, 1)
-            records.append((k, v))
+    records = _read_records(args)
     console = Console(stderr=True)
     show_progress = from_stdin and console.is_terminal and len(records) >= 10_000
     with KafkaProducer(
@@ -280,9 +281,7 @@ def cmd_kafka_tail(args: argparse.Namespace) -> int:
 
     conn = _kafka_connection(args)
     for r in tail(conn, args.topic, args.n, partition=args.partition, timeout=args.timeout):
-        key = r.key.decode(errors="replace") if r.key is not None else ""
-        value = r.value.decode(errors="replace") if r.value is not None else ""
-        print(f"{r.partition}\t{r.offset}\t{r.record_id or ''}\t{key}\t{value}")
+        _print_record(r)
     return 0
 
 
