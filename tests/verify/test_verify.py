@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def test_real_sinks_pass_a_small_campaign(
 ) -> None:
     """Every fault kind at least once per store; 2PC is the scale-out PostgreSQL sink.
 
-    The SQLite campaign runs two trials at a time, on two SQLite files.
+    Each campaign runs two trials at a time, on two stores of its kind (two SQLite
+    files, or two databases of the PostgreSQL server).
     """
     log_dir = make_log(1200, partitions=3, keys=6)
     url = (
@@ -116,7 +118,12 @@ def test_real_sinks_pass_a_small_campaign(
     two_phase = ", two_phase=True" if store == "postgres-2pc" else ""
     pipeline = write_pipeline(tmp_path, log_dir, f"sink_from_url({url!r}, 'events_out'{two_phase})")
     out = tmp_path / "out"
-    stores = [url, f"sqlite:///{tmp_path / 'sink2.db'}"] if store == "sqlite" else []
+    if store == "sqlite":
+        second = f"sqlite:///{tmp_path / 'sink2.db'}"
+    else:
+        name = f"v2_{os.getpid()}_{store.replace('-', '_')}"
+        second = request.getfixturevalue("pg_server").create_database(name)
+    stores = [url, second]
     sink_args = [arg for u in stores for arg in ("--sink", u)]
     code = main(
         [
@@ -136,9 +143,8 @@ def test_real_sinks_pass_a_small_campaign(
     assert code == 0, failures
     assert [t["trial"] for t in report["trials"]] == list(range(trials))
     assert all(t["quick_start"] is True for t in report["trials"])
-    if stores:
-        assert len(report["stores"]) == 2
-        assert {t["worker"] for t in report["trials"]} == {0, 1}
+    assert len(report["stores"]) == 2
+    assert {t["worker"] for t in report["trials"]} == {0, 1}
     kinds = {t["fault"]["kind"] for t in report["trials"]}
     assert kinds == {"kill", "crash-point", "task-failure", "db-drop", "zombie"}
     assert all(t["lost_rows"] == t["duplicated_rows"] == 0 for t in report["trials"])
