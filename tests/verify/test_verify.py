@@ -181,10 +181,14 @@ pipeline = Pipeline(
 def test_kafka_to_kafka_passes_a_small_campaign(
     tmp_path: Path, kafka_broker, kafka_topic: Callable[..., str]
 ) -> None:
-    """Kafka source -> transactional Kafka sink; db-drop does not apply and is left out."""
+    """Kafka source -> transactional Kafka sink; db-drop does not apply and is left out.
+
+    Two trials at a time, on two sink topics (each with its own ledger topic).
+    """
     from confluent_kafka import Producer
 
     source, sink = kafka_topic("vin", partitions=3), kafka_topic("vout", partitions=2)
+    stores = [f"kafka://{kafka_broker.bootstrap}/{t}" for t in (sink, kafka_topic("vout2", 2))]
     producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
     for i in range(1, 901):
         producer.produce(source, value=str(i).encode(), key=f"k{i % 6}".encode())
@@ -199,7 +203,10 @@ def test_kafka_to_kafka_passes_a_small_campaign(
         )
     )
     out = tmp_path / "out"
-    code = main(["verify", str(pipeline), "--trials", "4", "--seed", "5", "--out", str(out)])
+    sink_args = [arg for u in stores for arg in ("--sink", u)]
+    code = main(
+        ["verify", str(pipeline), "--trials", "4", "--seed", "5", "--out", str(out), *sink_args]
+    )
     report = json.loads((out / "verify.json").read_text())
     failures = [t for t in report["trials"] if not t["passed"]]
     assert code == 0, failures
@@ -211,4 +218,5 @@ def test_kafka_to_kafka_passes_a_small_campaign(
     }
     assert all(t["lost_rows"] == t["duplicated_rows"] == 0 for t in report["trials"])
     assert sum(t["fault_fired"] for t in report["trials"]) >= 3
+    assert {t["worker"] for t in report["trials"]} == {0, 1}
     assert report["oracle"]["rows"] == 900
