@@ -256,28 +256,50 @@ def run_pipeline(
             sink.describe(),
             resumed,
         )
-        query = writer.start()
-        try:
-            if timeout is None:
-                query.awaitTermination()
-            elif not query.awaitTermination(int(max(1, round(timeout)))):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for attempt in range(1, QUERY_START_ATTEMPTS + 1):
+            query = writer.start()
+            try:
+                if deadline is None:
+                    query.awaitTermination()
+                elif not query.awaitTermination(int(max(1, round(deadline - time.monotonic())))):
+                    query.stop()
+                break
+            except StreamingQueryException as exc:
+                if isinstance(handler.error, SparkOnceError):
+                    raise handler.error from None
+                if _WORKER_START_TIMEOUT in str(exc) and attempt < QUERY_START_ATTEMPTS:
+                    # Spark gives the source's Python planner process a fixed 10 s to
+                    # connect back; a busy machine can miss that. A restart resumes from the
+                    # checkpoint, as after a crash, so it is always safe.
+                    log.warning(
+                        "pipeline %s: Spark's Python worker did not start in time (%s); "
+                        "starting the query again (attempt %d of %d)",
+                        pipeline.name,
+                        _short(exc),
+                        attempt + 1,
+                        QUERY_START_ATTEMPTS,
+                    )
+                    continue
+                raise PipelineError(
+                    f"pipeline {pipeline.name!r}: the streaming query failed: {_short(exc)}. "
+                    "Committed batches are safe in the sink; fix the cause and run again to "
+                    "resume."
+                ) from exc
+            except KeyboardInterrupt:
                 query.stop()
-        except StreamingQueryException as exc:
-            if isinstance(handler.error, SparkOnceError):
-                raise handler.error from None
-            raise PipelineError(
-                f"pipeline {pipeline.name!r}: the streaming query failed: {_short(exc)}. "
-                "Committed batches are safe in the sink; fix the cause and run again to resume."
-            ) from exc
-        except KeyboardInterrupt:
-            query.stop()
-            raise
+                raise
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
         report.end_offsets = sink.end_offsets(pipeline.name)
         return report
     finally:
         sink.close()
+
+
+# A query whose Python worker missed Spark's start-up deadline is started again, this often.
+QUERY_START_ATTEMPTS = 3
+_WORKER_START_TIMEOUT = "Python worker failed to connect back"
 
 
 def _short(exc: BaseException) -> str:
