@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import abstractmethod
 from collections.abc import Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -92,16 +93,17 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = parse_starting(options.get("startingOffsets") or "earliest", self.topic)
         self.target: dict[int, int] | None = None  # the end of Trigger.AvailableNow
 
+    @abstractmethod
     def _log_starts(self) -> dict[int, int]:
         """The first offset still in the log, per partition."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _log_ends(self) -> dict[int, int]:
         """The next offset to be read (past the last readable record), per partition."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _range_partition(self, r: OffsetRange) -> InputPartition:
-        raise NotImplementedError
+        """The Spark input partition that reads range ``r``."""
 
     def _ends(self) -> dict[int, int]:
         ends = self._log_ends()
