@@ -334,6 +334,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.trials < 1 and args.replay is None:
         raise ConfigError(f"--trials must be >= 1, got {args.trials}")
+    if args.retime_oracle and not args.resume and args.replay is None:
+        raise ConfigError(
+            "--retime-oracle only changes a campaign that goes on (--resume) or repeats a "
+            "trial (--replay N); a new campaign always times its oracle"
+        )
     kinds = parse_fault_kinds(args.faults)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

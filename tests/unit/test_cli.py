@@ -137,3 +137,13 @@ def test_verify_refuses_the_same_store_twice(
     assert main([*args, "--out", str(tmp_path / "out")]) == EXIT_USAGE
     assert "names the same store twice" in capsys.readouterr().err
     assert not (tmp_path / "sink.db").exists()
+
+
+def test_verify_refuses_retime_oracle_without_resume_or_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = ["verify", str(tmp_path / "p.py"), "--retime-oracle", "--out", str(out)]
+    assert main(args) == EXIT_USAGE
+    assert "--retime-oracle only changes" in capsys.readouterr().err
+    assert not out.exists()
