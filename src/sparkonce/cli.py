@@ -377,6 +377,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     outcomes: list[TrialOutcome] = []
     if args.replay is not None:
         trials = [args.replay]
+        replayed = recorded.fault_of(args.replay) if recorded is not None else None
+        if replayed is not None:
+            for c in campaigns:
+                c.recorded_faults[args.replay] = replayed
+        console.print(
+            f"replaying trial {args.replay} with "
+            + (
+                f"its recorded fault: {replayed.describe()}"
+                if replayed is not None
+                else f"the fault planned from seed {args.seed} (not in {json_path})"
+            )
+        )
         # A replay never overwrites the campaign's own report.
         json_path = out_dir / f"replay-{args.replay}.json"
         png_path = out_dir / f"replay-{args.replay}.png"
@@ -693,7 +705,12 @@ def build_parser() -> argparse.ArgumentParser:
             "SPARKONCE_VERIFY_FAULTS",
         ),
     )
-    p.add_argument("--replay", type=int, default=None, help="run only this trial again")
+    p.add_argument(
+        "--replay",
+        type=int,
+        default=None,
+        help="run only this trial again, with the fault recorded for it in OUT/verify.json",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -703,8 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retime-oracle",
         action="store_true",
-        help="with --resume or --replay: plan kills on this oracle run's time, not the "
-        "time recorded in OUT/verify.json",
+        help="with --resume (or --replay of a trial not in the report): plan kills on this "
+        "oracle run's time, not the time recorded in OUT/verify.json",
     )
     p.add_argument(
         "--sink",

@@ -192,3 +192,33 @@ def test_parallel_trials_need_one_shared_oracle() -> None:
     b = _FakeCampaign(Oracle(rows=[], seconds=1.0, batches=1))
     with pytest.raises(ConfigError, match="same oracle"):
         list(run_trials([a, b], range(3)))  # type: ignore[list-item]
+
+
+def test_replay_takes_the_fault_recorded_for_the_trial(tmp_path: Path) -> None:
+    """A kill recorded with a delay planned on another oracle time is replayed as
+    recorded; trials not in the report are still planned from the seed."""
+    from sparkonce.log.storage import Topic
+    from sparkonce.verify.campaign import Campaign
+
+    Topic.create(tmp_path / "log", "events", partitions=1).close()
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink\n"
+        "pipeline = Pipeline(name='replay', transform=lambda df: df,\n"
+        f"    source=EmbeddedLogSource({str(tmp_path / 'log')!r}, 'events'),\n"
+        f"    sink=SQLiteSink('sqlite:///{tmp_path / 'sink.db'}', 'out'),\n"
+        f"    checkpoint={str(tmp_path / 'checkpoint')!r})\n"
+    )
+    campaign = Campaign(pipeline, workdir=tmp_path / "work", seed=1, kinds=["kill"])
+    try:
+        campaign.oracle = Oracle([], 20.0, 2)
+        planned = campaign.plan(7)
+        recorded = Fault("kill", delay_s=31.5)
+        assert planned != recorded
+        report = Recorded([TrialOutcome(7, "1:7", recorded, passed=True)], 33.3)
+        assert report.fault_of(7) == recorded and report.fault_of(8) is None
+        campaign.recorded_faults[7] = recorded
+        assert campaign.plan(7) == recorded
+        assert campaign.plan(8) == plan_fault("kill", random.Random("1:8"), campaign.oracle)
+    finally:
+        campaign.close()

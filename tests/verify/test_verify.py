@@ -95,6 +95,17 @@ def test_verify_catches_a_sink_that_commits_rows_and_ledger_separately(
     assert main([*again, "--retime-oracle"]) == 1
     assert json.loads((out / "verify.json").read_text())["oracle"]["seconds"] != 123.0
 
+    # --replay takes the fault recorded for the trial, not a new plan from the seed.
+    report = json.loads((out / "verify.json").read_text())
+    recorded = report["trials"][0]["fault"]
+    assert report["oracle"]["batches"] == 2
+    recorded["hit"] = 3 - recorded["hit"]  # the other of the two batches
+    (out / "verify.json").write_text(json.dumps(report))
+    assert main([*args, "--replay", str(report["trials"][0]["trial"])]) == 1
+    replay = json.loads((out / f"replay-{report['trials'][0]['trial']}.json").read_text())
+    assert replay["trials"][0]["fault"] == recorded
+    assert replay["trials"][0]["fault_fired"] and replay["trials"][0]["duplicated_rows"] > 0
+
 
 @pytest.mark.parametrize(("store", "trials"), [("sqlite", 5), ("postgres", 5), ("postgres-2pc", 5)])
 def test_real_sinks_pass_a_small_campaign(

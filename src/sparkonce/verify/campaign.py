@@ -28,12 +28,12 @@ gap-free and monotonic.
 
 The campaign only uses the public API (a pipeline file, ``sparkonce run``, and
 the sink's ``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline
-as a black box. Each trial's fault schedule derives from ``(seed, trial)``, so
-``--replay TRIAL`` repeats the same schedule. Timing-based faults (a kill at a
-random moment) land at the same delay, though not necessarily at the same
-instruction. A kill's delay is a fraction of the oracle's run time, so
-``--resume`` and ``--replay`` reuse the oracle time recorded in ``verify.json``
-rather than a new measurement that a busy machine would skew.
+as a black box. Each trial's fault schedule derives from ``(seed, trial)``. A
+kill's delay is a fraction of the oracle's run time, so ``--resume`` plans on the
+oracle time recorded in ``verify.json`` rather than a new measurement that a busy
+machine would skew. ``--replay TRIAL`` takes the fault recorded for that trial
+(a kill lands at the same delay, though not necessarily at the same instruction),
+and plans it from the seed only if the report does not hold the trial.
 
 A fault that did not fire (a kill planned after the driver had already
 finished, say) tested nothing: the report counts it under ``fired``, and
@@ -214,6 +214,8 @@ class Campaign:
         self.sink_url = sink_url
         self.keep_logs = keep_logs
         self.quick_start = quick_start
+        # Trials whose fault is taken as recorded (``--replay``), not planned.
+        self.recorded_faults: dict[int, Fault] = {}
         self.on_event = on_event or (lambda _msg: None)
         base = load_pipeline(self.pipeline_file)
         self.checkpoint = self.workdir / "checkpoint"
@@ -322,6 +324,8 @@ class Campaign:
         return f"{self.seed}:{trial}"
 
     def plan(self, trial: int) -> Fault:
+        if trial in self.recorded_faults:
+            return self.recorded_faults[trial]
         assert self.oracle is not None, "run_oracle() first"
         rng = random.Random(self.trial_seed(trial))
         kind = self.kinds[trial % len(self.kinds)]
@@ -609,6 +613,10 @@ class Recorded:
         keep = [o for o in self.outcomes if o.fault_fired or not o.passed]
         again = sorted(o.trial for o in self.outcomes if o.passed and not o.fault_fired)
         return keep, again
+
+    def fault_of(self, trial: int) -> Fault | None:
+        """The fault recorded for ``trial`` (None if the report does not hold it)."""
+        return next((o.fault for o in self.outcomes if o.trial == trial), None)
 
 
 def load_report(path: Path, seed: int, kinds: Sequence[str]) -> Recorded:
