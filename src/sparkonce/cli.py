@@ -334,6 +334,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.trials < 1 and args.replay is None:
         raise ConfigError(f"--trials must be >= 1, got {args.trials}")
+    if args.replay is not None and args.replay < 0:
+        raise ConfigError(
+            f"--replay takes a trial number from verify.json (0 or more), got {args.replay}"
+        )
     if args.retime_oracle and not args.resume and args.replay is None:
         raise ConfigError(
             "--retime-oracle only changes a campaign that goes on (--resume) or repeats a "

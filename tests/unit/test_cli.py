@@ -147,3 +147,13 @@ def test_verify_refuses_retime_oracle_without_resume_or_replay(
     assert main(args) == EXIT_USAGE
     assert "--retime-oracle only changes" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_verify_refuses_a_negative_replay_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = ["verify", str(tmp_path / "p.py"), "--replay", "-1", "--out", str(out)]
+    assert main(args) == EXIT_USAGE
+    assert "--replay takes a trial number" in capsys.readouterr().err
+    assert not out.exists()
