@@ -412,6 +412,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     oracle_seconds = None
     if recorded is not None and not args.retime_oracle:
         oracle_seconds = recorded.oracle_seconds
+    kept = len(outcomes)
     started = time.monotonic()
     try:
         oracle = campaign.run_oracle(oracle_seconds)
@@ -448,14 +449,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     f"{outcome.seconds:.0f} s; {detail}"
                 )
                 progress.advance(task)
-                write_json(json_path, campaign, outcomes, time.monotonic() - started, stores)
+                write_json(
+                    json_path,
+                    campaign,
+                    outcomes,
+                    time.monotonic() - started,
+                    stores,
+                    len(outcomes) - kept,
+                )
     finally:
         for c in campaigns:
             c.close()
     elapsed = time.monotonic() - started
-    write_json(json_path, campaign, outcomes, elapsed, stores)
+    ran = len(outcomes) - kept
+    write_json(json_path, campaign, outcomes, elapsed, stores, ran)
     charted = write_chart(png_path, outcomes, kinds)
-    table = Table(title=f"sparkonce verify: {len(outcomes)} trials in {elapsed / 60:.1f} min")
+    title = f"sparkonce verify: {len(outcomes)} trials"
+    if kept:
+        title += f" ({kept} kept from earlier runs, {ran} run now in {elapsed / 60:.1f} min)"
+    else:
+        title += f" in {elapsed / 60:.1f} min"
+    table = Table(title=title)
     for col in (
         "fault",
         "trials",

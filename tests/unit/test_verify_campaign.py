@@ -6,6 +6,7 @@ import json
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from sparkonce.verify.campaign import (
     plan_fault,
     run_trials,
     summarize,
+    write_json,
 )
 
 ORACLE = [{"id": "a", "v": 1}, {"id": "b", "v": 2}, {"id": "c", "v": 3}]
@@ -222,3 +224,26 @@ def test_replay_takes_the_fault_recorded_for_the_trial(tmp_path: Path) -> None:
         assert campaign.plan(8) == plan_fault("kill", random.Random("1:8"), campaign.oracle)
     finally:
         campaign.close()
+
+
+def test_report_tells_this_runs_time_apart_from_all_trials(tmp_path: Path) -> None:
+    """After --resume, the wall time belongs to the trials this run ran, not to the report."""
+    from types import SimpleNamespace
+
+    kept = [TrialOutcome(i, f"5:{i}", Fault("kill"), True, True, seconds=40.0) for i in range(3)]
+    new = TrialOutcome(3, "5:3", Fault("kill"), True, True, seconds=50.0)
+    campaign: Any = SimpleNamespace(
+        pipeline_file=Path("p.py"),
+        pipeline=SimpleNamespace(name="p", sink=SimpleNamespace(describe=lambda: "sink")),
+        seed=5,
+        kinds=("kill",),
+        oracle=Oracle(rows=[], seconds=20.0, batches=2),
+    )
+    path = tmp_path / "verify.json"
+    write_json(path, campaign, [*kept, new], 75.0, ran=1)
+    doc = json.loads(path.read_text())
+    assert doc["this_run"] == {"trials": 1, "elapsed_s": 75.0}
+    assert doc["trial_seconds"] == 170.0
+    assert len(doc["trials"]) == 4
+    write_json(path, campaign, kept, 130.0)
+    assert json.loads(path.read_text())["this_run"] == {"trials": 3, "elapsed_s": 130.0}

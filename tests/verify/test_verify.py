@@ -80,6 +80,7 @@ def test_verify_catches_a_sink_that_commits_rows_and_ledger_separately(
     assert fired, "the crash point was never reached"
     assert all(t["duplicated_rows"] > 0 and not t["passed"] for t in fired)
     assert report["summary"][0]["duplicated_rows"] == sum(t["duplicated_rows"] for t in fired)
+    assert report["this_run"]["trials"] == 2
 
     # --resume keeps failed trials, runs again a trial recorded as passed with its
     # fault not fired, and plans on the oracle time recorded, not a new one.
@@ -92,6 +93,7 @@ def test_verify_catches_a_sink_that_commits_rows_and_ledger_separately(
     assert resumed["oracle"]["seconds"] == 123.0
     assert resumed["trials"][0] == report["trials"][0]
     assert resumed["trials"][1]["fault_fired"] and not resumed["trials"][1]["passed"]
+    assert resumed["this_run"]["trials"] == 1  # only the trial run again
     assert main([*again, "--retime-oracle"]) == 1
     assert json.loads((out / "verify.json").read_text())["oracle"]["seconds"] != 123.0
 

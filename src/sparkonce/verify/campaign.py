@@ -652,8 +652,12 @@ def write_json(
     outcomes: Sequence[TrialOutcome],
     elapsed_s: float,
     stores: Sequence[str] = (),
+    ran: int | None = None,
 ) -> None:
-    """The campaign report; ``stores`` lists the test stores of parallel trials."""
+    """The campaign report. ``elapsed_s`` is the wall time of this invocation, which ran
+    ``ran`` of the trials (default: all of them; fewer after ``--resume``);
+    ``trial_seconds`` sums every recorded trial, across all segments. ``stores`` lists
+    the test stores of parallel trials."""
     oracle = campaign.oracle
     doc = {
         "pipeline_file": str(campaign.pipeline_file),
@@ -665,7 +669,11 @@ def write_json(
         "oracle": None
         if oracle is None
         else {"rows": len(oracle.rows), "batches": oracle.batches, "seconds": oracle.seconds},
-        "elapsed_s": round(elapsed_s, 1),
+        "this_run": {
+            "trials": len(outcomes) if ran is None else ran,
+            "elapsed_s": round(elapsed_s, 1),
+        },
+        "trial_seconds": round(sum(o.seconds for o in outcomes), 1),
         "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
         "trials": [asdict(o) for o in sorted(outcomes, key=lambda o: o.trial)],
     }
