@@ -4,8 +4,10 @@
 codes; ``--debug`` re-raises instead. Each subcommand imports its
 implementation lazily, so ``sparkonce --help`` does not start Spark.
 
-Exit codes: 0 success, 1 failure (a FAIL, a failed run), 2 bad input,
-3 fenced by a newer run, 4 a store or source unreachable.
+Exit codes: 0 success, 1 failure (a FAIL, a failed run), 2 bad input (including a
+bad command line or environment variable), 3 fenced by a newer run, 4 a store or
+source unreachable, 130 interrupted. Every failure ends with one line on stderr,
+``sparkonce: ...``; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -14,17 +16,27 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sparkonce.errors import ConfigError, FencedError, SinkUnavailableError, SparkOnceError
 from sparkonce.kafka.client import KafkaUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.kafka.client import KafkaConnection
+    from sparkonce.log import Topic
     from sparkonce.sinks.base import Sink
+    from sparkonce.verify import TrialOutcome
 
-EXIT_FAIL, EXIT_USAGE, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
+EXIT_FAIL, EXIT_USAGE, EXIT_FENCED, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+
+# `log produce` and `kafka produce` read stdin in chunks of this many lines: memory stays
+# bounded whatever the input's size, and a malformed line stops the input before any
+# record of its chunk is sent.
+PRODUCE_CHUNK_LINES = 10_000
+
+_T = TypeVar("_T")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -33,6 +45,75 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def _help(text: str, env: str) -> str:
     return f"{text} (env: {env})"
+
+
+class _EnvDefault(str):
+    """An option's default, read from the environment variable ``env``.
+
+    argparse converts a string default with the option's ``type=`` when, and only when,
+    the option is not on the command line of the command being run. So a bad value gets
+    argparse's usage error (exit 2) naming the variable, ``--help`` never reads it, and
+    a command that does not have the option ignores it.
+    """
+
+    env: str
+
+
+def _env_default(name: str, default: str) -> str:
+    """The value of ``name`` (an empty value counts as unset), else ``default``."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = _EnvDefault(raw)
+    value.env = name
+    return value
+
+
+def _typed(convert: Callable[[str], _T], flag: str, expected: str) -> Callable[[str], _T]:
+    """``convert`` as an argparse ``type=``; a bad value from the environment is named."""
+
+    def parse(text: str) -> _T:
+        try:
+            return convert(text)
+        except ValueError:
+            if isinstance(text, _EnvDefault):
+                raise argparse.ArgumentTypeError(
+                    f"invalid value {str(text)!r} for {flag} from {text.env}: expected {expected}"
+                ) from None
+            raise
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse: "invalid int value"
+    return parse
+
+
+def _add_env_number(
+    p: argparse.ArgumentParser,
+    flag: str,
+    *,
+    env: str,
+    default: int | float,
+    help: str,
+) -> None:
+    """An int or float option whose default comes from ``env``, converted by argparse."""
+    convert: Callable[[str], int | float] = int if isinstance(default, int) else float
+    expected = "an integer" if convert is int else "a number"
+    p.add_argument(
+        flag,
+        type=_typed(convert, flag, expected),
+        default=_env_default(env, str(default)),
+        help=_help(help, env),
+    )
+
+
+def _record_count(text: str) -> int:
+    """``-n`` of ``tail``: an integer >= 0 (0 prints nothing, like ``tail -n 0``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 prints no records), got {n}")
+    return n
 
 
 # -- subcommands ------------------------------------------------------------------------
@@ -68,16 +149,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise ConfigError("--pipeline is required (or set SPARKONCE_PIPELINE)")
     if not args.sink:
         raise ConfigError("--sink is required (or set SPARKONCE_SINK)")
-    sink = _open_sink_for_status(args.sink)
+    sink, label = _open_sink_for_status(args.sink)
     try:
         st = pipeline_status(sink, args.pipeline)
     finally:
         sink.close()
     console = Console()
     if st.owner is None:
-        console.print(f"pipeline {args.pipeline!r} has never run against {st.sink}")
+        console.print(f"pipeline {args.pipeline!r} has never run against {label}")
         return EXIT_FAIL
-    console.print(f"[bold]pipeline[/] {st.pipeline}   [bold]sink[/] {st.sink}")
+    console.print(f"[bold]pipeline[/] {st.pipeline}   [bold]sink[/] {label}")
     console.print(
         f"owner epoch {st.owner.epoch} (taken {st.owner.acquired_at:%Y-%m-%d %H:%M:%S %Z} by "
         f"{st.owner.holder})"
@@ -105,8 +186,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_FAIL if st.ledger_problems else 0
 
 
-def _open_sink_for_status(url: str) -> Sink:
-    from sparkonce.config import StoreURL
+def _open_sink_for_status(url: str) -> tuple[Sink, str]:
+    """The sink whose ledger ``status`` reads, and how to name it: the URL the user gave
+    (password masked), not the sink object, whose output table status never touches."""
+    from sparkonce.config import StoreURL, mask_url
     from sparkonce.sinks.sql import PostgresSink, SQLiteSink
 
     if url.startswith("kafka://"):
@@ -114,7 +197,7 @@ def _open_sink_for_status(url: str) -> Sink:
 
         kafka = kafka_sink_from_uri(url)
         kafka.open()
-        return kafka
+        return kafka, mask_url(url)
 
     parsed = StoreURL.parse(url)
     if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
@@ -123,7 +206,30 @@ def _open_sink_for_status(url: str) -> Sink:
     # The table is irrelevant for status; the ledger lives beside it.
     sink = cls(parsed, "sparkonce_status_probe")
     sink.open()
-    return sink
+    return sink, str(parsed)
+
+
+def _log_dir(log_dir: str) -> Path:
+    root = Path(log_dir)
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise ConfigError(
+            f"log directory {log_dir!r} {what}; create a topic in it with: "
+            f"sparkonce log create {log_dir} TOPIC --partitions N"
+        )
+    return root
+
+
+def _open_topic(log_dir: str, name: str) -> Topic:
+    """The topic, or a ConfigError (exit 2) naming the directory or the topic."""
+    from sparkonce.errors import SourceError
+    from sparkonce.log import Topic
+
+    root = _log_dir(log_dir)
+    try:
+        return Topic(root, name)
+    except SourceError as exc:  # no such topic, or a file that is no topic
+        raise ConfigError(str(exc)) from exc
 
 
 def cmd_log_create(args: argparse.Namespace) -> int:
@@ -134,24 +240,61 @@ def cmd_log_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_records(args: argparse.Namespace) -> list[tuple[str | None, str]]:
-    """(key, value) of each --value or stdin line. Every line is parsed before any is
-    sent, so that bad input writes nothing."""
-    lines: Sequence[str] = args.values or [ln.rstrip("\n") for ln in sys.stdin]
+class _BadLine(ConfigError):
+    """A line of input that is not a record; ``line`` counts from 1."""
+
+    def __init__(self, where: str, line: int, problem: str) -> None:
+        self.where, self.line = where, line
+        super().__init__(f"{where}: {problem}")
+
+
+def _record_chunks(
+    args: argparse.Namespace, chunk_lines: int = PRODUCE_CHUNK_LINES
+) -> Iterator[list[tuple[str | None, str]]]:
+    """(key, value) of each --value, or else of each stdin line, in chunks.
+
+    The --value records are one chunk. Stdin is read lazily, ``chunk_lines`` lines at a
+    time, so memory stays bounded. A chunk is parsed whole before it is yielded: a
+    malformed line raises :class:`_BadLine` before any record of its chunk is sent.
+    """
+    if args.values:
+        yield [_parse_line(args, t, f"--value #{n}", n) for n, t in enumerate(args.values, 1)]
+        return
+    chunk: list[tuple[str | None, str]] = []
+    for n, raw in enumerate(sys.stdin, 1):
+        chunk.append(_parse_line(args, raw.rstrip("\n"), f"line {n}", n))
+        if len(chunk) >= chunk_lines:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _parse_line(args: argparse.Namespace, text: str, where: str, n: int) -> tuple[str | None, str]:
     sep = args.separator
-    records: list[tuple[str | None, str]] = []
-    for text in lines:
-        if sep is None:
-            records.append((args.key, text))
-        elif sep not in text:
-            raise ConfigError(
-                f"line {text[:80]!r} has no separator {sep!r}; every line must be "
-                "KEY<separator>VALUE when --separator is given"
-            )
-        else:
-            k, v = text.split(sep, 1)
-            records.append((k, v))
-    return records
+    if sep is None:
+        return args.key, text
+    if sep not in text:
+        raise _BadLine(
+            where,
+            n,
+            f"{text[:80]!r} has no separator {sep!r}; every line must be KEY<separator>VALUE "
+            "when --separator is given.",
+        )
+    k, v = text.split(sep, 1)
+    return k, v
+
+
+def _stopped_at(bad: _BadLine, sent: int, verb: str, target: str) -> ConfigError:
+    """The error for a malformed line after ``sent`` records of earlier lines went out."""
+    if sent == 0:
+        return ConfigError(f"{bad} Nothing was {verb}.")
+    return ConfigError(
+        f"{bad} Stopped there: the {sent} records of lines 1..{sent} were already {verb} "
+        f"to {target} and stay there; lines {sent + 1}.. were not. Fix line {bad.line} and "
+        f"send only lines {sent + 1} onwards (e.g. tail -n +{sent + 1} FILE | ...): "
+        f"sending lines 1..{sent} again would add them again, as new records."
+    )
 
 
 def _print_record(r: Any) -> None:
@@ -162,23 +305,27 @@ def _print_record(r: Any) -> None:
 
 
 def cmd_log_produce(args: argparse.Namespace) -> int:
-    from sparkonce.log import IdempotentProducer, Topic
+    from sparkonce.log import IdempotentProducer
 
-    records = _read_records(args)
-    with Topic(args.dir, args.topic) as t, IdempotentProducer(t, args.producer_id) as producer:
-        for key, value in records:
-            raw_key = None if key is None else key.encode()
-            producer.send(value.encode(), raw_key, partition=args.partition)
-        producer.flush()
+    with (
+        _open_topic(args.dir, args.topic) as t,
+        IdempotentProducer(t, args.producer_id) as producer,
+    ):
+        try:
+            for chunk in _record_chunks(args):
+                for key, value in chunk:
+                    raw_key = None if key is None else key.encode()
+                    producer.send(value.encode(), raw_key, partition=args.partition)
+                producer.flush()  # the chunk is durable before the next one is read
+        except _BadLine as bad:
+            raise _stopped_at(bad, producer.sent, "appended", f"topic {args.topic!r}") from None
         sent = producer.sent
     print(f"appended {sent} records to {args.topic!r} as producer {args.producer_id!r}")
     return 0
 
 
 def cmd_log_tail(args: argparse.Namespace) -> int:
-    from sparkonce.log import Topic
-
-    with Topic(args.dir, args.topic) as t:
+    with _open_topic(args.dir, args.topic) as t:
         for r in t.tail(args.partition, args.n):
             _print_record(r)
     return 0
@@ -188,14 +335,14 @@ def cmd_log_describe(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sparkonce.log import Topic, list_topics
+    from sparkonce.log import list_topics
 
-    names = [args.topic] if args.topic else list_topics(args.dir)
+    names = [args.topic] if args.topic else list_topics(_log_dir(args.dir))
     console = Console()
     if not names:
         console.print(f"no topics in {args.dir}")
     for name in names:
-        with Topic(args.dir, name) as t:
+        with _open_topic(args.dir, name) as t:
             ends = t.end_offsets()
             seqs = t.producer_sequences()
         table = Table(title=f"topic {name} ({len(ends)} partitions, {sum(ends.values())} records)")
@@ -246,34 +393,55 @@ def cmd_kafka_create(args: argparse.Namespace) -> int:
 
 
 def cmd_kafka_produce(args: argparse.Namespace) -> int:
+    from contextlib import AbstractContextManager, nullcontext
+
     from rich.console import Console
+    from rich.status import Status
 
     from sparkonce.kafka import KafkaProducer
 
     conn = _kafka_connection(args)
-    from_stdin = not args.values
-    records = _read_records(args)
+    chunks = _record_chunks(args)
+    first = next(chunks, [])  # bad input in the first chunk is refused before connecting
     console = Console(stderr=True)
-    show_progress = from_stdin and console.is_terminal and len(records) >= 10_000
-    with KafkaProducer(
-        conn.bootstrap, args.topic, client_config=conn.config, timeout=args.timeout
-    ) as producer:
-        if show_progress:
-            with console.status(f"sending {len(records)} records to {args.topic!r}") as status:
-                for i, (key, value) in enumerate(records, 1):
+    progress: AbstractContextManager[Status | None] = (
+        console.status(f"sending records to {args.topic!r}")
+        if not args.values and console.is_terminal
+        else nullcontext()
+    )
+    with (
+        KafkaProducer(
+            conn.bootstrap, args.topic, client_config=conn.config, timeout=args.timeout
+        ) as producer,
+        progress as status,
+    ):
+        sent = 0
+        try:
+            for chunk in _chain_first(first, chunks):
+                for key, value in chunk:
                     producer.send(value, key, partition=args.partition)
-                    if i % 10_000 == 0:
-                        status.update(f"sent {i}/{len(records)} records to {args.topic!r}")
-                status.update(f"waiting for acknowledgements of {len(records)} records")
-                producer.flush()
-        else:
-            for key, value in records:
-                producer.send(value, key, partition=args.partition)
+                sent += len(chunk)
+                if status is not None:
+                    status.update(f"sent {sent} records to {args.topic!r}")
+        except _BadLine as bad:
+            producer.flush()  # deliver (or report) what earlier chunks sent
+            raise _stopped_at(
+                bad, producer.delivered, "delivered", f"Kafka topic {args.topic!r}"
+            ) from None
+        if status is not None:
+            status.update(f"waiting for acknowledgements of {sent} records")
+        producer.flush()
     print(
         f"delivered {producer.delivered} records to Kafka topic {args.topic!r} at "
         f"{conn.bootstrap} (idempotent producer: exactly-once delivery for this session)"
     )
     return 0
+
+
+def _chain_first(first: _T, rest: Iterator[_T]) -> Iterator[_T]:
+    if first:
+        yield first
+    yield from rest
 
 
 def cmd_kafka_tail(args: argparse.Namespace) -> int:
@@ -323,12 +491,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sparkonce.verify import (
         Campaign,
         Fault,
-        TrialOutcome,
         load_report,
         parse_fault_kinds,
         run_trials,
         summarize,
-        write_chart,
         write_json,
     )
 
@@ -463,7 +629,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     ran = len(outcomes) - kept
     write_json(json_path, campaign, outcomes, elapsed, stores, ran)
-    charted = write_chart(png_path, outcomes, kinds)
+    charted = _write_chart(png_path, outcomes, kinds)
     title = f"sparkonce verify: {len(outcomes)} trials"
     if kept:
         title += f" ({kept} kept from earlier runs, {ran} run now in {elapsed / 60:.1f} min)"
@@ -512,6 +678,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     console.print("[bold green]PASS[/]: every trial matched the oracle")
     return 0
+
+
+def _write_chart(path: Path, outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> bool:
+    """The recovery-time chart (True if written). Without matplotlib (the ``verify`` extra)
+    there is no chart, only a one-line warning: every result is in verify.json anyway."""
+    from sparkonce.verify import write_chart
+
+    try:
+        return write_chart(path, outcomes, kinds)
+    except ImportError as exc:
+        print(
+            f"sparkonce: warning: no chart {str(path)!r} ({type(exc).__name__}: {exc}); the "
+            "chart needs matplotlib: pip install 'sparkonce[verify]'",
+            file=sys.stderr,
+        )
+        return False
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -600,17 +782,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = log_sub.add_parser("create", help="create a topic")
     add_dir_topic(q)
-    q.add_argument(
+    _add_env_number(
+        q,
         "--partitions",
-        type=int,
-        default=int(_env("SPARKONCE_PARTITIONS", "4") or 4),
-        help=_help("number of partitions, default 4", "SPARKONCE_PARTITIONS"),
+        env="SPARKONCE_PARTITIONS",
+        default=4,
+        help="number of partitions, default 4",
     )
     q.add_argument("--exist-ok", action="store_true", help="no error if it already exists")
     q.set_defaults(func=cmd_log_create)
 
     q = log_sub.add_parser(
-        "produce", help="append records: each --value, or else each line of stdin"
+        "produce",
+        help="append records: each --value, or else each line of stdin",
+        description="Append records to a topic of the embedded log: each --value, or else "
+        "each line of stdin. The --value records are all-or-nothing. Stdin is read and sent "
+        f"in chunks of {PRODUCE_CHUNK_LINES} lines, so any input size fits in memory; each "
+        "chunk is parsed whole, then appended (durable) before the next is read. A malformed "
+        "line stops the input with exit code 2, naming the line and how many records (of the "
+        "lines before its chunk) were already appended: those stay in the log, and "
+        "re-sending them appends them again, even with the same --producer-id (a new "
+        f"producer continues after its last sequence). Input of up to {PRODUCE_CHUNK_LINES} "
+        "lines is all-or-nothing.",
     )
     add_dir_topic(q)
     q.add_argument(
@@ -628,7 +821,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = log_sub.add_parser("tail", help="print the last records")
     add_dir_topic(q)
-    q.add_argument("-n", type=int, default=10, help="records per partition, default 10")
+    q.add_argument(
+        "-n",
+        type=_record_count,
+        default=10,
+        help="records per partition, default 10; 0 prints none (checks that the topic exists)",
+    )
     q.add_argument("--partition", type=int, default=None)
     q.set_defaults(func=cmd_log_tail)
 
@@ -669,17 +867,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = kafka_sub.add_parser("create", help="create a topic (no error if it exists)")
     add_bootstrap_topic(q)
-    q.add_argument(
+    _add_env_number(
+        q,
         "--partitions",
-        type=int,
-        default=int(_env("SPARKONCE_PARTITIONS", "4") or 4),
-        help=_help("number of partitions, default 4", "SPARKONCE_PARTITIONS"),
+        env="SPARKONCE_PARTITIONS",
+        default=4,
+        help="number of partitions, default 4",
     )
     q.set_defaults(func=cmd_kafka_create)
 
     q = kafka_sub.add_parser(
         "produce",
         help="send records with the idempotent producer: each --value, or else each line of stdin",
+        description="Send records with the idempotent producer: each --value, or else each "
+        "line of stdin. Bad input in the --value records, or in the first "
+        f"{PRODUCE_CHUNK_LINES} lines of stdin, is refused before connecting. Stdin is read "
+        f"and sent in chunks of {PRODUCE_CHUNK_LINES} lines, so any input size fits in "
+        "memory; a malformed line stops the input with exit code 2, naming the line and how "
+        "many records of the lines before its chunk were delivered: those stay in the topic, "
+        "and re-sending them adds them again (a new producer session).",
     )
     add_bootstrap_topic(q)
     q.add_argument(
@@ -692,7 +898,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = kafka_sub.add_parser("tail", help="print the last committed records (read_committed)")
     add_bootstrap_topic(q)
-    q.add_argument("-n", type=int, default=10, help="records per partition, default 10")
+    q.add_argument(
+        "-n", type=_record_count, default=10, help="records per partition, default 10; 0: none"
+    )
     q.add_argument("--partition", type=int, default=None)
     q.set_defaults(func=cmd_kafka_tail)
 
@@ -700,19 +908,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_bootstrap_topic(q)
     q.set_defaults(func=cmd_kafka_describe)
 
-    p = sub.add_parser("verify", help="crash-test campaign: faults vs a failure-free oracle")
-    p.add_argument("pipeline_file")
-    p.add_argument(
-        "--trials",
-        type=int,
-        default=int(_env("SPARKONCE_VERIFY_TRIALS", "20") or 20),
-        help=_help("number of trials, default 20", "SPARKONCE_VERIFY_TRIALS"),
+    p = sub.add_parser(
+        "verify",
+        help="crash-test campaign: faults vs a failure-free oracle",
+        description="Crash-test campaign: run the pipeline under faults and compare each "
+        "trial with a failure-free oracle. Results go to OUT/verify.json; the recovery-time "
+        "chart OUT/recovery.png needs matplotlib: pip install 'sparkonce[verify]'.",
     )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=int(_env("SPARKONCE_VERIFY_SEED", "0") or 0),
-        help=_help("campaign seed, default 0", "SPARKONCE_VERIFY_SEED"),
+    p.add_argument("pipeline_file")
+    _add_env_number(
+        p,
+        "--trials",
+        env="SPARKONCE_VERIFY_TRIALS",
+        default=20,
+        help="number of trials, default 20",
+    )
+    _add_env_number(
+        p, "--seed", env="SPARKONCE_VERIFY_SEED", default=0, help="campaign seed, default 0"
     )
     p.add_argument(
         "--faults",
@@ -764,11 +976,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("demo", help="crash a real pipeline twice and check the sums are exact")
-    p.add_argument(
+    _add_env_number(
+        p,
         "--records",
-        type=int,
-        default=int(_env("SPARKONCE_DEMO_RECORDS", "200000") or 0),
-        help=_help("records to produce, default 200000", "SPARKONCE_DEMO_RECORDS"),
+        env="SPARKONCE_DEMO_RECORDS",
+        default=200000,
+        help="records to produce, default 200000",
     )
     p.add_argument("--keys", type=int, default=16, help="distinct keys, default 16")
     p.add_argument("--partitions", type=int, default=4, help="log partitions, default 4")
@@ -782,10 +995,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: int) -> None:
+def _setup_logging(verbose: int, debug: bool = False) -> None:
+    """sparkonce's own progress (one line per batch) shows by default; -v adds its debug
+    output. Spark's Python loggers (``pyspark``, ``py4j``) stay at WARNING unless -v is
+    given (-v: INFO, -vv: DEBUG). Without -v or --debug, their tracebacks are left out
+    (see :class:`_QuietCallbackErrors`): main() reports the error in one line, and
+    --debug shows its traceback."""
     from rich.logging import RichHandler
 
-    # sparkonce's own progress (one line per batch) shows by default; -v adds debug output.
     # On a terminal, rich formatting; in a log file, one plain line per record.
     handler: logging.Handler
     if sys.stderr.isatty():
@@ -796,39 +1013,94 @@ def _setup_logging(verbose: int) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("sparkonce").setLevel(logging.DEBUG if verbose else logging.INFO)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    spark_level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    for name in ("py4j", "pyspark"):
+        logging.getLogger(name).setLevel(spark_level)
+    # A logger's filters see only the records logged on that very logger, not its children's.
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway", "pyspark"):
+        logger = logging.getLogger(name)
+        for f in [f for f in logger.filters if isinstance(f, _QuietCallbackErrors)]:
+            logger.removeFilter(f)
+        if not (verbose or debug):
+            logger.addFilter(_QuietCallbackErrors())
+
+
+class _QuietCallbackErrors(logging.Filter):
+    """Keeps tracebacks of Spark's Python loggers off stderr (without -v or --debug).
+
+    py4j logs ``logger.exception`` when a Python callback raises, e.g. a FencedError in
+    the batch handler. A sparkonce error reaches main(), which reports it in one line, so
+    its record is dropped; any other record keeps its message, without the traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None:
+            return True
+        if isinstance(record.exc_info[1], SparkOnceError):
+            return False
+        record.exc_info, record.exc_text = None, None
+        return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command in ``argv``; returns the exit code (see the module docstring).
+
+    Every failure ends with one line on stderr: ``sparkonce: <what>: <message>``.
+    ``--debug`` re-raises instead, with the traceback. A usage error (bad option, bad
+    environment variable) is argparse's own message and exit code 2.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
     try:
+        _setup_logging(args.verbose, args.debug)
         return int(args.func(args))
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("sparkonce: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `sparkonce log tail ... | head`): stop
+        # quietly, and keep the interpreter from complaining when it flushes stdout.
+        _silence_stdout()
+        return EXIT_FAIL
     except Exception as exc:
         if args.debug:
             raise
         return _report(exc)
 
 
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (e.g. captured in tests)
+        pass
+
+
 def _report(exc: Exception) -> int:
+    """Print the one line for ``exc`` on stderr and return its exit code."""
     name = type(exc).__name__
     if isinstance(exc, FencedError):
-        print(f"sparkonce: fenced: {exc}", file=sys.stderr)
-        return EXIT_FENCED
-    if isinstance(exc, (SinkUnavailableError, KafkaUnavailableError)):
-        print(f"sparkonce: unavailable: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, ConfigError):
-        print(f"sparkonce: bad input: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if isinstance(exc, SparkOnceError):
-        print(f"sparkonce: {name}: {exc}", file=sys.stderr)
-        return EXIT_FAIL
-    print(
-        f"sparkonce: unexpected {name}: {exc} (run with --debug for a traceback)", file=sys.stderr
-    )
-    return EXIT_FAIL
+        line, code = f"fenced: {exc}", EXIT_FENCED
+    elif isinstance(exc, (SinkUnavailableError, KafkaUnavailableError)):
+        line, code = f"unavailable: {exc}", EXIT_UNAVAILABLE
+    elif isinstance(exc, ConfigError):
+        line, code = f"bad input: {exc}", EXIT_USAGE
+    elif isinstance(exc, SparkOnceError):
+        line, code = f"{name}: {exc}", EXIT_FAIL
+    elif isinstance(exc, ImportError) and "pip install" in str(exc):
+        # An optional dependency that is not installed; the message names the extra.
+        line, code = f"missing dependency: {exc}", EXIT_USAGE
+    else:
+        line, code = f"unexpected {name}: {exc} (run with --debug for a traceback)", EXIT_FAIL
+    print(f"sparkonce: {_one_line(line)}", file=sys.stderr)
+    return code
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: a multi-line message (a server's detail, say) is joined."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,6 +17,7 @@ from sparkonce.errors import ConfigError
 
 Guarantee = Literal["effectively-once", "at-least-once"]
 WriteMode = Literal["append", "upsert"]
+OutputMode = Literal["append", "update", "complete"]  # Spark's output modes
 
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -70,7 +71,13 @@ class StoreURL:
                 f"sink URL {_mask_raw(url)!r} is not a URL: use sqlite:///PATH.db or "
                 "postgresql://USER@HOST:PORT/DBNAME"
             )
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:  # e.g. "Invalid IPv6 URL" for an unclosed '['
+            raise ConfigError(
+                f"sink URL {_mask_raw(url)!r} is malformed ({exc}); an IPv6 host goes in "
+                "brackets, e.g. postgresql://USER@[::1]:5432/DBNAME"
+            ) from None
         scheme = parts.scheme.lower()
         if scheme == "sqlite":
             raw = url.split("://", 1)[1]
@@ -131,16 +138,23 @@ class StoreURL:
         if self.user:
             auth = self.user + (":***" if self.password else "") + "@"
         query = "&".join(f"{k}={v}" for k, v in self.params)
-        return f"postgresql://{auth}{self.host}:{self.port}/{self.dbname}" + (
-            f"?{query}" if query else ""
-        )
+        return f"postgresql://{auth}{self.address}/{self.dbname}" + (f"?{query}" if query else "")
 
     @property
     def address(self) -> str:
-        """Where the store lives, for error messages: ``host:port`` or the file path."""
+        """Where the store lives, for error messages: ``host:port`` or the file path.
+
+        An IPv6 host is bracketed (``[::1]:5432``), as in the URL it came from.
+        """
         if self.scheme == "sqlite":
             return str(self.path)
-        return f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def mask_url(url: object) -> str:
+    """``url`` as given, with any ``user:password@`` password replaced by ``***``."""
+    return _mask_raw(url)
 
 
 def _mask_raw(url: object) -> str:

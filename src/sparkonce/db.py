@@ -149,9 +149,13 @@ def connect(url: StoreURL, *, attempts: int = CONNECT_ATTEMPTS) -> Any:
         conn = sqlite3.connect(
             url.path, timeout=60.0, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=60000")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")  # the first read of the file
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=60000")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise _sqlite_open_error(url, exc) from exc
         return conn
     try:
         import psycopg
@@ -198,6 +202,28 @@ def connect(url: StoreURL, *, attempts: int = CONNECT_ATTEMPTS) -> Any:
         "and reachable from this machine, and that the URL's host, port, database and user "
         "are right. Nothing was written."
     ) from last
+
+
+def _sqlite_open_error(url: StoreURL, exc: sqlite3.DatabaseError) -> Exception:
+    """A ConfigError for a path that is not a usable SQLite file; other errors unchanged.
+
+    ``file is not a database`` (SQLITE_NOTADB) and a corrupt header (SQLITE_CORRUPT)
+    mean the URL points at something else; SQLITE_CANTOPEN means a directory or a file
+    this process may not open. A locked database (an OperationalError) stays as it is.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return ConfigError(
+            f"SQLite store {str(url.path)!r} (sink URL {url}) is not a SQLite database "
+            f"({exc}); point the URL at a sparkonce SQLite file or at a new path. "
+            "Nothing was written."
+        )
+    if code == sqlite3.SQLITE_CANTOPEN:
+        return ConfigError(
+            f"cannot open SQLite store {str(url.path)!r} (sink URL {url}): {exc}; the path "
+            "must be a file (or a new file) in a directory this process can write"
+        )
+    return exc
 
 
 def _is_auth_or_missing_db(exc: Exception) -> bool:

@@ -188,6 +188,23 @@ def plan_batch(
     )
 
 
+def batch_from_offsets(previous: BatchRanges | None, current: BatchRanges) -> BatchRanges:
+    """The ranges a micro-batch covers, from Spark's offset log entries.
+
+    A source's offset is the ranges of the batch that produced it. Spark writes the
+    *same* source offset again for a **no-data batch**: a batch with no new input,
+    run because the watermark moved (append-mode aggregations emit the windows that
+    closed) or a state timeout fired. Such a batch covers nothing: its ranges are
+    empty, sitting at the previous batch's ends. Reading its offset as the previous
+    batch's ranges would make it look like a replay of that batch, and its rows
+    would be dropped. ``previous`` is the offset of the batch before (None for a
+    query's first batch, or when Spark already purged it).
+    """
+    if previous is not None and previous.ends() == current.ends():
+        return BatchRanges.at(current.ends())
+    return current
+
+
 class Coverage(Enum):
     """How a batch relates to what the ledger has already committed."""
 

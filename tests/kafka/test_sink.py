@@ -134,11 +134,40 @@ def test_bad_output_schema_is_refused(spark: SparkSession, kafka_broker, out_top
         sink.validate(spark.createDataFrame([("a",)], "key STRING").schema)
 
 
-def test_missing_output_topic_is_a_clear_error(kafka_broker) -> None:
-    from sparkonce.errors import TopicNotFoundError
+def test_missing_output_topic_is_a_config_error_before_the_epoch(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], kafka_broker
+) -> None:
+    """A missing output topic is bad input (exit 2), refused before the run takes an epoch."""
+    from pyspark.sql.types import StringType, StructField, StructType
 
-    with pytest.raises(TopicNotFoundError, match="no-such-topic"):
-        KafkaSink(kafka_broker.bootstrap, "no-such-topic").open()
+    from sparkonce.cli import EXIT_USAGE, _report
+
+    topic = f"no-such-topic-{tmp_path.name}"
+    create = f"sparkonce kafka create {kafka_broker.bootstrap} {topic} --partitions N"
+    schema = StructType([StructField("value", StringType())])
+    sink = KafkaSink(kafka_broker.bootstrap, topic)
+    with pytest.raises(ConfigError, match=f"output topic '{topic}' does not exist") as info:
+        sink.validate(schema)
+    assert create in str(info.value)
+    with pytest.raises(ConfigError, match=f"output topic '{topic}' does not exist"):
+        sink.open()
+    with pytest.raises(ConfigError, match=f"output topic '{topic}' does not exist") as info:
+        run_pipeline(pipeline(tmp_path, make_log(10), sink), spark)
+    assert _report(info.value) == EXIT_USAGE == 2
+    # Neither the output topic nor the ledger topic was created; no epoch was taken.
+    assert not {topic, f"{topic}.sparkonce-ledger"} & set(sink.conn.topics())
+
+
+def test_complete_output_mode_is_refused(spark: SparkSession, kafka_broker, out_topic) -> None:
+    sink = KafkaSink(kafka_broker.bootstrap, out_topic)
+    schema = spark.createDataFrame([("k", "1")], "key STRING, value STRING").schema
+    sink.validate(schema, "update")
+    sink.validate(schema, "append")
+    with pytest.raises(ConfigError) as info:
+        sink.validate(schema, "complete")
+    msg = str(info.value)
+    assert "does not support Spark's output mode 'complete'" in msg
+    assert "SQLiteSink or PostgresSink" in msg
 
 
 def test_checkpoint_deleted_resumes_from_ledger(

@@ -111,8 +111,10 @@ def test_a_batch_with_a_duplicate_key_fails_clearly_and_leaves_nothing(
     batch = BatchRanges((OffsetRange("t", 0, 0, 3),))
     with sink:
         epoch = sink.acquire("p").epoch
-        with pytest.raises(SinkError, match="more than one row for some key"):
+        with pytest.raises(SinkError) as info:
             sink.commit(BatchContext("p", epoch, batch, 0), df)
+        assert "the batch holds 2 rows for key {'k': 'a'}" in str(info.value)
+        assert "set latest_by=[...]" in str(info.value)
         assert sink.rows() == []
         assert sink.ledger("p") == []
         assert sink.pending("p") == 0  # the aborted batch's pre-commits were collected
@@ -233,3 +235,74 @@ def test_bad_configuration_is_refused_before_anything_is_written(pg_url: str) ->
         PostgresTwoPhaseSink(pg_url, "x" * 50)
     with pytest.raises(ConfigError, match="postgresql://"):
         sink.relocated("sqlite:///x.db")
+
+
+def test_upsert_latest_by_keeps_each_keys_latest_row_in_the_merge(
+    spark: SparkSession, pg_url: str
+) -> None:
+    """A change stream updating a key several times in one batch, from several tasks."""
+    sink = PostgresTwoPhaseSink(
+        pg_url, "cdc", mode="upsert", keys=["k"], latest_by=["partition", "offset"]
+    )
+    rows = [(f"k{i % 4}", f"v{i}", i % 2, i) for i in range(40)]
+    df = spark.createDataFrame(rows, "k string, v string, partition int, offset long")
+    with sink:
+        sink.validate(df.schema, "update")
+        epoch = sink.acquire("p").epoch
+        batch = BatchRanges((OffsetRange("t", 0, 0, 20), OffsetRange("t", 1, 0, 20)))
+        res = sink.commit(BatchContext("p", epoch, batch, 0), df.repartition(3))
+        assert (res.skipped, res.row_count) == (False, 40)
+        got = {r["k"]: (r["v"], r["partition"], r["offset"]) for r in sink.rows()}
+        # k0 and k2 only ever come from partition 0, k1 and k3 from partition 1
+        assert got == {
+            "k0": ("v36", 0, 36),
+            "k1": ("v37", 1, 37),
+            "k2": ("v38", 0, 38),
+            "k3": ("v39", 1, 39),
+        }
+        assert sink.pending("p") == 0
+        assert scalar(pg_url, "SELECT count(*) FROM cdc__sparkonce_stage") == 0
+
+
+def test_upsert_latest_by_tie_is_refused_naming_the_key(spark: SparkSession, pg_url: str) -> None:
+    sink = PostgresTwoPhaseSink(pg_url, "cdc", mode="upsert", keys=["k"], latest_by=["offset"])
+    df = spark.createDataFrame(
+        [("k1", "a", 0, 5), ("k2", "x", 0, 6), ("k1", "b", 1, 5), ("k1", "c", 0, 1)],
+        "k string, v string, partition int, offset long",
+    )
+    with sink:
+        epoch = sink.acquire("p").epoch
+        batch = BatchRanges((OffsetRange("t", 0, 0, 7), OffsetRange("t", 1, 0, 6)))
+        with pytest.raises(SinkError) as info:
+            sink.commit(BatchContext("p", epoch, batch, 0), df.repartition(2))
+        assert "several rows for key {'k': 'k1'} with the same latest_by values {'offset': 5}" in (
+            str(info.value)
+        )
+        assert sink.rows() == [] and sink.ledger("p") == []
+        assert sink.pending("p") == 0
+        assert scalar(pg_url, "SELECT count(*) FROM cdc__sparkonce_stage") == 0
+
+
+def test_complete_output_mode_is_refused_before_the_epoch(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], pg_url: str
+) -> None:
+    def counts(df: DataFrame) -> DataFrame:
+        return values(df).groupBy("key").count()
+
+    sink = PostgresTwoPhaseSink(pg_url, "counts", mode="upsert", keys=["key"])
+    p = Pipeline(
+        name="p2",
+        source=EmbeddedLogSource(make_log(10), "events", max_records_per_partition=5),
+        sink=sink,
+        checkpoint=tmp_path / "chk",
+        transform=counts,
+        output_mode="complete",
+    )
+    with pytest.raises(ConfigError) as info:
+        p.run(spark)
+    msg = str(info.value)
+    assert "does not support Spark's output mode 'complete'" in msg
+    assert "Use PostgresSink, which supports 'complete'" in msg
+    with sink:
+        assert sink.owner("p2") is None  # refused before the run took an epoch
+        assert sink.rows() == []

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from sparkonce.cli import EXIT_USAGE, main
+from sparkonce.cli import EXIT_USAGE, build_parser, main
 from sparkonce.ledger import BatchContext
 from sparkonce.log import Topic
 from sparkonce.offsets import BatchRanges, OffsetRange
@@ -66,7 +74,7 @@ def test_produce_with_separator_requires_it_on_every_line(
 def test_missing_topic_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "log").mkdir()
     code = main(["log", "tail", str(tmp_path / "log"), "nope"])
-    assert code == 1
+    assert code == EXIT_USAGE
     err = capsys.readouterr().err
     assert "topic 'nope' does not exist" in err and "sparkonce log create" in err
 
@@ -157,3 +165,307 @@ def test_verify_refuses_a_negative_replay_trial(
     assert main(args) == EXIT_USAGE
     assert "--replay takes a trial number" in capsys.readouterr().err
     assert not out.exists()
+
+
+# -- environment-variable fallbacks go through argparse's type= ------------------------------
+# Every int/float option with an environment-variable fallback: (argv before it, flag, variable).
+ENV_NUMBER_OPTIONS = [
+    (["log", "create", "LOGDIR", "t"], "--partitions", "SPARKONCE_PARTITIONS"),
+    (["kafka", "create", "127.0.0.1:9", "t"], "--partitions", "SPARKONCE_PARTITIONS"),
+    (["verify", "p.py"], "--trials", "SPARKONCE_VERIFY_TRIALS"),
+    (["verify", "p.py"], "--seed", "SPARKONCE_VERIFY_SEED"),
+    (["demo"], "--records", "SPARKONCE_DEMO_RECORDS"),
+]
+ALL_ENV_VARS = sorted({env for _, _, env in ENV_NUMBER_OPTIONS})
+
+
+@pytest.mark.parametrize(("argv", "flag", "env"), ENV_NUMBER_OPTIONS)
+@pytest.mark.parametrize("bad", ["abc", "1.5x"])
+def test_a_bad_number_in_the_environment_is_a_usage_error_naming_the_variable(
+    argv: list[str],
+    flag: str,
+    env: str,
+    bad: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(env, bad)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"invalid value {bad!r} for {flag} from {env}" in err
+    assert err.startswith("usage: sparkonce") and "Traceback" not in err
+
+
+def test_the_parametrized_list_covers_every_number_option_with_an_env_fallback() -> None:
+    """A new int/float option with an env fallback must join ENV_NUMBER_OPTIONS."""
+    found = set()
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+                continue
+            env = re.search(r"\(env: (SPARKONCE_\w+)", action.help or "")
+            if env and getattr(action.type, "__name__", None) in ("int", "float"):
+                found.add((action.option_strings[0], env.group(1)))
+
+    walk(build_parser())
+    assert found == {(flag, env) for _, flag, env in ENV_NUMBER_OPTIONS}
+
+
+def test_the_command_line_wins_over_a_bad_environment_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPARKONCE_PARTITIONS", "abc")
+    assert main(["log", "create", str(tmp_path / "log"), "t", "--partitions", "3"]) == 0
+    assert "3 partitions" in capsys.readouterr().out
+    monkeypatch.setenv("SPARKONCE_PARTITIONS", "2")
+    assert main(["log", "create", str(tmp_path / "log"), "u"]) == 0
+    assert "2 partitions" in capsys.readouterr().out
+    # A bad value of another command's variable is never read.
+    monkeypatch.setenv("SPARKONCE_VERIFY_TRIALS", "abc")
+    assert main(["log", "describe", str(tmp_path / "log")]) == 0
+
+
+def test_help_works_whatever_the_environment_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for env in ALL_ENV_VARS:
+        monkeypatch.setenv(env, "abc")
+    for argv in (
+        ["--help"],
+        ["log", "create", "--help"],
+        ["kafka", "create", "--help"],
+        ["verify", "--help"],
+        ["demo", "--help"],
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0, argv
+        assert "usage: sparkonce" in capsys.readouterr().out
+
+
+# -- bad input is exit 2, with a message naming the thing -----------------------------------
+def test_log_commands_on_a_missing_directory_or_topic_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "no-such-log")
+    assert main(["log", "produce", missing, "t", "--value", "a"]) == EXIT_USAGE
+    assert f"log directory {missing!r} does not exist" in capsys.readouterr().err
+    assert main(["log", "describe", missing]) == EXIT_USAGE
+    assert f"log directory {missing!r} does not exist" in capsys.readouterr().err
+    assert main(["log", "describe", missing, "t"]) == EXIT_USAGE
+    assert f"log directory {missing!r} does not exist" in capsys.readouterr().err
+    assert not Path(missing).exists()
+
+    log_dir = str(tmp_path / "log")
+    assert main(["log", "create", log_dir, "t", "--partitions", "1"]) == 0
+    for argv in (["produce", log_dir, "nope", "--value", "a"], ["describe", log_dir, "nope"]):
+        assert main(["log", *argv]) == EXIT_USAGE, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("sparkonce: bad input: topic 'nope' does not exist"), err
+        assert len(err.splitlines()) == 1
+    assert not (tmp_path / "log" / "nope.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("import os\nimport nope_no_such_module\n", "ModuleNotFoundError: No module named"),
+        ("x = 1\nraise RuntimeError('boom')\n", "RuntimeError: boom"),
+        ("def build_pipeline():\n    return {}['k']\n", "KeyError: 'k'"),
+    ],
+)
+def test_a_pipeline_file_that_fails_to_import_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str, error: str
+) -> None:
+    f = tmp_path / "p.py"
+    f.write_text(source)
+    assert main(["run", str(f)]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"sparkonce: bad input: pipeline file {str(f)!r}"), err
+    assert "(line 2)" in err and error in err
+    assert "unexpected" not in err and len(err.splitlines()) == 1
+
+
+def test_a_corrupt_sqlite_file_as_sink_or_log_is_bad_input_naming_its_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = b"this is not a SQLite file; a new user pointed at the wrong one\n" * 64
+    sink = tmp_path / "sink.db"
+    sink.write_bytes(garbage)
+    assert main(["status", "--pipeline", "p", "--sink", f"sqlite:///{sink}"]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert f"{str(sink)!r}" in err and "is not a SQLite database" in err, err
+    assert len(err.splitlines()) == 1
+    assert sink.read_bytes() == garbage  # nothing was written
+
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    (log_dir / "t.db").write_bytes(garbage)
+    topic_file = str(log_dir / "t.db")
+    for argv in (
+        ["tail", str(log_dir), "t"],
+        ["describe", str(log_dir)],
+        ["produce", str(log_dir), "t", "--value", "a"],
+        ["create", str(log_dir), "t", "--exist-ok"],
+    ):
+        assert main(["log", *argv]) == EXIT_USAGE, argv
+        err = capsys.readouterr().err.strip()
+        assert f"{topic_file!r} is not a SQLite database" in err, err
+        assert len(err.splitlines()) == 1
+    assert (log_dir / "t.db").read_bytes() == garbage
+
+
+def test_a_malformed_ipv6_url_is_bad_input_with_the_password_masked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "postgresql://alice:s3cret-pw@[::1:5432/db"
+    assert main(["status", "--pipeline", "p", "--sink", url]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert "postgresql://alice:***@[::1:5432/db" in err and "s3cret" not in err
+    assert "malformed" in err and "unexpected" not in err
+
+
+def test_tail_refuses_a_negative_count_and_prints_nothing_for_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dir = str(tmp_path / "log")
+    main(["log", "create", log_dir, "t", "--partitions", "1"])
+    main(["log", "produce", log_dir, "t", "--value", "a", "--value", "b"])
+    capsys.readouterr()
+    for argv in (["log", "tail", log_dir, "t"], ["kafka", "tail", "127.0.0.1:9", "t"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "-n", "-1"])
+        assert exit_.value.code == EXIT_USAGE
+        assert "argument -n: must be >= 0" in capsys.readouterr().err
+    assert main(["log", "tail", log_dir, "t", "-n", "0"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["log", "tail", log_dir, "t", "-n", "1"]) == 0
+    assert capsys.readouterr().out.strip().split("\t")[-1] == "b"
+
+
+# -- status names the sink the user gave ----------------------------------------------------
+def test_status_names_the_sink_url_the_user_gave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparkonce.sources import EmbeddedLogSource
+
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal's width
+    log_dir = tmp_path / "log"
+    main(["log", "create", str(log_dir), "ev", "--partitions", "1"])
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    with SQLiteSink(url, "out", mode="upsert", keys=["k"]) as sink:
+        sink.acquire("p", EmbeddedLogSource(log_dir, "ev").uri())
+    capsys.readouterr()
+    assert main(["status", "--pipeline", "ghost", "--sink", url]) == 1
+    assert f"has never run against {url}\n" in capsys.readouterr().out
+    assert main(["status", "--pipeline", "p", "--sink", url]) == 0
+    out = capsys.readouterr().out
+    assert f"sink {url}\n" in out
+    assert "sparkonce_status_probe" not in out and "table=" not in out
+
+
+# -- one last line, the documented exit code, no traceback ----------------------------------
+def test_spark_and_py4j_loggers_stay_at_warning_unless_verbose(tmp_path: Path) -> None:
+    log_dir = str(tmp_path / "log")
+    main(["log", "create", log_dir, "t", "--partitions", "1"])
+    assert main(["log", "describe", log_dir]) == 0
+    levels = {n: logging.getLogger(n).level for n in ("py4j", "pyspark")}
+    assert levels == {"py4j": logging.WARNING, "pyspark": logging.WARNING}
+    assert main(["-v", "log", "describe", log_dir]) == 0
+    assert logging.getLogger("py4j").getEffectiveLevel() == logging.INFO
+    assert logging.getLogger("pyspark").getEffectiveLevel() == logging.INFO
+    assert main(["-vv", "log", "describe", log_dir]) == 0
+    assert logging.getLogger("py4j.clientserver").getEffectiveLevel() == logging.DEBUG
+    assert main(["log", "describe", log_dir]) == 0
+    assert logging.getLogger("py4j.clientserver").getEffectiveLevel() == logging.WARNING
+
+
+def _sparkonce(*args: str, **kwargs: object) -> subprocess.Popen[str]:
+    cli = Path(sys.executable).with_name("sparkonce")
+    return subprocess.Popen(
+        [str(cli), *args],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    assert main(["log", "create", str(log_dir), "t", "--partitions", "1"]) == 0
+    proc = _sparkonce("log", "produce", str(log_dir), "t", stdin=subprocess.PIPE)
+    # Wait until it has opened the topic, i.e. is reading stdin inside main().
+    deadline = time.monotonic() + 60
+    fds = Path(f"/proc/{proc.pid}/fd")
+    while not any(os.path.realpath(fd) == str(log_dir / "t.db") for fd in _links(fds)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err  # 128 + SIGINT, as shells report it
+    assert err == "sparkonce: interrupted\n"
+
+
+def _links(fds: Path) -> list[str]:
+    try:
+        return [os.readlink(fd) for fd in fds.iterdir()]
+    except OSError:  # a descriptor closed while we looked
+        return []
+
+
+def test_a_closed_stdout_pipe_stops_quietly(tmp_path: Path) -> None:
+    """`sparkonce log tail ... | head -1`: no traceback, no 'Exception ignored' noise."""
+    log_dir = str(tmp_path / "log")
+    main(["log", "create", log_dir, "t", "--partitions", "1"])
+    main(["log", "produce", log_dir, "t", *[f"--value={'x' * 100}{i}" for i in range(3000)]])
+    proc = _sparkonce("log", "tail", log_dir, "t", "-n", "3000")
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith("0\t")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert err == "" and proc.returncode == 1
+
+
+# -- verify's chart needs the `verify` extra -----------------------------------------------
+CHART_STEP = """
+import sys
+from pathlib import Path
+if sys.argv[2] == "hide":
+    sys.modules["matplotlib"] = None  # as if the verify extra were not installed
+from sparkonce.cli import _write_chart
+from sparkonce.verify import Fault, TrialOutcome
+outcomes = [TrialOutcome(n, "s", Fault("kill", delay_s=1.0), True, True, recovery_s=2.0 + n)
+            for n in range(3)]
+print(_write_chart(Path(sys.argv[1]), outcomes, ["kill"]))
+"""
+
+
+def test_the_chart_step_without_matplotlib_warns_in_one_line(tmp_path: Path) -> None:
+    png = tmp_path / "recovery.png"
+    done = subprocess.run(
+        [sys.executable, "-c", CHART_STEP, str(png), "hide"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "False\n" and not png.exists()
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sparkonce: warning: no chart"), lines
+    assert "pip install 'sparkonce[verify]'" in lines[0]
+    # With matplotlib (the dev environment has the verify extra), the chart is written.
+    done = subprocess.run(
+        [sys.executable, "-c", CHART_STEP, str(png), "show"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.stdout == "True\n" and done.stderr == "", done.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")

@@ -117,6 +117,29 @@ def test_port_zero_is_rejected() -> None:
         StoreURL.parse("postgresql://u@host:0/db")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://u:{SECRET}@[::1:5432/db",  # the bracket is never closed
+        f"postgresql://u:{SECRET}@[::1/db",
+        f"postgres://u:{SECRET}@[fe80::1%eth0:5432/db",
+    ],
+)
+def test_malformed_ipv6_url_is_a_config_error_naming_the_masked_url(url: str) -> None:
+    with pytest.raises(ConfigError, match="is malformed") as info:
+        StoreURL.parse(url)
+    assert SECRET not in str(info.value)
+    assert url.replace(SECRET, "***") in str(info.value)
+
+
+def test_ipv6_host_is_bracketed_in_str_and_address() -> None:
+    u = StoreURL.parse(f"postgresql://u:{SECRET}@[::1]:6543/db")
+    assert u.host == "::1" and u.port == 6543
+    assert u.address == "[::1]:6543"
+    assert str(u) == "postgresql://u:***@[::1]:6543/db"
+    assert StoreURL.parse(str(u).replace("***", SECRET)) == u  # str() parses back
+
+
 # -- Trigger ---------------------------------------------------------------------
 
 

@@ -176,6 +176,11 @@ def test_batch_ranges_are_the_offset_itself() -> None:
     assert src.batch_ranges('{"events":{"0":[0,3],"1":[0,0]}}', current) == (
         BatchRanges.from_json(current)
     )
+    # A no-data batch (the watermark moved, no new input) repeats the offset: it covers
+    # nothing, and must not look like a replay of the batch before.
+    assert src.batch_ranges(current, current) == BatchRanges.from_json(
+        '{"events":{"0":[9,9],"1":[0,0]}}'
+    )
 
 
 def test_waiting_for_a_new_topic_keeps_to_its_deadline() -> None:

@@ -103,6 +103,28 @@ def test_opening_a_non_topic_database_raises_source_error(log_root: Path) -> Non
         Topic(log_root, "stray")
 
 
+def test_a_file_that_is_not_sqlite_is_named_not_opened_as_a_topic(log_root: Path) -> None:
+    log_root.mkdir()
+    garbage = b"not a database at all, just text\n" * 128
+    (log_root / "junk.db").write_bytes(garbage)
+    path = str(log_root / "junk.db")
+    with pytest.raises(SourceError, match="is not a SQLite database") as info:
+        Topic(log_root, "junk")
+    assert path in str(info.value) and "not a sparkonce log topic" in str(info.value)
+    with pytest.raises(ConfigError, match="is not a SQLite database"):
+        Topic.create(log_root, "junk", 1, exist_ok=True)
+    assert (log_root / "junk.db").read_bytes() == garbage  # left as it was
+
+
+def test_tail_of_zero_records_is_empty_and_negative_is_refused(log_root: Path) -> None:
+    with Topic.create(log_root, "t", 1) as t:
+        t.append(0, _recs("a", "b", "c"), producer_id="p", first_seq=0)
+        assert list(t.tail(0, 0)) == []
+        assert [r.value for r in t.tail(0, 2)] == [b"b", b"c"]
+        with pytest.raises(ConfigError, match="integer >= 0, got -1"):
+            list(t.tail(0, -1))
+
+
 # -- append and read ---------------------------------------------------------------------
 
 

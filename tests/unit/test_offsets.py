@@ -15,6 +15,7 @@ from sparkonce.offsets import (
     OffsetRange,
     TopicPartition,
     advance,
+    batch_from_offsets,
     check_chain,
     classify,
     plan_batch,
@@ -153,6 +154,51 @@ def test_classify_a_planned_chain(
         done.append(batch)
         for old in done:
             assert classify(old, committed) is Coverage.COMMITTED
+
+
+@settings(max_examples=100, deadline=None)
+@given(start_latest(), LIMIT, st.lists(st.booleans(), min_size=1, max_size=30))
+def test_no_data_batches_in_an_offset_log_are_never_replays(
+    maps: tuple[dict, dict], max_pp: int | None, no_data_after: list[bool]
+) -> None:
+    """Spark's offset log repeats a source offset for a no-data batch (watermark moved).
+
+    Read through ``batch_from_offsets``, such a batch covers empty ranges at the ledger's
+    end (NO_DATA), never the previous batch's ranges (which would classify as a replay,
+    and its rows, the windows that just closed, would be dropped).
+    """
+    start, latest = maps
+    committed: dict[TopicPartition, int] = dict(start)
+    offset_log: list[BatchRanges] = []  # what Spark writes into offsets/<batchId>
+    for no_data in no_data_after:
+        batch = plan_batch(committed, latest, max_per_partition=max_pp)
+        if batch.empty:
+            break
+        offset_log.append(batch)
+        committed = advance(committed, batch)
+        if no_data:
+            offset_log.append(batch)  # the same offset again: a no-data batch
+    previous = None
+    ledger: dict[TopicPartition, int] = dict(start)
+    for i, offset in enumerate(offset_log):
+        ranges = batch_from_offsets(previous, offset)
+        repeated = i > 0 and offset_log[i - 1] == offset
+        if repeated:
+            assert ranges.empty and ranges.ends() == offset.ends()
+            assert classify(ranges, ledger) is Coverage.NO_DATA
+        else:
+            assert ranges == offset
+            assert classify(ranges, ledger) is Coverage.NEW
+        ledger = advance(ledger, ranges)
+        previous = offset
+
+
+def test_batch_from_offsets_examples() -> None:
+    a = _b(("t", 0, 0, 5), ("t", 1, 0, 0))
+    b = _b(("t", 0, 5, 9), ("t", 1, 0, 2))
+    assert batch_from_offsets(None, a) == a
+    assert batch_from_offsets(a, b) == b
+    assert batch_from_offsets(b, b) == _b(("t", 0, 9, 9), ("t", 1, 2, 2))
 
 
 def test_plan_batch_raises_when_log_is_behind_start() -> None:

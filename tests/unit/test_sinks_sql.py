@@ -191,7 +191,7 @@ def test_upsert_with_only_key_columns(store_url: StoreURL) -> None:
 @pytest.mark.parametrize(
     ("rows", "match"),
     [
-        ([(5, "x"), (2, "y"), (5, "z")], r"2 rows for key \{'id': 5\}"),
+        ([(5, "x"), (2, "y"), (5, "z")], r"2 rows for key \{'id': 5\}.*set latest_by="),
         ([(6, "x"), (None, "y")], r"NULL key \{'id': None\}"),
     ],
 )
@@ -206,6 +206,224 @@ def test_upsert_bad_keys_commit_nothing(
     assert "Nothing of this batch was committed" in str(info.value)
     assert _rows(s) == [(1, "a")]
     assert s.end_offsets("p") == {("t", 0): 1}
+
+
+# -- upsert with latest_by: a key repeated inside one batch -----------------------------------
+
+CDC = T.StructType(
+    [
+        T.StructField("k", T.StringType()),
+        T.StructField("v", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+    ]
+)
+CDC_COLS = ["k", "v", "partition", "offset"]
+
+
+def _cdc_sink(store_url: StoreURL, **kwargs: Any) -> SQLiteSink:
+    return SQLiteSink(store_url, "latest", mode="upsert", keys=["k"], **kwargs)
+
+
+def _commit_cdc(
+    sink: SQLiteSink, epoch: int, ranges: BatchRanges, rows: list[tuple[Any, ...]], batch: int = 0
+) -> CommitResult:
+    return sink._commit_once(BatchContext("p", epoch, ranges, batch, "cp"), CDC, CDC_COLS, rows)
+
+
+def _latest(sink: SQLiteSink) -> dict[str, str]:
+    return {r["k"]: r["v"] for r in sink.rows()}
+
+
+def test_a_key_repeated_in_a_batch_without_latest_by_is_refused_naming_it(
+    store_url: StoreURL,
+) -> None:
+    """The reported block: a CDC stream updates k1 three times in one micro-batch."""
+    sink = _cdc_sink(store_url)
+    try:
+        epoch = sink.acquire("p").epoch
+        rows = [("k1", "a", 0, 0), ("k2", "x", 1, 0), ("k1", "b", 0, 1), ("k1", "c", 0, 2)]
+        with pytest.raises(SinkError) as info:
+            _commit_cdc(sink, epoch, _b(("t", 0, 0, 3), ("t", 1, 0, 1)), rows)
+        msg = str(info.value)
+        assert "the batch holds 3 rows for key {'k': 'k1'}" in msg
+        assert "latest_by=[...]" in msg and "'partition' and 'offset'" in msg
+        assert "Nothing of this batch was committed" in msg
+        assert sink.ledger("p") == []
+    finally:
+        sink.close()
+
+
+def test_latest_by_keeps_the_row_with_the_greatest_tuple(store_url: StoreURL) -> None:
+    sink = _cdc_sink(store_url, latest_by=["partition", "offset"])
+    try:
+        sink.validate(CDC)
+        epoch = sink.acquire("p").epoch
+        rows = [
+            ("k1", "b", 0, 1),
+            ("k1", "c", 0, 12),  # offset 12 > 2: compared as numbers, not as text
+            ("k2", "x", 1, 0),
+            ("k1", "a", 0, 0),
+            ("k1", "late-but-lower", 0, 2),
+            ("k3", "p0", 0, 9),
+            ("k3", "p1", 1, 3),  # a higher partition wins over a higher offset
+        ]
+        res = _commit_cdc(sink, epoch, _b(("t", 0, 0, 13), ("t", 1, 0, 4)), rows)
+        assert (res.skipped, res.row_count, res.seq) == (False, 7, 0)
+        assert _latest(sink) == {"k1": "c", "k2": "x", "k3": "p1"}
+        # The latest_by columns are output columns: written like any other.
+        assert {(r["k"], r["partition"], r["offset"]) for r in sink.rows()} == {
+            ("k1", 0, 12),
+            ("k2", 1, 0),
+            ("k3", 1, 3),
+        }
+        # The next batch updates by key as before; a repeated key again keeps its latest row.
+        rows = [("k1", "d", 0, 14), ("k1", "e", 0, 13)]
+        _commit_cdc(sink, epoch, _b(("t", 0, 13, 15)), rows, batch=1)
+        assert _latest(sink) == {"k1": "d", "k2": "x", "k3": "p1"}
+    finally:
+        sink.close()
+
+
+def test_latest_by_tie_is_refused_naming_the_key(store_url: StoreURL) -> None:
+    sink = _cdc_sink(store_url, latest_by=["offset"])
+    try:
+        epoch = sink.acquire("p").epoch
+        # offset alone cannot order rows of one key read from two partitions
+        rows = [("k1", "a", 0, 5), ("k2", "x", 0, 6), ("k1", "b", 1, 5)]
+        with pytest.raises(SinkError) as info:
+            _commit_cdc(sink, epoch, _b(("t", 0, 0, 7), ("t", 1, 0, 6)), rows)
+        msg = str(info.value)
+        assert "several rows for key {'k': 'k1'} with the same latest_by values {'offset': 5}" in (
+            msg
+        )
+        assert "Nothing of this batch was committed" in msg
+        assert sink.rows() == [] and sink.ledger("p") == []
+    finally:
+        sink.close()
+
+
+def test_latest_by_null_is_lowest_and_typed_values_compare_as_values(
+    store_url: StoreURL,
+) -> None:
+    """On SQLite decimals and timestamps reach the commit as text; they compare as values."""
+    from datetime import UTC, datetime
+
+    schema = T.StructType(
+        [
+            T.StructField("k", T.StringType()),
+            T.StructField("version", T.DecimalType(10, 2)),
+            T.StructField("at", T.TimestampType()),
+        ]
+    )
+    table = pa.table(
+        {
+            "k": ["a", "a", "a", "b", "b"],
+            "version": pa.array(
+                [Decimal("9.50"), Decimal("10.00"), None, None, None], pa.decimal128(10, 2)
+            ),
+            "at": [
+                datetime(2024, 1, 1, tzinfo=UTC),
+                datetime(2024, 1, 1, tzinfo=UTC),
+                datetime(2025, 1, 1, tzinfo=UTC),
+                datetime(2024, 1, 1, 0, 0, 0, 500000, tzinfo=UTC),
+                datetime(2024, 1, 1, tzinfo=UTC),
+            ],
+        }
+    )
+    sink = SQLiteSink(store_url, "v", mode="upsert", keys=["k"], latest_by=["version", "at"])
+    try:
+        epoch = sink.acquire("p").epoch
+        rows = sink._rows_from_arrow(table, schema)
+        ctx = BatchContext("p", epoch, _b(("t", 0, 0, 5)), 0, "cp")
+        sink._commit_once(ctx, schema, ["k", "version", "at"], rows)
+        got = {r["k"]: (r["version"], r["at"]) for r in sink.rows()}
+        assert got == {
+            "a": ("10.00", "2024-01-01T00:00:00+00:00"),
+            "b": (None, "2024-01-01T00:00:00.500000+00:00"),
+        }
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"latest_by": ["offset"]}, r"latest_by=\[...\] only applies to mode='upsert'"),
+        ({"mode": "upsert", "keys": ["k"], "latest_by": "offset"}, "must be a list"),
+        ({"mode": "upsert", "keys": ["k"], "latest_by": ["o", "o"]}, "names a column twice"),
+        ({"mode": "upsert", "keys": ["k"], "latest_by": ["k"]}, r"\['k'\] are also keys"),
+        ({"mode": "upsert", "keys": ["k"], "latest_by": ["off set"]}, "latest_by column"),
+    ],
+)
+def test_latest_by_config_errors(store_url: StoreURL, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        SQLiteSink(store_url, "out", **kwargs)
+
+
+def test_latest_by_must_name_output_columns(store_url: StoreURL) -> None:
+    sink = _cdc_sink(store_url, latest_by=["partition", "offset"])
+    try:
+        with pytest.raises(ConfigError, match=r"latest_by columns \['offset'\] are not columns"):
+            sink.validate(T.StructType(CDC.fields[:3]))
+        assert "latest_by=['partition', 'offset']" in sink.describe()
+        moved = sink.relocated(store_url)
+        assert moved.latest_by == ("partition", "offset")
+    finally:
+        sink.close()
+
+
+# -- Spark's output modes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sink_mode", ["append", "upsert"])
+def test_complete_mode_replaces_the_table_in_the_batch_transaction(
+    store_url: StoreURL, sink_mode: str
+) -> None:
+    keys = ["id"] if sink_mode == "upsert" else []
+    sink = SQLiteSink(store_url, "out", mode=sink_mode, keys=keys)  # type: ignore[arg-type]
+    try:
+        sink.validate(SCHEMA, "complete")
+        assert sink.output_mode == "complete"
+        epoch = sink.acquire("p").epoch
+        _commit(sink, epoch, _b(("t", 0, 0, 1)), [(1, "a:1")])
+        _commit(sink, epoch, _b(("t", 0, 1, 3)), [(1, "a:2"), (2, "b:1")], batch_id=1)
+        assert _rows(sink) == [(1, "a:2"), (2, "b:1")]
+        # a replay changes nothing
+        _commit(sink, epoch, _b(("t", 0, 1, 3)), [(9, "other")], batch_id=1)
+        assert _rows(sink) == [(1, "a:2"), (2, "b:1")]
+        # a failing batch rolls the DELETE back with everything else
+        sink.conn.execute(
+            "CREATE TRIGGER no_c BEFORE INSERT ON out WHEN NEW.v = 'bad' "
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        with pytest.raises(sqlite3.IntegrityError):
+            _commit(sink, epoch, _b(("t", 0, 3, 4)), [(3, "bad")], batch_id=2)
+        assert _rows(sink) == [(1, "a:2"), (2, "b:1")]
+        # an empty result is a result: the table becomes empty, and the ledger moves on
+        res = _commit(sink, epoch, _b(("t", 0, 3, 5)), [], batch_id=3)
+        assert (res.skipped, res.seq) == (False, 2)
+        assert sink.rows() == []
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("output_mode", ["append", "update"])
+def test_append_and_update_modes_keep_adding_rows(store_url: StoreURL, output_mode: str) -> None:
+    sink = SQLiteSink(store_url, "out")
+    try:
+        sink.validate(SCHEMA, output_mode)  # type: ignore[arg-type]
+        epoch = sink.acquire("p").epoch
+        _commit(sink, epoch, _b(("t", 0, 0, 1)), [(1, "a:1")])
+        _commit(sink, epoch, _b(("t", 0, 1, 3)), [(1, "a:2"), (2, "b:1")], batch_id=1)
+        assert _rows(sink) == [(1, "a:1"), (1, "a:2"), (2, "b:1")]
+    finally:
+        sink.close()
+
+
+def test_validate_refuses_an_unknown_output_mode(sink: SQLiteSink) -> None:
+    with pytest.raises(ConfigError, match="output mode 'overwrite'"):
+        sink.validate(SCHEMA, "overwrite")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

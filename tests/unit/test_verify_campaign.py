@@ -247,3 +247,215 @@ def test_report_tells_this_runs_time_apart_from_all_trials(tmp_path: Path) -> No
     assert len(doc["trials"]) == 4
     write_json(path, campaign, kept, 130.0)
     assert json.loads(path.read_text())["this_run"] == {"trials": 3, "elapsed_s": 130.0}
+
+
+# -- the reference comparison (sparkonce.verify.compare / .reference) -----------------------
+
+
+def test_diff_as_multisets_counts_missing_and_extra_with_duplicates() -> None:
+    from sparkonce.verify import diff_rows
+
+    want = [{"v": 1}, {"v": 1}, {"v": 2}]
+    assert diff_rows(want, [{"v": 2}, {"v": 1}, {"v": 1}]).matched
+    d = diff_rows(want, [{"v": 1}, {"v": 2}, {"v": 2}])
+    assert (d.missing, d.extra, d.mismatched) == (1, 1, 0)
+    assert d.missing_examples == ({"v": 1},) and d.extra_examples == ({"v": 2},)
+    assert d.counts() == "1 rows missing, 1 extra"
+
+
+def test_diff_treats_null_as_equal_to_null_only() -> None:
+    from sparkonce.verify import diff_rows
+
+    want: list[dict[str, Any]] = [{"k": None, "v": None}, {"k": "a", "v": 1}]
+    assert diff_rows(want, [{"k": "a", "v": 1}, {"v": None, "k": None}]).matched
+    d = diff_rows(want, [{"k": None, "v": 0}, {"k": "a", "v": 1}])
+    assert (d.missing, d.extra) == (1, 1)
+    d = diff_rows(want, [{"k": None, "v": 0}, {"k": "a", "v": 1}], ["k"])
+    assert (d.missing, d.extra, d.mismatched) == (0, 0, 1)
+    assert d.mismatched_examples == (({"k": None, "v": None}, {"k": None, "v": 0}),)
+
+
+def test_diff_compares_floats_to_12_significant_digits() -> None:
+    from sparkonce.verify import diff_rows
+
+    assert diff_rows([{"x": 0.3}], [{"x": 0.1 + 0.2}]).matched
+    assert diff_rows([{"x": 1e20 + 1e5}], [{"x": 1e20 + 1e5 + 1e-3}]).matched
+    assert diff_rows([{"x": float("nan")}], [{"x": float("nan")}]).matched
+    assert diff_rows([{"x": 3}], [{"x": 3.0}]).matched  # SQLite REAL of an integral value
+    assert not diff_rows([{"x": 1.0}], [{"x": 1.000001}]).matched
+    assert not diff_rows([{"x": 12345.0}], [{"x": 12346.0}]).matched
+
+
+def test_diff_sees_one_value_across_store_representations() -> None:
+    """What SQLite stores (ISO text, decimal text, 0/1) equals what Spark's Arrow gives."""
+    from datetime import UTC, date, datetime, timedelta, timezone
+    from decimal import Decimal
+
+    from sparkonce.verify import diff_rows
+
+    spark_row = {
+        "ts": datetime(2024, 1, 1, 12, 0, tzinfo=UTC),
+        "d": date(2024, 1, 2),
+        "amount": Decimal("12.50"),
+        "ok": True,
+        "payload": b"caf\xc3\xa9",
+        "blob": b"\xff\x00",
+        "tags": ["a", "b"],
+    }
+    sqlite_row = {
+        "ts": "2024-01-01T12:00:00+00:00",
+        "d": "2024-01-02",
+        "amount": "12.50",
+        "ok": 1,
+        "payload": "café",
+        "blob": b"\xff\x00",
+        "tags": ("a", "b"),
+    }
+    assert diff_rows([spark_row], [sqlite_row]).matched
+    # PostgreSQL's timestamptz in another session time zone: the same instant.
+    plus_one = timezone(timedelta(hours=1))
+    other_zone = dict(spark_row, ts=datetime(2024, 1, 1, 13, 0, tzinfo=plus_one))
+    assert diff_rows([spark_row], [other_zone]).matched
+    assert not diff_rows([spark_row], [dict(sqlite_row, amount="12.5")]).matched
+
+
+def test_diff_by_key_tells_changed_values_from_lost_and_extra_rows() -> None:
+    from sparkonce.verify import diff_rows
+
+    want = [{"key": "a", "n": 1}, {"key": "b", "n": 2}, {"key": "c", "n": 3}, {"key": "c", "n": 3}]
+    got = [{"key": "a", "n": 1}, {"key": "b", "n": 20}, {"key": "c", "n": 3}, {"key": "d", "n": 4}]
+    d = diff_rows(want, got, key_columns=("key",))
+    assert (d.missing, d.extra, d.mismatched) == (1, 1, 1)
+    assert d.missing_examples == ({"key": "c", "n": 3},)  # the duplicate of c is lost
+    assert d.extra_examples == ({"key": "d", "n": 4},)
+    assert d.mismatched_examples == (({"key": "b", "n": 2}, {"key": "b", "n": 20}),)
+    assert d.counts() == "1 rows missing, 1 extra, 1 with other values for their key"
+    text = d.describe("reference", "sparkonce")
+    assert "rows matched by key (key)" in text
+    assert '{"key": "b", "n": 2}' in text and '{"key": "b", "n": 20}' in text
+    # The same rows without keys: b is one missing and one extra row.
+    d = diff_rows(want, got)
+    assert (d.missing, d.extra, d.mismatched) == (2, 2, 0)
+
+
+def test_diff_by_key_refuses_a_column_the_rows_do_not_have() -> None:
+    from sparkonce.verify import diff_rows
+
+    with pytest.raises(ConfigError, match=r"key column\(s\) \['id'\]"):
+        diff_rows([{"key": "a"}], [{"key": "a"}], key_columns=("id",))
+
+
+def test_diff_keeps_only_a_few_examples_in_a_stable_order() -> None:
+    from sparkonce.verify import diff_rows
+
+    d = diff_rows([{"i": i} for i in range(100, 0, -1)], [])
+    assert d.missing == 100
+    assert d.missing_examples == tuple({"i": i} for i in (1, 10, 100, 11, 12))  # repr order
+
+
+def test_reference_applies_the_sinks_semantics_in_batch_order() -> None:
+    from sparkonce.verify import apply_semantics
+
+    batches = {
+        2: [{"key": "a", "n": 3}],
+        0: [{"key": "a", "n": 1}, {"key": "b", "n": 1}],
+        1: [{"key": "a", "n": 2}],
+        3: [],
+    }
+    assert len(apply_semantics(batches, "append")) == 4
+    assert apply_semantics(batches, "upsert", ["key"]) == [
+        {"key": "a", "n": 3},
+        {"key": "b", "n": 1},
+    ]
+    assert apply_semantics(batches, "complete") == []  # the last batch emitted no row
+    assert apply_semantics({0: [{"n": 1}], 1: [{"n": 2}]}, "complete") == [{"n": 2}]
+    assert apply_semantics({}, "complete") == []
+    with pytest.raises(ConfigError):
+        apply_semantics(batches, "upsert")
+
+
+def test_reference_file_keeps_the_last_line_of_a_batch(tmp_path: Path) -> None:
+    from sparkonce.verify.reference import read_batches
+
+    path = tmp_path / "rows.jsonl"
+    lines = [
+        {"batch": 0, "rows": [{"v": 1}]},
+        {"batch": 1, "rows": [{"v": 2}]},
+        {"batch": 1, "rows": [{"v": 2}]},  # the batch ran again after a restart
+        {"batch": 2, "rows": []},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert read_batches(path) == {0: [{"v": 1}], 1: [{"v": 2}], 2: []}
+
+
+def test_reference_is_compared_on_the_columns_the_sink_shows() -> None:
+    """A Kafka sink shows key and value; the transform's partition column only routes."""
+    from sparkonce.verify import ReferenceCheck
+
+    reference = [{"value": "1", "partition": 0}, {"value": "2", "partition": 1}]
+    shown = [{"key": None, "value": "2"}, {"key": None, "value": "1"}]
+    check = ReferenceCheck.compare(reference, shown)
+    assert check.matched
+    lost = ReferenceCheck.compare(reference, shown[:1], batches=2, rows_file="r.jsonl")
+    assert not lost.matched
+    message = lost.message("p.py", "reference.log")
+    assert message.startswith(
+        "failure-free sparkonce run differs from Spark's plain foreachBatch reference: "
+        "1 rows missing, 0 extra"
+    )
+    assert '{"key": null, "value": "1"}' in message
+    empty = ReferenceCheck.compare(reference, [])  # nothing shown: every row is missing
+    assert (empty.diff.missing, empty.diff.extra) == (2, 0)
+
+
+def test_report_has_a_reference_section(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from sparkonce.verify import ReferenceCheck
+
+    check = ReferenceCheck.compare(
+        [{"key": "a", "n": 1}, {"key": "b", "n": 2}],
+        [{"key": "a", "n": 1}],
+        ("key",),
+        batches=3,
+        seconds=12.34,
+        semantics="upsert",
+    )
+    campaign: Any = SimpleNamespace(
+        pipeline_file=Path("p.py"),
+        pipeline=SimpleNamespace(name="p", sink=SimpleNamespace(describe=lambda: "sink")),
+        seed=5,
+        kinds=("kill",),
+        oracle=Oracle(rows=[{"key": "a", "n": 1}], seconds=20.0, batches=3),
+        reference=check,
+    )
+    path = tmp_path / "verify.json"
+    write_json(path, campaign, [], 1.0)
+    ref = json.loads(path.read_text())["reference"]
+    assert ref["matched"] is False
+    assert (ref["rows"], ref["sparkonce_rows"], ref["missing"], ref["extra"]) == (2, 1, 1, 0)
+    assert ref["key_columns"] == ["key"] and ref["batches"] == 3 and ref["seconds"] == 12.3
+    assert ref["missing_examples"] == [{"key": "b", "n": 2}]
+
+
+def test_key_columns_replace_the_sinks_keys_and_are_checked(tmp_path: Path) -> None:
+    from sparkonce.log.storage import Topic
+    from sparkonce.verify.campaign import Campaign
+
+    Topic.create(tmp_path / "log", "events", partitions=1).close()
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink\n"
+        "pipeline = Pipeline(name='keys', transform=lambda df: df,\n"
+        f"    source=EmbeddedLogSource({str(tmp_path / 'log')!r}, 'events'),\n"
+        f"    sink=SQLiteSink('sqlite:///{tmp_path / 'sink.db'}', 'out', mode='upsert',"
+        " keys=['id']),\n"
+        f"    checkpoint={str(tmp_path / 'checkpoint')!r})\n"
+    )
+    for keys, want in (((), ("id",)), (("key", "day"), ("key", "day"))):
+        campaign = Campaign(pipeline, workdir=tmp_path / "work", key_columns=keys)
+        assert campaign.keys == want and campaign.check_reference
+        campaign.close()
+    for bad in (("key", "key"), ("",)):
+        with pytest.raises(ConfigError, match="--key"):
+            Campaign(pipeline, workdir=tmp_path / "work", key_columns=bad)

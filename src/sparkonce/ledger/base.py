@@ -34,6 +34,9 @@ class LedgerEntry:
     committed_at: datetime
     spark_batch_id: int | None = None
     checkpoint_id: str | None = None
+    # Whether the query kept state in Spark's checkpoint when this batch committed, as
+    # Spark reported it (None: written by a sparkonce that did not record it).
+    stateful: bool | None = None
 
     @property
     def end_offsets(self) -> dict[TopicPartition, int]:
@@ -49,6 +52,7 @@ class BatchContext:
     ranges: BatchRanges
     spark_batch_id: int
     checkpoint_id: str | None = None
+    stateful: bool = False  # the query keeps state in the checkpoint (recorded in the ledger)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ Tables (created by :meth:`SqlLedger.ensure_schema`)::
 
     sparkonce_owner (pipeline PK, epoch, acquired_at, holder)
     sparkonce_ledger(pipeline, seq, ranges JSON, epoch, row_count, committed_at,
-                     spark_batch_id, checkpoint_id, PK (pipeline, seq))
+                     spark_batch_id, checkpoint_id, stateful, PK (pipeline, seq))
+
+``stateful`` records whether the query kept state in Spark's checkpoint when the
+batch committed, so that a lost checkpoint is recognised from the ledger alone.
 
 The ledger's newest entry holds the pipeline's resume point: its end offsets.
 Every method takes a connection, so the sink can run the ledger's statements in
@@ -39,6 +42,7 @@ class SqlLedger:
     def ensure_schema(self, conn: Any) -> None:
         ts = "TEXT" if self.dialect.name == "sqlite" else "TIMESTAMPTZ"
         big = "INTEGER" if self.dialect.name == "sqlite" else "BIGINT"
+        flag = "INTEGER" if self.dialect.name == "sqlite" else "BOOLEAN"
         stmts = [
             f"CREATE TABLE IF NOT EXISTS {OWNER_TABLE} ("
             f" pipeline TEXT PRIMARY KEY, epoch {big} NOT NULL CHECK (epoch >= 1),"
@@ -47,7 +51,7 @@ class SqlLedger:
             f" pipeline TEXT NOT NULL, seq {big} NOT NULL CHECK (seq >= 0),"
             f" ranges TEXT NOT NULL, epoch {big} NOT NULL, row_count {big} NOT NULL,"
             f" committed_at {ts} NOT NULL, spark_batch_id {big}, checkpoint_id TEXT,"
-            " PRIMARY KEY (pipeline, seq))",
+            f" stateful {flag}, PRIMARY KEY (pipeline, seq))",
         ]
         if self.dialect.name == "postgresql":
             # Two first runs may race to create the tables; serialise them.
@@ -55,9 +59,13 @@ class SqlLedger:
                 conn.execute("SELECT pg_advisory_xact_lock(727274)")
                 for s in stmts:
                     conn.execute(s)
+                conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS stateful {flag}")
         else:
             for s in stmts:
                 conn.execute(s)
+            columns = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")}
+            if "stateful" not in columns:  # a ledger written by an older sparkonce
+                conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN stateful {flag}")
 
     # -- owner epochs ---------------------------------------------------------
     def acquire(self, conn: Any, pipeline: str, source: str | None = None) -> Owner:
@@ -153,13 +161,15 @@ class SqlLedger:
         row_count: int,
         spark_batch_id: int | None,
         checkpoint_id: str | None,
+        stateful: bool = False,
     ) -> None:
         """Step 4: insert the ledger row (inside the commit transaction)."""
         execute(
             conn,
             self.dialect,
             f"INSERT INTO {LEDGER_TABLE}(pipeline, seq, ranges, epoch, row_count, committed_at, "
-            "spark_batch_id, checkpoint_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            "spark_batch_id, checkpoint_id, stateful) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 pipeline,
                 seq,
@@ -169,6 +179,7 @@ class SqlLedger:
                 self._ts(_now()),
                 spark_batch_id,
                 checkpoint_id,
+                int(stateful) if self.dialect.name == "sqlite" else stateful,
             ),
         )
 
@@ -181,7 +192,7 @@ class SqlLedger:
         return value.isoformat() if self.dialect.name == "sqlite" else value
 
 
-_COLS = "seq, ranges, epoch, row_count, committed_at, spark_batch_id, checkpoint_id"
+_COLS = "seq, ranges, epoch, row_count, committed_at, spark_batch_id, checkpoint_id, stateful"
 
 
 def _entry(pipeline: str, row: Any) -> LedgerEntry:
@@ -194,6 +205,7 @@ def _entry(pipeline: str, row: Any) -> LedgerEntry:
         committed_at=_parse_ts(row[4]),
         spark_batch_id=None if row[5] is None else int(row[5]),
         checkpoint_id=row[6],
+        stateful=None if row[7] is None else bool(row[7]),
     )
 
 

@@ -94,10 +94,38 @@ def validate_topic_name(name: str) -> str:
 
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA busy_timeout=60000")
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")  # the first read of the file
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=60000")
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _unreadable(exc: sqlite3.DatabaseError) -> bool:
+    """True when the file itself is the problem: not SQLite, corrupt, or not openable."""
+    return getattr(exc, "sqlite_errorcode", None) in (
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_CANTOPEN,
+    )
+
+
+def _not_a_topic(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """Why ``path`` is no topic, for an error on its first read."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        what = "is not a SQLite database"
+    elif code == sqlite3.SQLITE_CANTOPEN:
+        what = "cannot be opened"
+    else:
+        what = "has no topic tables"
+    return (
+        f"{str(path)!r} {what} ({exc}), so it is not a sparkonce log topic; move it out of "
+        "the log directory or recreate the topic"
+    )
 
 
 class Topic:
@@ -112,17 +140,19 @@ class Topic:
                 f"topic {name!r} does not exist in log {str(self.root)!r}. Create it with: "
                 f"sparkonce log create {self.root} {name} --partitions N"
             )
-        self._conn = _connect(self.path)
+        try:
+            self._conn = _connect(self.path)
+        except sqlite3.DatabaseError as exc:
+            if not _unreadable(exc):
+                raise  # e.g. a locked database: not a property of the file
+            raise SourceError(_not_a_topic(self.path, exc)) from exc
         try:
             row = self._conn.execute(
                 "SELECT partitions FROM topic_meta WHERE name = ?", (name,)
             ).fetchone()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
-            raise SourceError(
-                f"{self.path} is not a sparkonce log topic ({exc}); move it out of the log "
-                "directory or recreate the topic"
-            ) from exc
+            raise SourceError(_not_a_topic(self.path, exc)) from exc
         if row is None:
             self._conn.close()
             raise SourceError(f"{self.path} is not a sparkonce log topic (no topic_meta row)")
@@ -142,7 +172,13 @@ class Topic:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{name}.db"
-        with closing(_connect(path)) as conn:
+        try:
+            conn = _connect(path)
+        except sqlite3.DatabaseError as exc:
+            if not _unreadable(exc):
+                raise
+            raise ConfigError(_not_a_topic(path, exc)) from exc
+        with closing(conn):
             conn.executescript(_SCHEMA)
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(
@@ -218,7 +254,12 @@ class Topic:
         return rows
 
     def tail(self, partition: int | None = None, limit: int = 10) -> Iterator[Record]:
-        """The last ``limit`` records of one or every partition, oldest first."""
+        """The last ``limit`` records of one or every partition, oldest first.
+
+        ``limit=0`` gives no records (like ``tail -n 0``); a negative limit is refused.
+        """
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ConfigError(f"tail: the number of records must be an integer >= 0, got {limit!r}")
         parts = [partition] if partition is not None else list(range(self.partitions))
         for p in parts:
             self._check_partition(p)

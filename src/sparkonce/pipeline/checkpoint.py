@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkonce.errors import CheckpointError
+from sparkonce.errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,40 @@ class Checkpoint:
         except (ValueError, KeyError, IndexError) as exc:
             raise CheckpointError(f"{meta} is not a Spark checkpoint metadata file: {exc}") from exc
 
+    def has_state(self) -> bool:
+        """Whether the query keeps state in this checkpoint, as Spark itself records it.
+
+        Spark writes ``state/<operator id>/`` (the operator's metadata) when it plans
+        the first batch of a query with a stateful operator (aggregation, dedup,
+        stream-stream join, limit, ``applyInPandasWithState``,
+        ``transformWithStateInPandas``...), before the batch's sink runs. A stateless
+        query never creates it.
+        """
+        state = self.path / "state"
+        return state.is_dir() and any(p.name.isdigit() for p in state.iterdir())
+
+    def check_usable(self) -> None:
+        """Raise :class:`ConfigError` if the path cannot be a checkpoint directory."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ConfigError(
+                f"checkpoint {p} is a file, not a directory. Operator action: point the "
+                "pipeline's checkpoint (or --checkpoint) at a directory; it is created if missing"
+            )
+        parent = p if p.exists() else next((a for a in p.parents if a.exists()), None)
+        if parent is None or not parent.is_dir():
+            raise ConfigError(
+                f"checkpoint {p}: {parent} is not a directory, so the checkpoint cannot be "
+                "created there. Operator action: choose a path under an existing directory"
+            )
+        import os
+
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"checkpoint {p}: {parent} is not writable by this user. Operator action: fix "
+                "its permissions or choose another checkpoint directory"
+            )
+
     def batch_ids(self, kind: str = "offsets") -> list[int]:
         d = self.path / kind
         if not d.is_dir():
@@ -56,9 +90,20 @@ class Checkpoint:
         if not lines or not lines[0].startswith("v"):
             raise CheckpointError(f"{f}: unknown offset log format (first line {lines[:1]})")
         sources = [ln for ln in lines[2:] if ln.strip()]
-        if len(sources) != 1:
+        # A stream-stream self-join reads the one source twice; both sides plan the same
+        # ranges from the same log, and then the batch is those ranges.
+        distinct = {_canonical(s) for s in sources}
+        if len(distinct) != 1:
             raise CheckpointError(
-                f"{f}: expected exactly one streaming source, found {len(sources)}. "
-                "A sparkonce pipeline reads one source; join other data as static tables."
+                f"{f}: expected one streaming source, found {len(sources)} with different "
+                "offsets. A sparkonce pipeline reads one source (a self-join of it is fine "
+                "while both sides plan the same ranges); join other data as static tables."
             )
         return sources[0]
+
+
+def _canonical(offset: str) -> str:
+    try:
+        return json.dumps(json.loads(offset), sort_keys=True)
+    except ValueError:
+        return offset

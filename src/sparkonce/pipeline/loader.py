@@ -2,11 +2,15 @@
 
 The file is ordinary Python that defines a module-level ``pipeline`` (a
 :class:`~sparkonce.Pipeline`) or a function ``build_pipeline()`` returning one.
+Any error raised while the file runs (a missing module, a typo, a bad argument) is
+reported as a :class:`~sparkonce.errors.ConfigError` that names the file, the line
+in it and the original error; the original stays chained as ``__cause__``.
 """
 
 from __future__ import annotations
 
 import runpy
+import traceback
 from pathlib import Path
 
 from sparkonce.errors import ConfigError, SparkOnceError
@@ -24,6 +28,10 @@ def load_pipeline(path: str | Path) -> Pipeline:
         raise ConfigError(f"pipeline file {str(p)!r}: {exc}") from exc
     except SyntaxError as exc:
         raise ConfigError(f"pipeline file {str(p)!r} line {exc.lineno}: {exc.msg}") from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"pipeline file {str(p)!r} failed to import{_where(exc, p)}: {_describe(exc)}"
+        ) from exc
     if "pipeline" in namespace:
         found = namespace["pipeline"]
     elif callable(namespace.get("build_pipeline")):
@@ -31,6 +39,11 @@ def load_pipeline(path: str | Path) -> Pipeline:
             found = namespace["build_pipeline"]()
         except SparkOnceError as exc:
             raise ConfigError(f"pipeline file {str(p)!r}: {exc}") from exc
+        except Exception as exc:
+            raise ConfigError(
+                f"pipeline file {str(p)!r}: build_pipeline() failed{_where(exc, p)}: "
+                f"{_describe(exc)}"
+            ) from exc
     else:
         raise ConfigError(
             f"pipeline file {str(p)!r} defines neither 'pipeline' nor 'build_pipeline()'; "
@@ -42,3 +55,19 @@ def load_pipeline(path: str | Path) -> Pipeline:
             "sparkonce.Pipeline"
         )
     return found
+
+
+def _describe(exc: BaseException) -> str:
+    """``ModuleNotFoundError: No module named 'nope'``: the error's type and first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _where(exc: BaseException, path: Path) -> str:
+    """`` (line N)`` of the innermost frame in the pipeline file, or ``""``."""
+    target = path.resolve()
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename).resolve() == target:
+            line = frame.lineno
+    return f" (line {line})" if line is not None else ""

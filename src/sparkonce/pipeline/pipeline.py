@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from sparkonce.config import Trigger, check_pipeline_name
+from sparkonce.config import OutputMode, Trigger, check_pipeline_name
 from sparkonce.errors import ConfigError
 from sparkonce.sinks.base import Sink
 from sparkonce.sources.base import Source
@@ -16,8 +16,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from sparkonce.pipeline.runner import BatchReport, RunReport
-
-OutputMode = Literal["append", "update", "complete"]
 
 
 def _identity(df: DataFrame) -> DataFrame:

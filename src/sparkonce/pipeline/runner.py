@@ -1,15 +1,22 @@
-"""Running a pipeline: epoch, resume point, the streaming query, and per-batch commits.
+"""Running a pipeline: checks, epoch, resume point, the streaming query, per-batch commits.
 
-Order at start (take over by writing before reading):
+Order at start (every check that can fail on configuration runs *before* the epoch
+is taken, so a misconfigured run never fences a healthy one):
 
-1. ``sink.acquire`` takes a new epoch; any older run is fenced from now on.
-2. ``sink.end_offsets`` reads the ledger's resume point.
-3. The checkpoint is compared with the ledger: an empty checkpoint resumes from
-   the ledger (stateless pipelines) or stops with ``CheckpointLostError``
-   (stateful ones); a checkpoint *ahead* of the ledger stops with
-   ``CheckpointError`` because its batches never reached this sink.
+1. Checks: the checkpoint path, the transform's output (a streaming DataFrame), the
+   sink's tables, topics and schema, and the checkpoint against the ledger (an
+   empty checkpoint of a stateful pipeline stops with ``CheckpointLostError``; a
+   checkpoint *ahead* of the ledger stops with ``CheckpointError``).
+2. ``sink.acquire`` takes a new epoch; any older run is fenced from now on.
+3. ``sink.end_offsets`` reads the ledger's resume point again (take over by writing
+   before reading); if it moved since the checks, they run again on the new point.
 4. The query starts; each micro-batch's ranges come from Spark's offset log and
    ``sink.commit`` runs the commit protocol inside ``foreachBatch``.
+
+Whether a pipeline is stateful is what Spark itself records: a query with a
+stateful operator has ``state/<operator>/`` in its checkpoint from its first
+batch on. Each ledger entry records it, so a lost checkpoint of a stateful
+pipeline is recognised from the ledger alone.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from sparkonce.errors import (
     PipelineError,
     SparkOnceError,
 )
-from sparkonce.ledger.base import BatchContext, CommitResult
+from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.pipeline.checkpoint import Checkpoint
+from sparkonce.pipeline.failure import find_cause, rebuild
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -38,15 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.pipeline.pipeline import Pipeline
 
 log = logging.getLogger("sparkonce.run")
-
-_STATEFUL_NODES = (
-    "Aggregate",
-    "Deduplicate",
-    "FlatMapGroupsWithState",
-    "TransformWithState",
-    "Join",
-    "GlobalLimit",
-)
 
 
 @dataclass(frozen=True)
@@ -73,12 +72,6 @@ class RunReport:
     batches: list[BatchReport] = field(default_factory=list)
 
 
-def is_stateful(df: DataFrame) -> bool:
-    """Whether the streaming plan holds state across batches (aggregations, joins...)."""
-    plan = str(df._jdf.queryExecution().analyzed().toString())
-    return any(node in plan for node in _STATEFUL_NODES)
-
-
 class _BatchHandler:
     """The ``foreachBatch`` function: runs on the driver, in this Python process."""
 
@@ -96,6 +89,7 @@ class _BatchHandler:
         self.report = report
         self.on_batch = on_batch
         self.error: BaseException | None = None
+        self.current: tuple[int, BatchRanges] | None = None  # the batch being committed
         self._lock = threading.Lock()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -119,8 +113,14 @@ class _BatchHandler:
             )
         previous = self.checkpoint.source_offset(batch_id - 1) if batch_id > 0 else None
         ranges = p.source.batch_ranges(previous, current)
-        ctx = BatchContext(p.name, self.epoch, ranges, batch_id, self.checkpoint.query_id())
+        self.current = (batch_id, ranges)
+        # Spark has planned this batch, so a stateful query's state/ directory exists.
+        stateful = self.checkpoint.has_state() if p.stateful is None else p.stateful
+        ctx = BatchContext(
+            p.name, self.epoch, ranges, batch_id, self.checkpoint.query_id(), stateful
+        )
         result = p.sink.commit(ctx, df)
+        self.current = None
         report = BatchReport(batch_id, ranges, result, time.monotonic() - started)
         r = self.report
         r.batches.append(report)
@@ -154,33 +154,40 @@ def _resume_point(
     pipeline: Pipeline,
     checkpoint: Checkpoint,
     ledger_end: dict[TopicPartition, int],
-    stateful: bool,
+    last: LedgerEntry | None,
 ) -> str:
+    """Where the query resumes: "start", "checkpoint" or "ledger"; raises when it must not."""
     sink = pipeline.sink
     if checkpoint.is_new:
         if not ledger_end:
             return "start"
+        stateful = pipeline.stateful
+        if stateful is None:
+            stateful = True if last is None or last.stateful is None else last.stateful
         if stateful:
+            recorded = last is not None and last.stateful is not None
+            why = (
+                "The ledger records that the query kept state in Spark's checkpoint "
+                "(aggregation, deduplication, join, limit or a state API)"
+                if recorded
+                else "The ledger was written by an older sparkonce that did not record whether "
+                "the query keeps state, so it is treated as stateful"
+            )
             raise CheckpointLostError(
                 f"pipeline {pipeline.name!r}: the checkpoint {checkpoint.path} is empty, but the "
                 f"ledger in {sink.describe()} already covers offsets up to "
-                f"{BatchRanges.at(ledger_end)}. The pipeline is stateful (its query plan "
-                "aggregates, deduplicates or joins), and that state lived in the lost "
+                f"{BatchRanges.at(ledger_end)}. {why}, and that state lived in the lost "
                 "checkpoint: resuming from the ledger would silently restart every aggregate. "
+                "Nothing was changed (no epoch was taken). "
                 "Operator action: restore the checkpoint directory; or, to recompute from "
                 "scratch, delete the output table and this pipeline's rows in sparkonce_ledger "
-                "and sparkonce_owner. If the transform is in fact stateless, pass stateful=False."
+                "and sparkonce_owner. If the transform no longer keeps state, pass "
+                "stateful=False to the Pipeline."
             )
-        log.warning(
-            "pipeline %s: checkpoint %s is empty; resuming from the sink ledger at %s",
-            pipeline.name,
-            checkpoint.path,
-            BatchRanges.at(ledger_end),
-        )
         return "ledger"
-    last = checkpoint.last_committed_batch()
-    if last is not None:
-        raw = checkpoint.source_offset(last)
+    last_done = checkpoint.last_committed_batch()
+    if last_done is not None:
+        raw = checkpoint.source_offset(last_done)
         if raw is not None:
             done = pipeline.source.batch_ranges(None, raw).ends()
             ahead = {tp: o for tp, o in done.items() if o > ledger_end.get(tp, 0)}
@@ -190,10 +197,33 @@ def _resume_point(
                     f"finished batches up to {BatchRanges.at(done)}, beyond the ledger in "
                     f"{sink.describe()} ({BatchRanges.at(ledger_end) if ledger_end else 'empty'}). "
                     "Those batches never reached this sink, so resuming would lose them. "
+                    "Nothing was changed (no epoch was taken). "
                     "Operator action: use the checkpoint that belongs to this sink, or delete "
                     "the checkpoint directory of a stateless pipeline to resume from the ledger."
                 )
     return "checkpoint"
+
+
+def _output(pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition, int]) -> DataFrame:
+    """The transform's streaming output over the source, starting at ``start`` (or fresh)."""
+    from pyspark.sql import DataFrame
+
+    stream = pipeline.source.stream(spark, start or None)
+    try:
+        out = pipeline.transform(stream)
+    except SparkOnceError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform failed while building the query: "
+            f"{_short(exc)}. Fix the transform; nothing was changed (no epoch was taken)."
+        ) from exc
+    if not isinstance(out, DataFrame) or not out.isStreaming:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
+            f"derived from its input, got {type(out).__name__}"
+        )
+    return out
 
 
 def run_pipeline(
@@ -205,7 +235,6 @@ def run_pipeline(
 ) -> RunReport:
     """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps."""
     from pyspark.errors import StreamingQueryException
-    from pyspark.sql import DataFrame
 
     from sparkonce.config import Trigger
 
@@ -219,22 +248,22 @@ def run_pipeline(
         )
     sink.open()
     try:
-        owner = sink.acquire(
-            pipeline.name, pipeline.source.uri()
-        )  # write before read: fences older runs now
-        ledger_end = sink.end_offsets(pipeline.name)
+        # 1. Checks, before any epoch is taken: reading the ledger changes nothing.
         checkpoint = Checkpoint(pipeline.checkpoint_path)
+        checkpoint.check_usable()
+        seen_end = sink.end_offsets(pipeline.name)
+        out = _output(pipeline, spark, seen_end)
+        sink.validate(out.schema, pipeline.output_mode)
+        resumed = _resume_point(pipeline, checkpoint, seen_end, sink.last_entry(pipeline.name))
 
-        stream = pipeline.source.stream(spark, ledger_end or None)
-        out = pipeline.transform(stream)
-        if not isinstance(out, DataFrame) or not out.isStreaming:
-            raise ConfigError(
-                f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
-                f"derived from its input, got {type(out).__name__}"
+        # 2-3. Take over (write before read), then read the resume point again.
+        owner = sink.acquire(pipeline.name, pipeline.source.uri())
+        ledger_end = sink.end_offsets(pipeline.name)
+        if ledger_end != seen_end:  # an older run committed meanwhile
+            out = _output(pipeline, spark, ledger_end)
+            resumed = _resume_point(
+                pipeline, checkpoint, ledger_end, sink.last_entry(pipeline.name)
             )
-        stateful = is_stateful(out) if pipeline.stateful is None else pipeline.stateful
-        resumed = _resume_point(pipeline, checkpoint, ledger_end, stateful)
-        sink.validate(out.schema)
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
         handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch)
@@ -281,11 +310,7 @@ def run_pipeline(
                         QUERY_START_ATTEMPTS,
                     )
                     continue
-                raise PipelineError(
-                    f"pipeline {pipeline.name!r}: the streaming query failed: {_short(exc)}. "
-                    "Committed batches are safe in the sink; fix the cause and run again to "
-                    "resume."
-                ) from exc
+                raise _failure(pipeline, checkpoint, handler, exc) from exc
             except KeyboardInterrupt:
                 query.stop()
                 raise
@@ -300,6 +325,41 @@ def run_pipeline(
 # A query whose Python worker missed Spark's start-up deadline is started again, this often.
 QUERY_START_ATTEMPTS = 3
 _WORKER_START_TIMEOUT = "Python worker failed to connect back"
+
+
+def _failure(
+    pipeline: Pipeline, checkpoint: Checkpoint, handler: _BatchHandler, exc: BaseException
+) -> SparkOnceError:
+    """One error whose message names the cause, the batch and its offset ranges."""
+    text = "\n".join(str(e) for e in (handler.error, exc) if e is not None)
+    cause = find_cause(text)
+    batch = _failed_batch(pipeline, checkpoint, handler)
+    rebuilt = rebuild(cause, f"(pipeline {pipeline.name!r}, {batch})")
+    if rebuilt is not None:
+        return rebuilt
+    return PipelineError(
+        f"pipeline {pipeline.name!r}: {batch} failed: {cause.message}. The batch's commit did "
+        "not complete; committed batches are safe in the sink, and a new run starts again "
+        "from this batch once the cause is fixed."
+    )
+
+
+def _failed_batch(pipeline: Pipeline, checkpoint: Checkpoint, handler: _BatchHandler) -> str:
+    if handler.current is not None:
+        batch_id, ranges = handler.current
+        return f"batch {batch_id} [{ranges}]"
+    try:
+        planned = checkpoint.batch_ids("offsets")
+        done = checkpoint.last_committed_batch()
+        if planned and planned[-1] != done:
+            bid = planned[-1]
+            raw = checkpoint.source_offset(bid)
+            prev = checkpoint.source_offset(bid - 1) if bid > 0 else None
+            if raw is not None:
+                return f"batch {bid} [{pipeline.source.batch_ranges(prev, raw)}]"
+    except SparkOnceError:
+        pass
+    return "the query, before its next batch was planned,"
 
 
 def _short(exc: BaseException) -> str:

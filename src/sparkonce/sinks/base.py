@@ -6,9 +6,10 @@ micro-batch following :mod:`sparkonce.protocol`. The pipeline runner calls the
 hooks below in this order::
 
     open()                       driver, once per run
+    validate(schema)             driver, once per run, *before* acquire: every check that
+                                 can fail on configuration runs before a new epoch is taken
     acquire(pipeline)            driver, once per run: epoch + 1, fences older runs
     end_offsets(pipeline)        driver, once per run, *after* acquire (the resume point)
-    validate(schema)             driver, once per run, before the query starts
     commit(ctx, df)              driver, once per micro-batch, inside foreachBatch
     close()                      driver, when the run ends
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.config import Guarantee, StoreURL
+from sparkonce.config import Guarantee, OutputMode, StoreURL
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.offsets import TopicPartition
 
@@ -59,7 +60,7 @@ class Sink(ABC):
         """The ledger's resume point for ``pipeline`` (empty when nothing is committed)."""
 
     @abstractmethod
-    def validate(self, schema: StructType) -> None:
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
         """Check the output schema against the sink's table before the query starts."""
 
     @abstractmethod
@@ -73,6 +74,11 @@ class Sink(ABC):
     @abstractmethod
     def ledger(self, pipeline: str) -> list[LedgerEntry]:
         """Every ledger entry of ``pipeline``, oldest first."""
+
+    def last_entry(self, pipeline: str) -> LedgerEntry | None:
+        """The newest ledger entry of ``pipeline`` (None when nothing is committed)."""
+        entries = self.ledger(pipeline)
+        return entries[-1] if entries else None
 
     @abstractmethod
     def rows(self) -> list[dict[str, Any]]:

@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.config import Guarantee, check_pipeline_name
-from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
+from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
+from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, TopicNotFoundError
 from sparkonce.kafka.client import KafkaConnection, KafkaUnavailableError
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.offsets import BatchRanges, Coverage, TopicPartition, classify
@@ -179,6 +179,7 @@ class LedgerTopic:
                         datetime.fromisoformat(r["at"]),
                         r.get("spark_batch_id"),
                         r.get("checkpoint_id"),
+                        r.get("stateful"),
                     )
                 )
                 state.after_last_entry = int(r.get("_offset", -1)) + 1
@@ -201,9 +202,9 @@ class _TaskPlan:
     epoch: int
     ranges: dict[str, Any]
     seq: int
-    previous_end: dict[str, Any]  # ends of the last committed batch (the "no marker" state)
     scan_from: int  # ledger offset from which this batch's markers can appear
     spark_batch_id: int
+    checkpoint_id: str | None
     transaction_timeout_ms: int
     value_is_binary: bool
     key_column: bool
@@ -218,6 +219,25 @@ def _is_fenced(exc: BaseException) -> bool:
     err = exc.args[0] if exc.args else None
     name = getattr(err, "name", lambda: "")()
     return any(code in str(name) for code in _FENCED_CODES) or "fenced" in str(exc).lower()
+
+
+def _marker_is_for(marker: Mapping[str, Any], plan: _TaskPlan) -> bool:
+    """Whether this task's marker (read after the last batch entry) commits ``plan``'s batch.
+
+    A batch with offsets is identified by its ranges. A no-data batch (empty ranges:
+    the watermark moved or a timeout fired, no new input) by its Spark identity,
+    the checkpoint's query id and batch id, so one no-data batch's marker never
+    passes for the next one's.
+    """
+    ranges = BatchRanges.from_json_obj(marker["ranges"])
+    batch = BatchRanges.from_json_obj(plan.ranges)
+    if not batch.empty:
+        return classify(batch, ranges.ends()) is Coverage.COMMITTED
+    return (
+        ranges == batch
+        and marker.get("spark_batch_id") == plan.spark_batch_id
+        and marker.get("checkpoint_id") == plan.checkpoint_id
+    )
 
 
 def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
@@ -249,15 +269,8 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     records, _ = ledger.read(plan.scan_from)
     state = LedgerTopic.fold(LedgerState(), plan.pipeline, records)
     mine = state.markers.get(pid)
-    batch = BatchRanges.from_json_obj(plan.ranges)
-    done_end = (
-        BatchRanges.from_json_obj(mine["ranges"]).ends()
-        if mine is not None
-        else BatchRanges.from_json_obj(plan.previous_end).ends()
-    )
-    coverage = classify(batch, done_end)
-    if coverage is Coverage.COMMITTED or (coverage is Coverage.NO_DATA and mine is not None):
-        rows = int(mine["rows"]) if mine is not None else 0
+    if mine is not None and _marker_is_for(mine, plan):
+        rows = int(mine["rows"])
         yield pa.RecordBatch.from_pylist(
             [{"partition": pid, "rows": rows, "skipped": True}], out_schema
         )
@@ -300,6 +313,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         "rows": rows,
         "attempt": attempt,
         "spark_batch_id": plan.spark_batch_id,
+        "checkpoint_id": plan.checkpoint_id,
         "at": datetime.now(UTC).isoformat(),
     }
     producer.produce(
@@ -323,6 +337,20 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     )
 
 
+def _find_no_data_batch(entries: list[LedgerEntry], ctx: BatchContext) -> int | None:
+    """The seq of the committed no-data batch with ``ctx``'s Spark identity, if any."""
+    if ctx.checkpoint_id is None:
+        return None
+    for e in reversed(entries):
+        if (
+            e.ranges.empty
+            and e.checkpoint_id == ctx.checkpoint_id
+            and e.spark_batch_id == ctx.spark_batch_id
+        ):
+            return e.seq
+    return None
+
+
 # --- the sink (driver side) -------------------------------------------------------------------
 
 
@@ -334,6 +362,10 @@ class KafkaSink(Sink):
     columns are refused. Keys are hashed like Java clients do (murmur2), so a key
     always lands in the same partition. ``client_config`` holds extra librdkafka
     settings (security...); its secrets never appear in reprs or logs.
+
+    The output topic must exist (``sparkonce kafka create BOOTSTRAP TOPIC --partitions N``);
+    :meth:`validate` refuses a missing one, and Spark's ``"complete"`` output mode (a topic
+    can only be appended to), with :class:`ConfigError` before the run takes its epoch.
     """
 
     guarantee: ClassVar[Guarantee] = "effectively-once"
@@ -371,7 +403,7 @@ class KafkaSink(Sink):
     def open(self) -> None:
         if self._opened:
             return
-        self.conn.partitions(self.topic)  # TopicNotFoundError / KafkaUnavailableError
+        self._check_output_topic()  # ConfigError / KafkaUnavailableError
         self.conn.ensure_topic(self.ledger_topic, 1, config={"retention.ms": "-1"})
         self._opened = True
 
@@ -539,9 +571,24 @@ class KafkaSink(Sink):
         return entries[-1].end_offsets if entries else {}
 
     # -- schema -------------------------------------------------------------------------------
-    def validate(self, schema: StructType) -> None:
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """Check the output and the topic (driver, once per run, before the epoch is taken).
+
+        Refuses, with :class:`ConfigError`: Spark's ``"complete"`` output mode (a topic
+        cannot be replaced, only appended to), a missing output topic, and output
+        columns other than ``key``, ``value`` and ``partition`` or of the wrong types.
+        """
         from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
 
+        if output_mode == "complete":
+            raise ConfigError(
+                f"KafkaSink (topic {self.topic!r}) does not support Spark's output mode "
+                "'complete': each batch would have to replace the whole topic, and a Kafka "
+                "topic can only be appended to. Use output_mode='update' (each batch writes "
+                "the rows that changed) or 'append', or write the complete result to "
+                "SQLiteSink or PostgresSink, which replace the table's content each batch."
+            )
+        self._check_output_topic()
         names = {f.name: f.dataType for f in schema.fields}
         if "value" not in names:
             raise ConfigError(
@@ -564,6 +611,19 @@ class KafkaSink(Sink):
             raise ConfigError("KafkaSink column 'partition' must be an integer")
         self._schema = schema
 
+    def _check_output_topic(self) -> int:
+        """The output topic's partition count; ConfigError (exit 2) when it does not exist."""
+        try:
+            return self.conn.partitions(self.topic)
+        except TopicNotFoundError as exc:
+            raise ConfigError(
+                f"KafkaSink: output topic {self.topic!r} does not exist at "
+                f"{self.conn.bootstrap}; the sink does not create it (its partition count is "
+                f"yours to choose). Create it first: `sparkonce kafka create "
+                f"{self.conn.bootstrap} {self.topic} --partitions N`, then run again. Nothing "
+                "was written and no epoch was taken."
+            ) from exc
+
     # -- the commit protocol ----------------------------------------------------------------
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
         """Commit one micro-batch: steps 1-2 and 4-5 on the driver, step 3 in the tasks."""
@@ -582,7 +642,11 @@ class KafkaSink(Sink):
             seq = next((e.seq for e in reversed(state.entries) if e.ranges == ctx.ranges), None)
             return CommitResult(True, 0, seq, "offsets already in the ledger (replay)")
         if coverage is Coverage.NO_DATA:
-            return CommitResult(True, 0, None, "no new offsets")
+            # A no-data batch can still emit rows (closed windows, timeouts); it is
+            # identified by the checkpoint's query id and Spark's batch id.
+            found = _find_no_data_batch(state.entries, ctx)
+            if found is not None:
+                return CommitResult(True, 0, found, "no-data batch already committed (replay)")
         seq = 0 if last is None else last.seq + 1
         self._check_pending(ctx, state, last)
         crash_point(CrashPoint.BEFORE_COMMIT)
@@ -597,9 +661,9 @@ class KafkaSink(Sink):
             epoch=ctx.epoch,
             ranges=ctx.ranges.to_json_obj(),
             seq=seq,
-            previous_end=BatchRanges.at(last.end_offsets if last else {}).to_json_obj(),
             scan_from=state.after_last_entry,
             spark_batch_id=ctx.spark_batch_id,
+            checkpoint_id=ctx.checkpoint_id,
             transaction_timeout_ms=self.transaction_timeout_ms,
             value_is_binary=isinstance(schema["value"].dataType, BinaryType),
             key_column="key" in schema.names,
@@ -616,6 +680,10 @@ class KafkaSink(Sink):
         rows = sum(int(s["rows"]) for s in stats)
         skipped = sum(1 for s in stats if s["skipped"])
         crash_point(CrashPoint.AFTER_ROWS)
+        if coverage is Coverage.NO_DATA and rows == 0:
+            # Nothing to make visible and no offsets to record (the tasks' empty
+            # markers are told apart from the next batch's by their Spark identity).
+            return CommitResult(True, 0, None, "no new offsets and no rows")
 
         # Steps 4 and 5: the batch's ledger entry, in the driver's transaction.
         state = self._refresh(ctx.pipeline)
@@ -636,6 +704,7 @@ class KafkaSink(Sink):
                 "tasks_skipped": skipped,
                 "spark_batch_id": ctx.spark_batch_id,
                 "checkpoint_id": ctx.checkpoint_id,
+                "stateful": ctx.stateful,
                 "at": datetime.now(UTC).isoformat(),
             },
             crash=True,

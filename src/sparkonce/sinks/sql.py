@@ -15,18 +15,40 @@ read limits.
 Replay: a batch whose offsets the ledger already covers is skipped (step 2).
 Fencing: a run whose epoch is no longer the owner's gets
 :class:`~sparkonce.errors.FencedError` at step 1 and its batch is rolled back.
+
+Spark's output modes (``Pipeline(output_mode=...)``, passed to :meth:`SqlSink.validate`):
+
+* ``"append"`` and ``"update"``: each batch's rows are inserted (sink ``mode="append"``)
+  or upserted by key (``mode="upsert"``). With ``"update"`` and an append sink, each
+  batch appends the groups that changed, so a group appears once per batch that changed it.
+* ``"complete"``: each batch holds the whole result, so its commit replaces the table's
+  whole content: ``DELETE FROM <table>`` and the batch's rows, in the same transaction as
+  the epoch check and the ledger row (readers never see an empty or a half-written table).
+
+Upsert and repeated keys: an upsert batch may hold one row per key. With
+``latest_by=[...]`` (output columns, typically the source's ``partition`` and ``offset``)
+the rows of a repeated key are reduced to the one with the greatest ``latest_by`` tuple
+(NULL is lowest); two rows of one key with equal ``latest_by`` values are refused, with the
+key named. Without ``latest_by`` a repeated key is refused, and nothing of the batch commits.
+
+Schema check: :meth:`SqlSink.validate` runs before the run takes its epoch. It refuses
+output columns the table lacks, and an output column whose Spark type does not fit the
+column's declared type (what the sink would create for it, see
+:meth:`sparkonce.db.Dialect.column_type`, or a wider integer). SQLite would otherwise store
+a string in an ``INTEGER`` column without an error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
-from collections import Counter
+import re
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.config import Guarantee, StoreURL, WriteMode, check_identifier
+from sparkonce.config import Guarantee, OutputMode, StoreURL, WriteMode, check_identifier
 from sparkonce.db import (
     Dialect,
     connect,
@@ -45,11 +67,215 @@ from sparkonce.sinks.base import Sink
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 3  # a commit whose connection dropped is retried on a new connection
+
+
+# -- upsert: repeated keys ---------------------------------------------------------------
+
+
+def _check_latest_by(
+    latest_by: tuple[str, ...] | list[str], mode: WriteMode, keys: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Validate the ``latest_by`` option of an upsert sink (see the module docstring)."""
+    if isinstance(latest_by, str) or not isinstance(latest_by, (tuple, list)):
+        raise ConfigError(
+            f"latest_by must be a list of column names, e.g. latest_by=['partition', 'offset'], "
+            f"got {latest_by!r}"
+        )
+    names = tuple(check_identifier(c, "latest_by column") for c in latest_by)
+    if names and mode != "upsert":
+        raise ConfigError(
+            "latest_by=[...] only applies to mode='upsert' (it picks which row of a key "
+            "repeated in a batch wins); remove latest_by or use mode='upsert' with keys=[...]"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"latest_by {list(names)} names a column twice")
+    both = [c for c in names if c in keys]
+    if both:
+        raise ConfigError(
+            f"latest_by column(s) {both} are also keys; rows of one key have the same value "
+            "there, so it cannot tell them apart. Use other columns, such as the source's "
+            "'partition' and 'offset'"
+        )
+    return names
+
+
+def repeated_key_message(table: str, keys: tuple[str, ...], key: tuple[Any, ...], n: int) -> str:
+    """Why an upsert batch with a repeated key (and no ``latest_by``) is refused."""
+    named = dict(zip(keys, key, strict=True))
+    return (
+        f"upsert into {table!r}: the batch holds {n} rows for key {named}, so which one wins "
+        "would depend on row order. Aggregate or deduplicate by the key in the transform, or "
+        "set latest_by=[...] on the sink to the output columns whose greatest value marks the "
+        "row that wins (for a change stream, the source's 'partition' and 'offset'). Nothing "
+        "of this batch was committed."
+    )
+
+
+def latest_by_tie_message(
+    table: str,
+    keys: tuple[str, ...],
+    key: tuple[Any, ...],
+    latest_by: tuple[str, ...],
+    values: dict[str, Any],
+) -> str:
+    """Why an upsert batch whose repeated key ties on ``latest_by`` is refused."""
+    named = dict(zip(keys, key, strict=True))
+    return (
+        f"upsert into {table!r}: the batch holds several rows for key {named} with the same "
+        f"latest_by values {values}, so which one wins would depend on row order. Add a "
+        f"column that tells them apart to latest_by={list(latest_by)} (such as the source's "
+        "'offset' beside its 'partition'), or deduplicate by the key in the transform. "
+        "Nothing of this batch was committed."
+    )
+
+
+def _orderable(dtype: DataType | None, value: Any) -> tuple[Any, ...]:
+    """A sort key for one ``latest_by`` value: NULL lowest; SQLite's text forms parsed back.
+
+    The SQLite sink turns decimals, dates and timestamps into text before writing; they
+    are compared as what they stand for, not as strings.
+    """
+    from pyspark.sql import types as T
+
+    if value is None:
+        return (0,)
+    if isinstance(value, str):
+        if isinstance(dtype, T.DecimalType):
+            return (1, Decimal(value))
+        if isinstance(dtype, T.DateType):
+            return (1, date.fromisoformat(value))
+        if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
+            return (1, datetime.fromisoformat(value))
+    return (1, value)
+
+
+# -- output types against declared column types -------------------------------------------
+
+_PARAMS = re.compile(r"\([^)]*\)")
+
+
+def _base_type(declared: str) -> str:
+    """A declared type without its parameters, upper case: ``VARCHAR(20)`` -> ``VARCHAR``."""
+    return " ".join(_PARAMS.sub(" ", declared).upper().split())
+
+
+def sqlite_affinity(declared: str) -> str:
+    """SQLite's column affinity for a declared type (its rules, in their order)."""
+    t = declared.upper()
+    if "INT" in t:
+        return "INTEGER"
+    if any(s in t for s in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if "BLOB" in t or not t.strip():
+        return "BLOB"
+    if any(s in t for s in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
+
+
+_PG_INT_WIDTH = {"SMALLINT": 2, "INTEGER": 4, "BIGINT": 8}
+_PG_TIMESTAMPS = ("TIMESTAMP WITH TIME ZONE", "TIMESTAMP WITHOUT TIME ZONE")
+
+
+def type_fits(dialect: str, dtype: DataType, declared: str) -> bool:
+    """Whether values of Spark type ``dtype`` keep their type and value in a column declared
+    ``declared`` (SQLite as written in its DDL; PostgreSQL as ``format_type`` shows it).
+
+    What the sink itself would create (``Dialect.column_type``) fits; so does a wider
+    integer, a float into a double, a string into any text type, a timestamp into either
+    kind of timestamp, and a decimal into a numeric that loses no digit. Anything else
+    (a string into ``INTEGER``, a long into ``REAL`` or ``TEXT``...) does not.
+    """
+    from pyspark.sql import types as T
+
+    base = _base_type(declared)
+    if dialect == "sqlite":
+        if not base:
+            return True  # an untyped column stores every value exactly as written
+        affinity = sqlite_affinity(declared)
+        if isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+            return affinity == "INTEGER"  # SQLite stores every integer in up to 64 bits
+        if isinstance(dtype, T.BooleanType):
+            return affinity == "INTEGER" or base in ("BOOLEAN", "BOOL")
+        if isinstance(dtype, (T.FloatType, T.DoubleType)):
+            return affinity == "REAL"
+        if isinstance(dtype, (T.StringType, T.DecimalType)):
+            return affinity == "TEXT"  # decimals are written as text, exact
+        if isinstance(dtype, T.DateType):
+            return affinity == "TEXT" or base in ("DATE", "DATETIME")
+        if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
+            return affinity == "TEXT" or base in ("TIMESTAMP", "TIMESTAMPTZ", "DATETIME")
+        if isinstance(dtype, T.BinaryType):
+            return affinity == "BLOB"
+        return False
+    ints = {T.ByteType: 2, T.ShortType: 2, T.IntegerType: 4, T.LongType: 8}
+    for cls, width in ints.items():
+        if isinstance(dtype, cls):
+            return _PG_INT_WIDTH.get(base, 0) >= width
+    if isinstance(dtype, T.FloatType):
+        return base in ("REAL", "DOUBLE PRECISION")
+    if isinstance(dtype, T.DoubleType):
+        return base == "DOUBLE PRECISION"
+    if isinstance(dtype, T.StringType):
+        return base in ("TEXT", "CHARACTER VARYING")
+    if isinstance(dtype, T.BooleanType):
+        return base == "BOOLEAN"
+    if isinstance(dtype, T.BinaryType):
+        return base == "BYTEA"
+    if isinstance(dtype, T.DateType):
+        return base == "DATE"
+    if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
+        return base in _PG_TIMESTAMPS
+    if isinstance(dtype, T.DecimalType):
+        if base != "NUMERIC":
+            return False
+        params = re.findall(r"\d+", declared)
+        if not params:
+            return True  # unconstrained numeric holds any decimal exactly
+        precision, scale = int(params[0]), int(params[1]) if len(params) > 1 else 0
+        return scale >= dtype.scale and precision - scale >= dtype.precision - dtype.scale
+    return False
+
+
+def spark_type_for(dialect: str, declared: str) -> str | None:
+    """A Spark type (for ``Column.cast``) whose values fit ``declared``, if one is obvious."""
+    base = _base_type(declared)
+    if dialect == "sqlite":
+        if base in ("BOOLEAN", "BOOL"):
+            return "boolean"
+        if base in ("DATE",):
+            return "date"
+        if base in ("TIMESTAMP", "TIMESTAMPTZ", "DATETIME"):
+            return "timestamp"
+        affinity = sqlite_affinity(declared)
+        return {"INTEGER": "long", "REAL": "double", "TEXT": "string", "BLOB": "binary"}.get(
+            affinity
+        )
+    if base == "NUMERIC":
+        params = re.findall(r"\d+", declared)
+        if params:
+            return f"decimal({params[0]},{params[1] if len(params) > 1 else 0})"
+        return "decimal(38,18)"
+    known = {
+        "SMALLINT": "short",
+        "INTEGER": "int",
+        "BIGINT": "long",
+        "REAL": "float",
+        "DOUBLE PRECISION": "double",
+        "TEXT": "string",
+        "CHARACTER VARYING": "string",
+        "BOOLEAN": "boolean",
+        "BYTEA": "binary",
+        "DATE": "date",
+        "TIMESTAMP WITH TIME ZONE": "timestamp",
+        "TIMESTAMP WITHOUT TIME ZONE": "timestamp_ntz",
+    }
+    return known.get(base)
 
 
 class SqlSink(Sink):
@@ -57,9 +283,11 @@ class SqlSink(Sink):
 
     ``mode="append"`` inserts every row; ``mode="upsert"`` inserts or replaces
     rows by ``keys`` (the table gets a primary key on them when the sink creates
-    it). The sink creates the output table from the DataFrame's schema if it is
-    missing, and its own metadata tables ``sparkonce_owner`` and
-    ``sparkonce_ledger``.
+    it). ``latest_by`` (upsert only) names output columns whose greatest value picks
+    the row that wins when a batch repeats a key. With Spark's output mode
+    ``"complete"`` every batch replaces the table's content. The sink creates the
+    output table from the DataFrame's schema if it is missing, and its own metadata
+    tables ``sparkonce_owner`` and ``sparkonce_ledger``.
     """
 
     guarantee: ClassVar[Guarantee] = "effectively-once"
@@ -73,6 +301,7 @@ class SqlSink(Sink):
         *,
         mode: WriteMode = "append",
         keys: tuple[str, ...] | list[str] = (),
+        latest_by: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.url = url if isinstance(url, StoreURL) else StoreURL.parse(url)
         if self.scheme and self.url.scheme != self.scheme:
@@ -94,6 +323,9 @@ class SqlSink(Sink):
             )
         if len(set(self.keys)) != len(self.keys):
             raise ConfigError(f"keys {list(self.keys)} name a column twice")
+        self.latest_by = _check_latest_by(latest_by, mode, self.keys)
+        # Spark's output mode of the running query, as given to validate() (once per run).
+        self.output_mode: OutputMode = "append"
         self.dialect: Dialect = dialect_for(self.url)
         self._ledger = SqlLedger(self.dialect, inspect_hint=self._status_hint("{pipeline}"))
         self._conn: Any = None
@@ -115,6 +347,8 @@ class SqlSink(Sink):
 
     def describe(self) -> str:
         keys = f" keys={list(self.keys)}" if self.keys else ""
+        if self.latest_by:
+            keys += f" latest_by={list(self.latest_by)}"
         return f"{type(self).__name__}({self.url} table={self.table} mode={self.mode}{keys})"
 
     def __repr__(self) -> str:
@@ -144,11 +378,27 @@ class SqlSink(Sink):
     def ledger(self, pipeline: str) -> list[LedgerEntry]:
         return self._ledger.entries(self.conn, pipeline)
 
+    def last_entry(self, pipeline: str) -> LedgerEntry | None:
+        return self._ledger.last(self.conn, pipeline)
+
     def pipelines(self) -> list[str]:
         return self._ledger.pipelines(self.conn)
 
     # -- schema --------------------------------------------------------------
-    def validate(self, schema: StructType) -> None:
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """Check the output against the sink and its tables (driver, before the epoch).
+
+        Remembers ``output_mode`` for this run's commits (``"complete"`` replaces the
+        table's content each batch). Refuses, with :class:`ConfigError`: bad column
+        names, keys or ``latest_by`` columns missing from the output, types the store
+        cannot hold, and columns the existing table lacks or declares with a type the
+        output's type does not fit.
+        """
+        if output_mode not in ("append", "update", "complete"):
+            raise ConfigError(
+                f"output mode {output_mode!r} is not one of Spark's: 'append', 'update' or "
+                "'complete'"
+            )
         names = [f.name for f in schema.fields]
         for name in names:
             check_identifier(name, "output column")
@@ -158,29 +408,77 @@ class SqlSink(Sink):
                 f"upsert keys {missing} are not columns of the pipeline's output "
                 f"(columns: {names}); fix keys=[...] or the transform"
             )
+        missing = [c for c in self.latest_by if c not in names]
+        if missing:
+            raise ConfigError(
+                f"latest_by columns {missing} are not columns of the pipeline's output "
+                f"(columns: {names}); keep them in the transform's output (for example the "
+                "source's 'partition' and 'offset') or fix latest_by=[...]"
+            )
         for f in schema.fields:
             self.dialect.column_type(f.dataType, f.name)  # raises for unsupported types
-        existing = self._existing_columns()
-        if existing:
-            absent = [n for n in names if n not in existing]
+        for relation in self._relations():
+            declared = self._declared_types(relation)
+            if not declared:
+                continue
+            absent = [n for n in names if n not in declared]
             if absent:
                 raise ConfigError(
-                    f"table {self.table!r} in {self.url} has no column(s) {absent}; its columns "
-                    f"are {sorted(existing)}. Alter the table or rename the output columns."
+                    f"table {relation!r} in {self.url} has no column(s) {absent}; its columns "
+                    f"are {sorted(declared)}. Alter the table or rename the output columns."
                 )
+            for f in schema.fields:
+                self._check_type(relation, f.name, f.dataType, declared[f.name])
+        self.output_mode = output_mode
 
-    def _existing_columns(self) -> set[str]:
+    def _relations(self) -> tuple[str, ...]:
+        """The relations this sink writes the output's columns into."""
+        return (self.table,)
+
+    def _check_type(self, relation: str, column: str, dtype: DataType, declared: str) -> None:
+        """Refuse an output type the declared column type does not fit (see ``type_fits``)."""
+        if type_fits(self.dialect.name, dtype, declared):
+            return
+        created = self.dialect.column_type(dtype, column)
+        cast = spark_type_for(self.dialect.name, declared)
+        fix = (
+            f"cast it in the transform to a type that fits, e.g. F.col({column!r}).cast({cast!r})"
+            if cast
+            else "cast it in the transform to a type that fits"
+        )
+        silent = (
+            " SQLite would store such values without an error, changing their type."
+            if self.dialect.name == "sqlite"
+            else ""
+        )
+        raise ConfigError(
+            f"table {relation!r} in {self.url} declares column {column!r} as {declared}, but "
+            f"the pipeline's output has {column!r} as {dtype.simpleString()} (the sink would "
+            f"create a column of type {created} for it).{silent} Either alter the table's "
+            f"column to {created} (or drop the table and let the sink create it), or {fix}. "
+            "Nothing was written and no epoch was taken."
+        )
+
+    def _declared_types(self, relation: str) -> dict[str, str]:
+        """The columns of ``relation`` (table or view) and their declared types, in order."""
         if self.dialect.name == "sqlite":
-            rows = fetchall(self.conn, self.dialect, f"PRAGMA table_info({qi(self.table)})")
-            return {str(r[1]) for r in rows}
+            rows = fetchall(self.conn, self.dialect, f"PRAGMA table_info({qi(relation)})")
+            return {str(r[1]): str(r[2] or "") for r in rows}
         rows = fetchall(
             self.conn,
             self.dialect,
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = %s",
-            (self.table,),
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relname = %s "
+            "AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND a.attnum > 0 "
+            "AND NOT a.attisdropped ORDER BY a.attnum",
+            (relation,),
         )
-        return {str(r[0]) for r in rows}
+        return {str(r[0]): str(r[1]) for r in rows}
+
+    def _existing_columns(self) -> set[str]:
+        return set(self._declared_types(self.table))
 
     def _create_table(self, conn: Any, schema: StructType) -> None:
         cols = []
@@ -249,13 +547,16 @@ class SqlSink(Sink):
                 )
                 if seq is not None:
                     return CommitResult(True, 0, seq, "no-data batch already committed (replay)")
-                if not rows:
+                if not rows and self.output_mode != "complete":
                     return CommitResult(True, 0, None, "no new offsets and no rows")
 
-            # Step 3: make the batch's rows visible.
+            # Step 3: make the batch's rows visible. In complete mode the batch is the
+            # whole result: it replaces the table's content, in this same transaction.
             if not self._table_checked:
                 self._create_table(conn, schema)
-            self._write_rows(conn, columns, rows)
+            if self.output_mode == "complete":
+                conn.execute(f"DELETE FROM {qi(self.table)}")
+            self._write_rows(conn, columns, rows, schema)
             if crash_point(CrashPoint.AFTER_ROWS):
                 self._lose_connection(conn)
 
@@ -270,6 +571,7 @@ class SqlSink(Sink):
                 row_count=len(rows),
                 spark_batch_id=ctx.spark_batch_id,
                 checkpoint_id=ctx.checkpoint_id,
+                stateful=ctx.stateful,
             )
             crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
             # Step 5: commit (on leaving the with-block).
@@ -285,30 +587,64 @@ class SqlSink(Sink):
         return None
 
     # -- row writing ----------------------------------------------------------------
-    def _write_rows(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    def _write_rows(
+        self,
+        conn: Any,
+        columns: list[str],
+        rows: list[tuple[Any, ...]],
+        schema: StructType | None = None,
+    ) -> None:
         if not rows:
             return
         if self.mode == "upsert":
-            self._check_unique_keys(columns, rows)
+            rows = self._one_row_per_key(columns, rows, schema)
         self._insert(conn, columns, rows)
 
-    def _check_unique_keys(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    def _one_row_per_key(
+        self, columns: list[str], rows: list[tuple[Any, ...]], schema: StructType | None
+    ) -> list[tuple[Any, ...]]:
+        """Upsert: refuse NULL keys; reduce a repeated key by ``latest_by``, or refuse it."""
         idx = [columns.index(k) for k in self.keys]
-        counts = Counter(tuple(r[i] for i in idx) for r in rows)
-        for key, n in counts.items():
-            named = dict(zip(self.keys, key, strict=True))
+        groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        for r in rows:
+            key = tuple(r[i] for i in idx)
             if any(v is None for v in key):
                 raise SinkError(
-                    f"upsert into {self.table!r}: a row has a NULL key {named}; "
-                    "key columns must not be NULL. Nothing of this batch was committed."
+                    f"upsert into {self.table!r}: a row has a NULL key "
+                    f"{dict(zip(self.keys, key, strict=True))}; key columns must not be NULL. "
+                    "Nothing of this batch was committed."
                 )
-            if n > 1:
+            groups.setdefault(key, []).append(r)
+        if len(groups) == len(rows):
+            return rows
+        if not self.latest_by:
+            key, group = next((k, g) for k, g in groups.items() if len(g) > 1)
+            raise SinkError(repeated_key_message(self.table, self.keys, key, len(group)))
+        absent = [c for c in self.latest_by if c not in columns]
+        if absent:
+            raise ConfigError(
+                f"latest_by columns {absent} are not columns of the batch ({columns})"
+            )
+        types = {f.name: f.dataType for f in schema.fields} if schema is not None else {}
+        order = [(columns.index(c), types.get(c)) for c in self.latest_by]
+
+        def rank(row: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(_orderable(dtype, row[i]) for i, dtype in order)
+
+        reduced = []
+        for key, group in groups.items():
+            if len(group) == 1:
+                reduced.append(group[0])
+                continue
+            ranked = sorted(group, key=rank, reverse=True)
+            tied = next((a for a, b in itertools.pairwise(ranked) if rank(a) == rank(b)), None)
+            if tied is not None:
+                values = {c: tied[i] for c, (i, _) in zip(self.latest_by, order, strict=True)}
                 raise SinkError(
-                    f"upsert into {self.table!r}: the batch holds {n} rows for key "
-                    f"{named}, so which one wins would depend on "
-                    "row order. Aggregate or deduplicate by the key in the transform. Nothing of "
-                    "this batch was committed."
+                    latest_by_tie_message(self.table, self.keys, key, self.latest_by, values)
                 )
+            reduced.append(ranked[0])
+        return reduced
 
     def _insert(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         raise NotImplementedError
@@ -355,7 +691,7 @@ class SqlSink(Sink):
         """The same sink (table, mode, keys) in another store, e.g. a test database."""
         parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
         cls: type[SqlSink] = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
-        return cls(parsed, self.table, mode=self.mode, keys=self.keys)
+        return cls(parsed, self.table, mode=self.mode, keys=self.keys, latest_by=self.latest_by)
 
     def reset(self, pipeline: str) -> None:
         """Drop the output table and ``pipeline``'s owner and ledger rows. Destructive.

@@ -31,6 +31,21 @@ commits (step 5). Calling it again for a committed batch is a no-op.
   commit merges the successful attempts into the table ``<table>`` with
   ``INSERT ... ON CONFLICT (keys) DO UPDATE`` and deletes them, and their attempt
   rows, from the stage and the attempts table. Readers read the table ``<table>``.
+  A key repeated in the batch is refused, naming the key (found with a ``GROUP BY``
+  over the attempts being merged, in the commit's transaction), unless
+  ``latest_by=[...]`` names output columns (typically the source's ``partition`` and
+  ``offset``): the merge then keeps, per key, the row with the greatest ``latest_by``
+  tuple (``DISTINCT ON (keys) ... ORDER BY keys, latest_by DESC NULLS LAST``, NULL
+  lowest), and refuses a key with two rows of equal ``latest_by`` values.
+
+**Output modes.** Spark's ``"append"`` and ``"update"`` output modes commit as above.
+``"complete"`` is refused by :meth:`PostgresTwoPhaseSink.validate` (before the run takes
+its epoch): every batch would have to replace the whole output, which pre-committed
+attempts do not express; :class:`~sparkonce.PostgresSink` supports it.
+
+**Schema check.** ``validate`` compares the output's Spark types with the declared
+column types of ``<table>`` (view or table) and of ``<table>__sparkonce_data`` or
+``<table>__sparkonce_stage``, and refuses a mismatch before the run takes its epoch.
 
 **Abort and collection.** Rows of failed, speculative, aborted and zombie
 attempts are never made visible. A collector deletes them, and their attempt
@@ -40,10 +55,10 @@ only ever removes attempts of its own epoch or older, and only while its run
 still owns the pipeline, so it never touches a newer run's batch in flight.
 
 Limits: the view's filter costs readers a semi-join against the (small)
-attempts table; upsert batches must hold at most one row per key, and key
-columns must not be NULL (the batch fails with :class:`~sparkonce.errors.SinkError`,
-nothing committed). Task connections use the sink URL, password included; it is
-never logged.
+attempts table; upsert batches must hold at most one row per key (or set
+``latest_by``), and key columns must not be NULL (the batch fails with
+:class:`~sparkonce.errors.SinkError`, nothing committed). Task connections use the
+sink URL, password included; it is never logged.
 """
 
 from __future__ import annotations
@@ -55,13 +70,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.config import StoreURL, WriteMode
+from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SparkOnceError
 from sparkonce.ledger.base import BatchContext, CommitResult, Owner
 from sparkonce.offsets import Coverage, classify
 from sparkonce.protocol import CrashPoint, crash_point, task_failure_requested
-from sparkonce.sinks.sql import PostgresSink
+from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -85,9 +100,9 @@ class PostgresTwoPhaseSink(PostgresSink):
     pre-committed rows become visible only through the driver's one transaction with the
     epoch check and the ledger row, and only for the attempts Spark reports successful.
 
-    Same arguments as :class:`~sparkonce.PostgresSink`. In append mode the name
-    ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is a
-    table with a primary key on ``keys``.
+    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` included). In append
+    mode the name ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is
+    a table with a primary key on ``keys``. Spark's ``"complete"`` output mode is refused.
     """
 
     def __init__(
@@ -97,8 +112,9 @@ class PostgresTwoPhaseSink(PostgresSink):
         *,
         mode: WriteMode = "append",
         keys: tuple[str, ...] | list[str] = (),
+        latest_by: tuple[str, ...] | list[str] = (),
     ) -> None:
-        super().__init__(url, table, mode=mode, keys=keys)
+        super().__init__(url, table, mode=mode, keys=keys, latest_by=latest_by)
         longest = self.table + max(DATA_SUFFIX, STAGE_SUFFIX, key=len)
         if len(longest) > MAX_IDENTIFIER:
             raise ConfigError(
@@ -141,9 +157,22 @@ class PostgresTwoPhaseSink(PostgresSink):
         return owner
 
     # -- schema ------------------------------------------------------------------
-    def validate(self, schema: StructType) -> None:
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """As :meth:`PostgresSink.validate`, over the output and its pre-commit table; also
+        refuses Spark's ``"complete"`` output mode and a view/table of the wrong kind."""
+        if output_mode == "complete":
+            raise ConfigError(
+                f"PostgresTwoPhaseSink ({self.table!r}) does not support Spark's output mode "
+                "'complete': each batch would have to replace the whole output, and the "
+                "executors' pre-commits only add rows. Use PostgresSink, which supports "
+                "'complete' (each batch replaces the table's content in its commit "
+                "transaction), or output_mode='update' with mode='upsert' and keys=[...]."
+            )
         self._check_kinds()
-        super().validate(schema)
+        super().validate(schema, output_mode)
+
+    def _relations(self) -> tuple[str, ...]:
+        return (self.table, self.precommit_table)
 
     def _check_kinds(self) -> None:
         """The user-facing name must be a view (append) or a table (upsert), not the other."""
@@ -326,29 +355,53 @@ class PostgresTwoPhaseSink(PostgresSink):
                 row_count=rows,
                 spark_batch_id=ctx.spark_batch_id,
                 checkpoint_id=ctx.checkpoint_id,
+                stateful=ctx.stateful,
             )
             crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
         return CommitResult(False, rows, seq)
 
     def _merge(self, conn: Any, attempts: list[int], columns: list[str]) -> None:
-        """Upsert: merge the successful attempts' staged rows into the table by key."""
+        """Upsert: merge the successful attempts' staged rows into the table by key.
+
+        With ``latest_by``, each key's row with the greatest ``latest_by`` tuple wins
+        (NULL lowest); without it, a repeated key is refused and named.
+        """
         import psycopg
 
         collist = qlist(columns)
+        staged = f"{qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)"
+        if self.latest_by:
+            self._refuse_latest_by_tie(conn, attempts)
+            order = ", ".join(
+                [qi(k) for k in self.keys] + [f"{qi(c)} DESC NULLS LAST" for c in self.latest_by]
+            )
+            source = (
+                f"(SELECT DISTINCT ON ({qlist(self.keys)}) {collist} FROM {staged} "
+                f"ORDER BY {order}) AS latest"
+            )
+        else:
+            source = staged
         try:
             with conn.transaction():  # a savepoint, so the error below is ours to explain
                 conn.execute(
-                    f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM "
-                    f"{qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)"
+                    f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM {source}"
                     + self._upsert_clause(columns),
                     (attempts,),
                 )
         except psycopg.errors.CardinalityViolation:
-            raise SinkError(
-                f"upsert into {self.table!r}: the batch holds more than one row for some key "
-                f"{list(self.keys)}, so which one wins would depend on row order. Aggregate or "
-                "deduplicate by the key in the transform. Nothing of this batch was committed."
-            ) from None
+            # Back at the savepoint, in the same transaction: find a repeated key to name.
+            row = conn.execute(
+                f"SELECT {qlist(self.keys)}, count(*) FROM {staged} GROUP BY {qlist(self.keys)} "
+                "HAVING count(*) > 1 LIMIT 1",
+                (attempts,),
+            ).fetchone()
+            if row is None:  # cannot happen: the violation came from these rows
+                raise SinkError(
+                    f"upsert into {self.table!r}: the batch holds more than one row for a key "
+                    f"{list(self.keys)}. Nothing of this batch was committed."
+                ) from None
+            message = repeated_key_message(self.table, self.keys, tuple(row[:-1]), int(row[-1]))
+            raise SinkError(message) from None
         except psycopg.errors.NotNullViolation:
             raise SinkError(
                 f"upsert into {self.table!r}: a row has a NULL key {list(self.keys)}; key "
@@ -358,6 +411,21 @@ class PostgresTwoPhaseSink(PostgresSink):
             f"DELETE FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)",
             (attempts,),
         )
+
+    def _refuse_latest_by_tie(self, conn: Any, attempts: list[int]) -> None:
+        """Refuse a key with two staged rows of equal ``latest_by`` values (NULLs equal)."""
+        group = qlist((*self.keys, *self.latest_by))
+        row = conn.execute(
+            f"SELECT {group} FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s) "
+            f"GROUP BY {group} HAVING count(*) > 1 LIMIT 1",
+            (attempts,),
+        ).fetchone()
+        if row is not None:
+            n = len(self.keys)
+            values = dict(zip(self.latest_by, row[n:], strict=True))
+            raise SinkError(
+                latest_by_tie_message(self.table, self.keys, tuple(row[:n]), self.latest_by, values)
+            )
 
     # -- abort and collection ---------------------------------------------------------
     def collect(self, pipeline: str, epoch: int) -> int:
@@ -429,7 +497,9 @@ class PostgresTwoPhaseSink(PostgresSink):
         parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
         if parsed.scheme != "postgresql":
             raise ConfigError(f"the two-phase sink needs a postgresql:// URL, got {str(parsed)!r}")
-        return PostgresTwoPhaseSink(parsed, self.table, mode=self.mode, keys=self.keys)
+        return PostgresTwoPhaseSink(
+            parsed, self.table, mode=self.mode, keys=self.keys, latest_by=self.latest_by
+        )
 
     def reset(self, pipeline: str) -> None:
         """Drop the output (view, data, stage, table) and ``pipeline``'s metadata. Destructive."""

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sparkonce.offsets import BatchRanges, TopicPartition
+from sparkonce.offsets import BatchRanges, TopicPartition, batch_from_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -47,9 +47,15 @@ class Source(ABC):
     def stream(self, spark: SparkSession, start: Mapping[TopicPartition, int] | None) -> DataFrame:
         """A streaming DataFrame over the source. Runs on the driver."""
 
-    @abstractmethod
     def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
-        """Offset ranges of a batch, from Spark's serialized offsets (previous may be None)."""
+        """Offset ranges of a batch, from Spark's serialized offsets (previous may be None).
+
+        Both sources write a batch's own ranges as its offset, so a no-data batch
+        (the same offset as the batch before) covers empty ranges: see
+        :func:`sparkonce.offsets.batch_from_offsets`.
+        """
+        before = None if previous is None else BatchRanges.from_json(previous)
+        return batch_from_offsets(before, BatchRanges.from_json(current))
 
     @abstractmethod
     def latest_offsets(self) -> dict[TopicPartition, int]:

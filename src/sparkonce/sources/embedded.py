@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError
 from sparkonce.log.storage import Topic, validate_topic_name
-from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
+from sparkonce.offsets import OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source
 from sparkonce.sources.reader import RangeStreamReader, injected_failure_offset, parse_starting
@@ -119,9 +119,6 @@ class EmbeddedLogSource(Source):
         """The whole topic as a batch DataFrame (for oracles and inspection)."""
         register(spark)
         return spark.read.format(FORMAT).options(**self.options()).load()
-
-    def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
-        return BatchRanges.from_json(current)
 
     def latest_offsets(self) -> dict[TopicPartition, int]:
         with Topic(self.path, self.topic) as t:

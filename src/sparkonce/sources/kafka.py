@@ -294,9 +294,6 @@ class KafkaSource(Source):
         opts["ranges"] = ranges.to_json()
         return spark.read.format(FORMAT).options(**opts).load()
 
-    def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
-        return BatchRanges.from_json(current)
-
     def latest_offsets(self) -> dict[TopicPartition, int]:
         """Each partition's last stable offset (read_committed end)."""
         client = _OffsetClient(self.connection, self.topic, self.timeout)

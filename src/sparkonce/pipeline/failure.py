@@ -1,0 +1,91 @@
+"""Naming the cause of a failed streaming query in one line.
+
+A query that fails inside a Spark task or inside ``foreachBatch`` reaches the
+driver as a Java exception wrapping a Python traceback wrapping, sometimes,
+another Java exception: 50 to 200 lines whose first line names only the wrapper
+(``[STREAM_FAILED] ... [FOREACH_BATCH_USER_FUNCTION_ERROR] ... Traceback (most
+recent call last):``). :func:`find_cause` digs out what the user needs:
+
+1. a sparkonce error raised in a task (for example ``SinkUnavailableError`` from a
+   two-phase pre-commit, or a source's retention error), rebuilt as the same class
+   so that it keeps its exit code;
+2. otherwise Spark's own error class and message, such as
+   ``[CAST_INVALID_INPUT] The value 'abc' ... cannot be cast to "BIGINT" ...``;
+3. otherwise the last Python exception line of the traceback;
+4. otherwise the first line of the text.
+
+Pure string work over the exception's text: no pyspark import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+
+from sparkonce.errors import SparkOnceError
+
+# Spark error classes that only wrap the real cause.
+_WRAPPERS = frozenset(
+    {
+        "STREAM_FAILED",
+        "FOREACH_BATCH_USER_FUNCTION_ERROR",
+        "PYTHON_EXCEPTION",
+        "PYTHON_DATA_SOURCE_ERROR",
+        "TASK_WRITE_FAILED",
+    }
+)
+_SPARKONCE_LINE = re.compile(r"^\s*(sparkonce(?:\.\w+)+)\.(\w+): (.+)$", re.MULTILINE)
+_SPARK_CLASS = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\] ([^\n]*)")
+_PYTHON_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.+)$", re.MULTILINE)
+_MAX = 600
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The cause of a failure: its text, and the sparkonce error class if it was one."""
+
+    message: str
+    error: type[SparkOnceError] | None = None
+    spark_class: str | None = None
+
+
+def find_cause(text: str) -> Cause:
+    """The most specific cause named in ``text`` (see the module docstring)."""
+    for module, name, message in _SPARKONCE_LINE.findall(text):
+        cls = _error_class(module, name)
+        if cls is not None:
+            return Cause(_clip(message), cls)
+    for spark_class, message in _SPARK_CLASS.findall(text):
+        if spark_class.split(".")[0] not in _WRAPPERS:
+            return Cause(_clip(f"[{spark_class}] {message}"), spark_class=spark_class)
+    python = [m for m in _PYTHON_LINE.findall(text) if not m[0].startswith(("py4j.", "java."))]
+    if python:
+        name, message = python[-1]
+        return Cause(_clip(f"{name.rsplit('.', 1)[-1]}: {message}"))
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return Cause(_clip(lines[0]) if lines else "unknown error")
+
+
+def rebuild(cause: Cause, suffix: str) -> SparkOnceError | None:
+    """The sparkonce error a task raised, rebuilt on the driver with ``suffix`` appended."""
+    if cause.error is None:
+        return None
+    err = cause.error.__new__(cause.error)
+    Exception.__init__(err, f"{cause.message} {suffix}".strip())
+    return err
+
+
+def _error_class(module: str, name: str) -> type[SparkOnceError] | None:
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    if isinstance(cls, type) and issubclass(cls, SparkOnceError):
+        return cls
+    return None
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _MAX else text[: _MAX - 3] + "..."

@@ -1,0 +1,130 @@
+"""The built wheel, installed into a clean venv with only what each documented extra declares.
+
+A user installs ``sparkonce`` (or ``sparkonce[postgres]``, ``[kafka]``, ``[verify]``), not
+the dev environment. This builds a wheel of the working tree (``pip wheel --no-deps``),
+installs it with ``--no-deps`` into a fresh venv (no system site-packages) together with
+the runtime requirements the wheel's own metadata declares, and checks each extra's import
+path: without it, a clear message naming ``pip install 'sparkonce[extra]'``; with it, the
+code path works. PyPI (or pip's cache) must be reachable. About a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.packaging
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTRAS = ("postgres", "kafka", "verify")  # the extras a user is told to install
+UNREACHABLE_PG = "postgresql://u@127.0.0.1:9/db"  # port 9 (discard): nothing listens
+UNREACHABLE_KAFKA = "127.0.0.1:9"
+
+CHART_STEP = """
+import sys
+from pathlib import Path
+from sparkonce.cli import _write_chart
+from sparkonce.verify import Fault, TrialOutcome
+outcomes = [TrialOutcome(n, "s", Fault("kill", delay_s=1.0), True, True, recovery_s=2.0 + n)
+            for n in range(3)]
+print(_write_chart(Path(sys.argv[1]), outcomes, ["kill"]))
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKONCE_", "PYTHON"))}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INPUT"] = "1"
+    return env
+
+
+def _run(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=_env()
+    )
+
+
+def _ok(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    done = _run(*argv, timeout=timeout)
+    assert done.returncode == 0, f"{argv}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _requirements(wheel: Path) -> dict[str | None, list[str]]:
+    """Requires-Dist of the wheel, by extra (None: the core requirements)."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(name).decode()
+    reqs: dict[str | None, list[str]] = {}
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req, _, marker = line.removeprefix("Requires-Dist:").strip().partition(";")
+        extra = re.search(r"extra\s*==\s*['\"]([\w-]+)['\"]", marker)
+        reqs.setdefault(extra.group(1) if extra else None, []).append(req.strip())
+    return reqs
+
+
+def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
+    # A copy of what the wheel is built from, so the build leaves nothing in the work tree.
+    src = tmp_path / "src-tree"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", *[p.name for p in ROOT.glob("LICEN[CS]E*")]):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(
+        ROOT / "src", src / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+    )
+    dist = tmp_path / "dist"
+    _ok(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, src)
+    (wheel,) = dist.glob("sparkonce-*.whl")
+    reqs = _requirements(wheel)
+    assert set(EXTRAS) <= set(reqs), f"extras declared: {sorted(map(str, reqs))}"
+    assert any(r.startswith("matplotlib") for r in reqs["verify"])
+
+    venv = tmp_path / "venv"
+    _ok(sys.executable, "-m", "venv", venv)  # clean: no system site-packages
+    py, cli = venv / "bin" / "python", venv / "bin" / "sparkonce"
+    pip = (py, "-m", "pip", "install", "-q")
+    _ok(*pip, "--no-deps", wheel)
+    _ok(*pip, *reqs[None], timeout=600)
+
+    # The core install: the CLI works, and each extra's path names its pip command.
+    assert "usage: sparkonce" in _ok(cli, "--help").stdout
+    assert "recovery.png needs matplotlib" in " ".join(_ok(cli, "verify", "--help").stdout.split())
+    assert _run(py, "-c", "import matplotlib").returncode != 0, "not a clean venv"
+    done = _run(cli, "status", "--pipeline", "p", "--sink", UNREACHABLE_PG)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'sparkonce[postgres]'" in done.stderr.splitlines()[-1]
+    done = _run(cli, "kafka", "describe", UNREACHABLE_KAFKA, "t", "--timeout", "1")
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'sparkonce[kafka]'" in done.stderr.splitlines()[-1]
+    png = tmp_path / "recovery.png"
+    done = _ok(py, "-c", CHART_STEP, png)
+    assert done.stdout == "False\n" and not png.exists()
+    (warning,) = done.stderr.splitlines()
+    assert "no chart" in warning and "pip install 'sparkonce[verify]'" in warning
+
+    # Each extra, with only what it declares: its path now gets past the import.
+    _ok(*pip, *reqs["postgres"], timeout=600)
+    _ok(py, "-c", "import psycopg")
+    done = _run(cli, "status", "--pipeline", "p", "--sink", UNREACHABLE_PG, timeout=120)
+    assert done.returncode == 4, done.stderr  # psycopg tried to connect: unavailable
+    assert "cannot connect to PostgreSQL at 127.0.0.1:9" in done.stderr
+
+    _ok(*pip, *reqs["kafka"], timeout=600)
+    _ok(py, "-c", "import confluent_kafka")
+    done = _run(cli, "kafka", "describe", UNREACHABLE_KAFKA, "t", "--timeout", "1", timeout=120)
+    assert done.returncode == 4, done.stderr  # confluent_kafka asked the cluster: unavailable
+    assert "did not answer" in done.stderr
+
+    _ok(*pip, *reqs["verify"], timeout=600)
+    done = _ok(py, "-c", CHART_STEP, png)
+    assert done.stdout == "True\n" and done.stderr == "", done.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,216 @@
+"""Stateful pipelines are recognised from what Spark records, for every stateful API.
+
+A pipeline whose state lives in Spark's checkpoint must refuse to resume from the ledger
+alone when the checkpoint is lost (``CheckpointLostError``), instead of silently restarting
+its aggregates. sparkonce records, in each ledger entry, whether the query had state in
+the checkpoint when the batch committed; the check then needs nothing but the ledger.
+Each case below runs once, loses its checkpoint, and must be refused, with no new epoch
+taken (a refused run fences nobody).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from tests.spark.test_no_data_batches import make_event_log
+
+from sparkonce import CheckpointLostError, EmbeddedLogSource, Pipeline, sink_from_url
+
+RECORDS = 300
+LIMIT = 100
+
+
+def _events(df: DataFrame) -> DataFrame:
+    return df.select(
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").cast("long").alias("v"),
+        F.timestamp_seconds(F.col("value").cast("string").cast("long")).alias("ts"),
+        "record_id",
+    )
+
+
+def group_agg(df: DataFrame) -> DataFrame:
+    return _events(df).groupBy("key").agg(F.sum("v").alias("total"))
+
+
+def window_count(df: DataFrame) -> DataFrame:
+    e = _events(df).withWatermark("ts", "0 seconds")
+    return e.groupBy(F.window("ts", "60 seconds")).count().select(F.col("window.start"), "count")
+
+
+def session_count(df: DataFrame) -> DataFrame:
+    e = _events(df).withWatermark("ts", "0 seconds")
+    s = e.groupBy("key", F.session_window("ts", "10 seconds")).count()
+    return s.select("key", F.col("session_window.start").alias("start"), "count")
+
+
+def drop_duplicates(df: DataFrame) -> DataFrame:
+    return _events(df).select("key").dropDuplicates(["key"])
+
+
+def drop_duplicates_within_watermark(df: DataFrame) -> DataFrame:
+    e = _events(df).withWatermark("ts", "10 seconds")
+    return e.dropDuplicatesWithinWatermark(["key"]).select("key", "v")
+
+
+def stream_stream_join(df: DataFrame) -> DataFrame:
+    e = _events(df)
+    left = e.select(F.col("record_id").alias("rid"), F.col("v").alias("left_v"))
+    right = e.select(F.col("record_id").alias("rid2"), F.col("key").alias("right_key"))
+    return left.join(right, F.col("rid") == F.col("rid2")).select("rid", "left_v", "right_key")
+
+
+def streaming_limit(df: DataFrame) -> DataFrame:
+    return _events(df).select("key", "v").limit(150)
+
+
+def pandas_state(df: DataFrame) -> DataFrame:
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    def running_count(key: tuple[Any, ...], pdfs: Any, state: Any) -> Any:
+        n = state.get[0] if state.exists else 0
+        for pdf in pdfs:
+            n += len(pdf)
+        state.update((n,))
+        yield pd.DataFrame({"key": [key[0]], "n": [n]})
+
+    return (
+        _events(df)
+        .groupBy("key")
+        .applyInPandasWithState(
+            running_count, "key string, n long", "n long", "update", GroupStateTimeout.NoTimeout
+        )
+    )
+
+
+def transform_with_state(df: DataFrame) -> DataFrame:
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    class RunningCount(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            schema = StructType([StructField("n", LongType(), True)])
+            self.count = handle.getValueState("count", schema)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            n = self.count.get()[0] if self.count.exists() else 0
+            for pdf in rows:
+                n += len(pdf)
+            self.count.update((n,))
+            yield pd.DataFrame({"key": [key[0]], "n": [n]})
+
+        def close(self) -> None:
+            pass
+
+    return (
+        _events(df)
+        .groupBy("key")
+        .transformWithStateInPandas(
+            RunningCount(), "key string, n long", outputMode="Update", timeMode="None"
+        )
+    )
+
+
+STATEFUL: list[tuple[Callable[[DataFrame], DataFrame], str]] = [
+    (group_agg, "update"),
+    (window_count, "append"),
+    (session_count, "append"),
+    (drop_duplicates, "append"),
+    (drop_duplicates_within_watermark, "append"),
+    (stream_stream_join, "append"),
+    (streaming_limit, "append"),
+    (pandas_state, "update"),
+    (transform_with_state, "update"),
+]
+
+
+def _pipeline(
+    tmp_path: Path, transform: Callable[[DataFrame], DataFrame], mode: str, sink: Any
+) -> Pipeline:
+    return Pipeline(
+        name="stateful",
+        source=EmbeddedLogSource(tmp_path / "log", "events", max_records_per_partition=LIMIT),
+        transform=transform,
+        sink=sink,
+        checkpoint=tmp_path / "chk",
+        output_mode=mode,  # type: ignore[arg-type]
+    )
+
+
+def _ledger_and_owner(p: Pipeline) -> tuple[list[Any], Any]:
+    p.sink.open()
+    try:
+        return p.sink.ledger(p.name), p.sink.owner(p.name)
+    finally:
+        p.sink.close()
+
+
+def _lose_checkpoint_and_expect_refusal(spark: SparkSession, p: Pipeline) -> None:
+    entries, owner = _ledger_and_owner(p)
+    assert entries, "the first run committed nothing"
+    assert all(e.stateful is True for e in entries), [e.stateful for e in entries]
+    shutil.rmtree(p.checkpoint_path)
+    with pytest.raises(CheckpointLostError, match="records that the query kept state"):
+        p.run(spark, timeout=300)
+    after, owner_after = _ledger_and_owner(p)
+    assert owner_after.epoch == owner.epoch, "a refused run must not take an epoch"
+    assert after == entries
+
+
+@pytest.mark.parametrize(("transform", "mode"), STATEFUL, ids=[t.__name__ for t, _ in STATEFUL])
+def test_every_stateful_api_refuses_a_lost_checkpoint(
+    spark: SparkSession,
+    tmp_path: Path,
+    transform: Callable[[DataFrame], DataFrame],
+    mode: str,
+) -> None:
+    make_event_log(tmp_path / "log", RECORDS, keys=3)
+    sink = sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out")
+    p = _pipeline(tmp_path, transform, mode, sink)
+    p.run(spark, timeout=300)
+    _lose_checkpoint_and_expect_refusal(spark, p)
+
+
+def test_a_stateless_pipeline_resumes_from_the_ledger(spark: SparkSession, tmp_path: Path) -> None:
+    make_event_log(tmp_path / "log", RECORDS, keys=3)
+    sink = sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out")
+    p = _pipeline(tmp_path, lambda df: _events(df).select("key", "v"), "append", sink)
+    first = p.run(spark, timeout=300)
+    entries, _ = _ledger_and_owner(p)
+    assert [e.stateful for e in entries] == [False] * first.batches_committed
+    shutil.rmtree(p.checkpoint_path)
+    make_event_log(tmp_path / "log", 2 * RECORDS, keys=3)  # appends 600 more records
+    again = p.run(spark, timeout=300)
+    assert again.resumed_from == "ledger"
+    p.sink.open()
+    try:
+        assert len(p.sink.rows()) == 3 * RECORDS
+    finally:
+        p.sink.close()
+
+
+def _pandas_state_records(df: DataFrame) -> DataFrame:
+    out = pandas_state(df)
+    return out.select(
+        F.col("key"), F.concat_ws(":", "key", F.col("n").cast("string")).alias("value")
+    )
+
+
+def test_lost_checkpoint_of_pandas_state_is_refused_by_every_sink_family(
+    spark: SparkSession, tmp_path: Path, family_sink: Callable[[str], Any]
+) -> None:
+    """The case that was missed: applyInPandasWithState wrote a=500 instead of refusing."""
+    make_event_log(tmp_path / "log", RECORDS, keys=3)
+    kafka = family_sink.family == "kafka"  # type: ignore[attr-defined]
+    transform = _pandas_state_records if kafka else pandas_state
+    p = _pipeline(tmp_path, transform, "update", family_sink("counts"))
+    p.run(spark, timeout=300)
+    _lose_checkpoint_and_expect_refusal(spark, p)
