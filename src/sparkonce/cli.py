@@ -6,7 +6,8 @@ implementation lazily, so ``sparkonce --help`` does not start Spark.
 
 Exit codes: 0 success, 1 failure (a FAIL, a failed run), 2 bad input (including a
 bad command line or environment variable), 3 fenced by a newer run, 4 a store or
-source unreachable, 130 interrupted. Every failure ends with one line on stderr,
+source unreachable, 130 interrupted (Ctrl-C); ``run`` stops cleanly between commits on
+SIGINT and SIGTERM and exits 130 and 143. Every failure ends with one line on stderr,
 ``sparkonce: ...``; ``--debug`` adds the traceback.
 """
 
@@ -20,7 +21,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sparkonce.errors import ConfigError, FencedError, SinkUnavailableError, SparkOnceError
+from sparkonce.errors import (
+    ConfigError,
+    FencedError,
+    RunStopped,
+    SinkUnavailableError,
+    SparkOnceError,
+)
 from sparkonce.kafka.client import KafkaUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,19 +125,48 @@ def _record_count(text: str) -> int:
 
 # -- subcommands ------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run a pipeline file. SIGTERM and SIGINT stop it cleanly between commits (exit
+    143 and 130); Spark's and py4j's logs, with their stacks, go to the run's log file."""
+    import signal
+    import threading
+
     from sparkonce.pipeline.loader import load_pipeline
     from sparkonce.pipeline.spark import build_session
 
     pipeline = load_pipeline(args.pipeline_file).with_overrides(
         sink_url=args.sink, checkpoint=args.checkpoint
     )
-    spark = build_session(
-        master=args.master, app_name=f"sparkonce:{pipeline.name}", quick_start=args.quick_start
-    )
+    log_file = Path(args.log_file) if args.log_file else _default_log_file(pipeline.name)
+    file_handler = _log_to_file(log_file)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop.signal_number = signum  # type: ignore[attr-defined]
+        stop.set()
+
+    previous: dict[int, Any] = {}
     try:
-        report = pipeline.run(spark, timeout=args.timeout)
+        spark = build_session(
+            master=args.master,
+            app_name=f"sparkonce:{pipeline.name}",
+            quick_start=args.quick_start,
+            log_file=log_file,
+        )
+        # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            report = pipeline.run(spark, timeout=args.timeout, stop=stop)
+        finally:
+            spark.stop()
+    except SparkOnceError as exc:
+        exc.log_file = log_file  # type: ignore[attr-defined]
+        raise
     finally:
-        spark.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for name in _LOGGED_TO_FILE:
+            logging.getLogger(name).removeHandler(file_handler)
+        file_handler.close()
     print(
         f"pipeline {report.pipeline}: epoch {report.epoch}, resumed from {report.resumed_from}; "
         f"committed {report.batches_committed} batches ({report.rows_committed} rows), "
@@ -491,6 +527,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sparkonce.verify import (
         Campaign,
         Fault,
+        ReferenceMismatchError,
         load_report,
         parse_fault_kinds,
         run_trials,
@@ -529,6 +566,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             sink_url=url,
             on_event=lambda msg: console.print(f"[dim]{msg}[/]"),
             quick_start=not args.full_jit,
+            key_columns=tuple(args.key or ()),
         )
         for i, url in enumerate(sink_urls)
     ]
@@ -581,7 +619,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     kept = len(outcomes)
     started = time.monotonic()
     try:
-        oracle = campaign.run_oracle(oracle_seconds)
+        try:
+            oracle = campaign.run_oracle(oracle_seconds)
+        except ReferenceMismatchError:
+            write_json(json_path, campaign, outcomes, time.monotonic() - started, stores, 0)
+            raise
         for other in campaigns[1:]:
             other.oracle = oracle
         if len(campaigns) > 1:
@@ -752,6 +794,15 @@ def build_parser() -> argparse.ArgumentParser:
             "start Spark's JVM for a short run (C1 JIT, serial GC): about a quarter less "
             "CPU for runs of a minute; keep it off for long-running jobs",
             "SPARKONCE_QUICK_START=1",
+        ),
+    )
+    p.add_argument(
+        "--log-file",
+        default=_env("SPARKONCE_LOG_FILE"),
+        help=_help(
+            "write Spark's and the run's full log, stacks included, here (default: a new file "
+            "under the temp directory's sparkonce/, named in every error)",
+            "SPARKONCE_LOG_FILE",
         ),
     )
     p.set_defaults(func=cmd_run)
@@ -973,6 +1024,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start trial drivers without --quick-start (slower; same results expected)",
     )
+    p.add_argument(
+        "--key",
+        action="append",
+        default=None,
+        metavar="COL",
+        help="match rows on this output column (repeat for a composite key) against the "
+        "reference and the oracle; default: the sink's upsert keys, else rows are compared "
+        "as multisets",
+    )
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("demo", help="crash a real pipeline twice and check the sums are exact")
@@ -1011,18 +1071,40 @@ def _setup_logging(verbose: int, debug: bool = False) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    # The filter sits on the terminal's handler, not on the loggers, so that a run's log
+    # file (see _log_to_file, whose handlers run first) keeps every traceback.
+    if not (verbose or debug):
+        handler.addFilter(_QuietCallbackErrors())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("sparkonce").setLevel(logging.DEBUG if verbose else logging.INFO)
     spark_level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     for name in ("py4j", "pyspark"):
         logging.getLogger(name).setLevel(spark_level)
-    # A logger's filters see only the records logged on that very logger, not its children's.
-    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway", "pyspark"):
-        logger = logging.getLogger(name)
-        for f in [f for f in logger.filters if isinstance(f, _QuietCallbackErrors)]:
-            logger.removeFilter(f)
-        if not (verbose or debug):
-            logger.addFilter(_QuietCallbackErrors())
+
+
+_LOGGED_TO_FILE = ("sparkonce", "py4j", "pyspark")
+
+
+def _log_to_file(path: Path) -> logging.Handler:
+    """Also write sparkonce's, py4j's and pyspark's records, tracebacks included, to ``path``.
+
+    The handler sits on those loggers themselves, so it formats a record before the
+    terminal's handler (on the root logger) drops its traceback.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in _LOGGED_TO_FILE:
+        logging.getLogger(name).addHandler(handler)
+    return handler
+
+
+def _default_log_file(pipeline: str) -> Path:
+    import tempfile
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.gettempdir()) / "sparkonce" / f"{pipeline}-{stamp}-{os.getpid()}.log"
 
 
 class _QuietCallbackErrors(logging.Filter):
@@ -1081,7 +1163,10 @@ def _silence_stdout() -> None:
 def _report(exc: Exception) -> int:
     """Print the one line for ``exc`` on stderr and return its exit code."""
     name = type(exc).__name__
-    if isinstance(exc, FencedError):
+    if isinstance(exc, RunStopped):
+        signum = exc.signal_number or 2
+        line, code = f"stopped: {exc}", 128 + signum
+    elif isinstance(exc, FencedError):
         line, code = f"fenced: {exc}", EXIT_FENCED
     elif isinstance(exc, (SinkUnavailableError, KafkaUnavailableError)):
         line, code = f"unavailable: {exc}", EXIT_UNAVAILABLE
@@ -1094,6 +1179,9 @@ def _report(exc: Exception) -> int:
         line, code = f"missing dependency: {exc}", EXIT_USAGE
     else:
         line, code = f"unexpected {name}: {exc} (run with --debug for a traceback)", EXIT_FAIL
+    log_file = getattr(exc, "log_file", None)
+    if log_file is not None and not isinstance(exc, RunStopped):
+        line += f" (full log: {log_file})"
     print(f"sparkonce: {_one_line(line)}", file=sys.stderr)
     return code
 

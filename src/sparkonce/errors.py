@@ -95,6 +95,19 @@ class CheckpointLostError(CheckpointError):
     """
 
 
+class RunStopped(SparkOnceError):
+    """A run was asked to stop (SIGTERM or SIGINT, or its stop event) and stopped cleanly.
+
+    No batch was in the middle of its commit when the query stopped; committed batches
+    are safe, and the next run resumes after the last one. ``signal_number`` is the
+    signal that asked for the stop (None when the caller's event did).
+    """
+
+    def __init__(self, message: str, signal_number: int | None = None) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+
+
 class PipelineError(SparkOnceError):
     """A pipeline run failed for a reason other than the above (see ``__cause__``)."""
 

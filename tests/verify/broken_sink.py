@@ -1,8 +1,11 @@
-"""A deliberately broken sink, for tests only: rows and ledger in separate transactions.
+"""Deliberately broken sinks, for tests only: bugs ``sparkonce verify`` must catch.
 
-It commits the rows (step 3) in one transaction and the ledger row (step 4) in a
-second one. A crash between the two leaves rows without a ledger entry, so the
-replay writes them again: exactly the bug ``sparkonce verify`` must catch.
+``NonTransactionalSink`` commits the rows (step 3) in one transaction and the
+ledger row (step 4) in a second one. A crash between the two leaves rows without
+a ledger entry, so the replay writes them again.
+
+``DropsABatchSink`` loses one batch's rows even without any fault, so the
+failure-free run (the trials' oracle) loses them too: the reference run catches it.
 """
 
 from __future__ import annotations
@@ -49,3 +52,21 @@ class NonTransactionalSink(SQLiteSink):
             )
             crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
         return CommitResult(False, len(rows), seq)
+
+
+class DropsABatchSink(SQLiteSink):
+    """Loses every row of one micro-batch, silently, in every run (failure-free included).
+
+    The batch still gets its ledger entry, so nothing looks wrong to a replay, and
+    a failure-free run of this sink loses the same rows as every trial: only an
+    oracle that does not go through the sink can notice.
+    """
+
+    drop_batch = 1  # Spark's batch id whose rows vanish
+
+    def _commit_once(
+        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
+    ) -> CommitResult:
+        if ctx.spark_batch_id == self.drop_batch:
+            rows = []
+        return super()._commit_once(ctx, schema, columns, rows)

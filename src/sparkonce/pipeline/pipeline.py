@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,14 +121,16 @@ class Pipeline:
         *,
         timeout: float | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> RunReport:
         """Run until the trigger completes (``availableNow``) or ``timeout`` seconds pass.
 
         Raises :class:`~sparkonce.errors.FencedError` if a newer run takes the
         pipeline over, :class:`~sparkonce.errors.CheckpointLostError` if a stateful
         pipeline lost its checkpoint, and other :class:`SparkOnceError` subclasses
-        for bad configuration or unreachable stores.
+        for bad configuration or unreachable stores. Setting ``stop`` stops the run
+        cleanly between commits and raises :class:`~sparkonce.errors.RunStopped`.
         """
         from sparkonce.pipeline.runner import run_pipeline
 
-        return run_pipeline(self, spark, timeout=timeout, on_batch=on_batch)
+        return run_pipeline(self, spark, timeout=timeout, on_batch=on_batch, stop=stop)

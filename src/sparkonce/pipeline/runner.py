@@ -33,6 +33,7 @@ from sparkonce.errors import (
     CheckpointLostError,
     ConfigError,
     PipelineError,
+    RunStopped,
     SparkOnceError,
 )
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
@@ -42,6 +43,7 @@ from sparkonce.pipeline.failure import find_cause, rebuild
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
     from sparkonce.pipeline.pipeline import Pipeline
 
@@ -90,12 +92,32 @@ class _BatchHandler:
         self.on_batch = on_batch
         self.error: BaseException | None = None
         self.current: tuple[int, BatchRanges] | None = None  # the batch being committed
+        self.stopping: RunStopped | None = None
         self._lock = threading.Lock()
+
+    def stop_between_batches(self, query: StreamingQuery, why: RunStopped) -> None:
+        """Stop ``query`` when no commit is in flight: wait for the current one to end."""
+        self.stopping = why
+        if not self._lock.acquire(timeout=STOP_WAIT_S):
+            log.warning(
+                "pipeline %s: a commit still runs after %.0f s; stopping anyway (the batch "
+                "is then rolled back and replayed by the next run)",
+                self.pipeline.name,
+                STOP_WAIT_S,
+            )
+            query.stop()
+            return
+        try:
+            query.stop()
+        finally:
+            self._lock.release()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self._lock:
             if self.error is not None:
                 raise self.error
+            if self.stopping is not None:
+                raise self.stopping  # the run is stopping: no new commit starts
             try:
                 self._commit(df, batch_id)
             except BaseException as exc:
@@ -232,8 +254,15 @@ def run_pipeline(
     *,
     timeout: float | None = None,
     on_batch: Callable[[BatchReport], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> RunReport:
-    """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps."""
+    """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps.
+
+    ``stop``: setting this event (from a signal handler, say) stops the run cleanly: no
+    new commit starts, the one in flight finishes, the query stops, and
+    :class:`~sparkonce.errors.RunStopped` is raised. ``stop.signal_number`` (an int
+    attribute, if the setter adds one) names the signal in the message.
+    """
     from pyspark.errors import StreamingQueryException
 
     from sparkonce.config import Trigger
@@ -289,12 +318,24 @@ def run_pipeline(
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
             query = writer.start()
             try:
-                if deadline is None:
-                    query.awaitTermination()
-                elif not query.awaitTermination(int(max(1, round(deadline - time.monotonic())))):
-                    query.stop()
+                # Poll, so that a stop request (a signal handler setting ``stop``) is seen
+                # within a second, and handled here, in the main thread, between batches.
+                while not query.awaitTermination(1):
+                    if stop is not None and stop.is_set():
+                        why = _stopped(pipeline, handler, stop)
+                        handler.stop_between_batches(query, why)
+                        raise why
+                    if deadline is not None and time.monotonic() > deadline:
+                        query.stop()
+                        break
                 break
             except StreamingQueryException as exc:
+                if handler.stopping is not None:
+                    raise handler.stopping from None
+                if stop is not None and stop.is_set():
+                    # The signal reached Spark's JVM too (a whole process group or cgroup
+                    # was signalled), and it stopped the query first.
+                    raise _stopped(pipeline, handler, stop) from None
                 if isinstance(handler.error, SparkOnceError):
                     raise handler.error from None
                 if _WORKER_START_TIMEOUT in str(exc) and attempt < QUERY_START_ATTEMPTS:
@@ -312,7 +353,13 @@ def run_pipeline(
                     continue
                 raise _failure(pipeline, checkpoint, handler, exc) from exc
             except KeyboardInterrupt:
-                query.stop()
+                handler.stop_between_batches(query, _stopped(pipeline, handler, None))
+                raise
+            except RunStopped:
+                raise
+            except Exception:
+                if stop is not None and stop.is_set():  # the JVM went away on the signal
+                    raise _stopped(pipeline, handler, stop) from None
                 raise
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
@@ -322,9 +369,31 @@ def run_pipeline(
         sink.close()
 
 
+# How long a stop request waits for a commit in flight to finish before stopping anyway.
+STOP_WAIT_S = 60.0
 # A query whose Python worker missed Spark's start-up deadline is started again, this often.
 QUERY_START_ATTEMPTS = 3
 _WORKER_START_TIMEOUT = "Python worker failed to connect back"
+
+
+def _stopped(
+    pipeline: Pipeline, handler: _BatchHandler, stop: threading.Event | None
+) -> RunStopped:
+    signum = getattr(stop, "signal_number", None) if stop is not None else None
+    import signal as _signal
+
+    by = _signal.Signals(signum).name if signum else "request"
+    last = handler.report.batches[-1] if handler.report.batches else None
+    after = (
+        f"after batch {last.spark_batch_id} [{last.ranges}]"
+        if last is not None
+        else "before its first batch committed"
+    )
+    return RunStopped(
+        f"pipeline {pipeline.name!r}: stopped on {by} {after}; no commit was in flight. "
+        "Committed batches are safe in the sink; run again to resume.",
+        signum,
+    )
 
 
 def _failure(

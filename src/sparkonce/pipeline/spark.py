@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +27,7 @@ def build_session(
     shuffle_partitions: int = 2,
     jars: list[str] | None = None,
     quick_start: bool = False,
+    log_file: str | Path | None = None,
 ) -> SparkSession:
     """A session with RocksDB state (changelog checkpointing) and few shuffle partitions.
 
@@ -34,13 +36,16 @@ def build_session(
     own Kafka connector, fetched by ``scripts/fetch-jars.sh``); they only take
     effect when this call creates the session. ``quick_start`` starts the driver's
     JVM with :data:`QUICK_START_JAVA_OPTIONS`, for short runs; it changes timing
-    only, never results.
+    only, never results. ``log_file`` sends the JVM's own log (Spark's warnings and
+    errors, with their Java stacks) to that file instead of the terminal.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     java_options = "-Dlog4j2.level=warn"
+    if log_file is not None:
+        java_options += f" -Dlog4j2.configurationFile={_log4j_config(Path(log_file))}"
     if quick_start:
         java_options += " " + QUICK_START_JAVA_OPTIONS
     builder = SparkSession.builder
@@ -60,3 +65,22 @@ def build_session(
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _log4j_config(log_file: Path) -> Path:
+    """A log4j2 configuration that writes the JVM's log to ``log_file`` and nothing else."""
+    log_file = log_file.resolve()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    config = log_file.with_name(log_file.name + ".log4j2.properties")
+    config.write_text(
+        "status = error\n"
+        "appender.file.type = File\n"
+        "appender.file.name = file\n"
+        f"appender.file.fileName = {log_file}\n"
+        "appender.file.append = true\n"
+        "appender.file.layout.type = PatternLayout\n"
+        "appender.file.layout.pattern = %d{ISO8601} %p %c: %m%n%ex\n"
+        "rootLogger.level = warn\n"
+        "rootLogger.appenderRef.file.ref = file\n"
+    )
+    return config

@@ -15,7 +15,13 @@ from sparkonce.verify.campaign import (
     write_chart,
     write_json,
 )
+from sparkonce.verify.compare import RowDiff, canonical_row, canonical_value, diff_rows
 from sparkonce.verify.driver import Driver
+from sparkonce.verify.reference import (
+    ReferenceCheck,
+    ReferenceMismatchError,
+    apply_semantics,
+)
 
 __all__ = [
     "FAULT_KINDS",
@@ -24,8 +30,15 @@ __all__ = [
     "Fault",
     "KindSummary",
     "Recorded",
+    "ReferenceCheck",
+    "ReferenceMismatchError",
+    "RowDiff",
     "TrialOutcome",
+    "apply_semantics",
+    "canonical_row",
+    "canonical_value",
     "compare_rows",
+    "diff_rows",
     "load_report",
     "parse_fault_kinds",
     "run_trials",

@@ -1,9 +1,19 @@
 """``sparkonce verify``: a crash-test campaign against any user's pipeline.
 
 A campaign first runs the pipeline once with no fault: that run's sink content
-is the **oracle**. Then each trial starts from a clean sink (``Sink.reset``)
-and an empty checkpoint, injects one fault, restarts the pipeline until its
-input is consumed, and compares the sink with the oracle. Drivers start with
+is the **oracle**. The oracle is then checked against a **reference** that
+shares no sparkonce commit code: the same transform through Spark's own engine
+and a plain ``foreachBatch`` into a JSON-lines file (:mod:`.reference`). Any
+difference fails the campaign before the trials (:class:`ReferenceMismatchError`),
+because a bug in sparkonce's own commit logic would lose the same rows in the
+oracle and in every trial. The reference assumes a deterministic transform;
+``reference=False`` skips it. Rows are matched on ``key_columns`` (default: the
+sink's upsert keys), or compared as multisets when there are none.
+
+Each trial then starts from a clean sink (``Sink.reset``) and an empty
+checkpoint, injects one fault, restarts the pipeline until its input is
+consumed, and compares the sink with the oracle (proven equal to the reference,
+and read back in the sink's own representation). Drivers start with
 ``sparkonce run --quick-start`` unless told otherwise: trials are short runs, and
 the JIT mode changes timing only.
 
@@ -49,7 +59,6 @@ import shutil
 import statistics
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,7 +74,15 @@ from sparkonce.protocol import (
     PAUSE_ENV,
     CrashPoint,
 )
+from sparkonce.verify.compare import diff_rows
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from sparkonce.verify.reference import ENTRY as REFERENCE_ENTRY
+from sparkonce.verify.reference import (
+    ReferenceCheck,
+    ReferenceMismatchError,
+    load_reference,
+    sink_semantics,
+)
 
 FAULT_KINDS = ("kill", "crash-point", "task-failure", "db-drop", "zombie")
 EXIT_FENCED = 3  # sparkonce.cli.EXIT_FENCED; the CLI is above this layer
@@ -120,35 +137,17 @@ class Oracle:
     batches: int
 
 
-def normalize(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """A hashable, order-independent form of a row (floats rounded to 9 digits)."""
-    return tuple(sorted((k, round(v, 9) if isinstance(v, float) else v) for k, v in row.items()))
-
-
 def compare_rows(
     oracle: Sequence[dict[str, Any]], actual: Sequence[dict[str, Any]], keys: Sequence[str] = ()
 ) -> tuple[int, int, int]:
     """(lost, duplicated, value mismatches) of ``actual`` against ``oracle``.
 
-    With ``keys`` (an upsert sink), a key present on both sides with other
-    values counts as one value mismatch instead of one lost plus one extra row.
+    With ``keys`` (an upsert sink, or ``key_columns``), a key present on both sides
+    with other values counts as one value mismatch instead of one lost plus one
+    extra row. See :func:`sparkonce.verify.compare.diff_rows` for the rules.
     """
-    want = Counter(normalize(r) for r in oracle)
-    got = Counter(normalize(r) for r in actual)
-    lost = want - got
-    extra = got - want
-    mismatches = 0
-    if keys:
-        lost_keys = Counter(tuple(dict(r)[k] for k in keys) for r in lost.elements())
-        extra_keys = Counter(tuple(dict(r)[k] for k in keys) for r in extra.elements())
-        both = lost_keys & extra_keys
-        mismatches = sum(both.values())
-        return (
-            sum(lost.values()) - mismatches,
-            sum(extra.values()) - mismatches,
-            mismatches,
-        )
-    return sum(lost.values()), sum(extra.values()), 0
+    diff = diff_rows(oracle, actual, keys)
+    return diff.missing, diff.extra, diff.mismatched
 
 
 def plan_fault(kind: str, rng: random.Random, oracle: Oracle) -> Fault:
@@ -206,6 +205,8 @@ class Campaign:
         on_event: Callable[[str], None] | None = None,
         keep_logs: bool = False,
         quick_start: bool = True,
+        key_columns: Sequence[str] = (),
+        reference: bool = True,
     ) -> None:
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
@@ -227,8 +228,21 @@ class Campaign:
                     "connection to drop; choose among kill, crash-point, task-failure, zombie"
                 )
             self.kinds = tuple(k for k in self.kinds if k != "db-drop")
-        self.keys: tuple[str, ...] = tuple(getattr(self.pipeline.sink, "keys", ()) or ())
+        key_columns = tuple(key_columns)
+        bad = [k for k in key_columns if not isinstance(k, str) or not k.strip()]
+        if bad or len(set(key_columns)) != len(key_columns):
+            raise ConfigError(
+                f"--key {list(key_columns)}: key columns must be distinct, non-empty column "
+                "names of the pipeline's output"
+            )
+        # Rows are matched on these (the sink's upsert keys unless --key names others);
+        # none: compared as multisets.
+        self.keys: tuple[str, ...] = key_columns or tuple(
+            getattr(self.pipeline.sink, "keys", ()) or ()
+        )
+        self.check_reference = reference
         self.oracle: Oracle | None = None
+        self.reference: ReferenceCheck | None = None
         self._drivers: list[Driver] = []  # started by this campaign, for abort()
         self._aborted = threading.Event()
         # One long-lived connection for polling the ledger while drivers run.
@@ -317,7 +331,63 @@ class Campaign:
             f"oracle: {len(rows)} rows, {len(ledger)} batches in {driver.seconds:.1f} s"
             + ("" if seconds is None else f"; kills are planned on the recorded {seconds:.1f} s")
         )
+        if self.check_reference:
+            self.run_reference()
         return self.oracle
+
+    def run_reference(self) -> ReferenceCheck:
+        """Check the failure-free run against Spark's plain ``foreachBatch`` run.
+
+        See :mod:`sparkonce.verify.reference`; assumes a deterministic transform.
+        Raises :class:`ReferenceMismatchError` (a :class:`VerificationError`) if the
+        sink's rows differ; ``self.reference`` holds the comparison either way.
+        """
+        assert self.oracle is not None, "run_oracle() first"
+        where = self.workdir / "reference"
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+        rows_file, checkpoint = where / "rows.jsonl", where / "checkpoint"
+        self.on_event("reference: the transform through Spark's plain foreachBatch")
+        args = ["--out", str(rows_file), "--checkpoint", str(checkpoint)]
+        if self.quick_start:
+            args.append("--quick-start")
+        if self._aborted.is_set():
+            raise VerificationError("the campaign was stopped")
+        driver = Driver(
+            self.pipeline_file,
+            where / "reference.log",
+            entry=REFERENCE_ENTRY,
+            extra_args=tuple(args),
+        )
+        self._drivers.append(driver)
+        code = driver.start().wait(DRIVER_TIMEOUT_S)
+        if code != 0:
+            raise VerificationError(
+                f"the reference run of {self.pipeline_file} (plain Spark foreachBatch, no "
+                f"sparkonce commit logic) failed (exit {code}). Last lines of "
+                f"{driver.log_path}:\n{driver.log_tail()}"
+            )
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        rows, batches = load_reference(rows_file, self.pipeline)
+        check = ReferenceCheck.compare(
+            rows,
+            self.oracle.rows,
+            self.keys,
+            batches=batches,
+            seconds=driver.seconds,
+            semantics=sink_semantics(self.pipeline)[0],
+            rows_file=str(rows_file),
+        )
+        self.reference = check
+        if not check.matched:
+            message = check.message(self.pipeline_file, driver.log_path)
+            self.on_event(message)  # the table, for a console that shows one line per error
+            raise ReferenceMismatchError(message, check)
+        self.on_event(
+            f"reference: {len(rows)} rows in {batches} micro-batches in {driver.seconds:.1f} s; "
+            "the failure-free run matches it"
+        )
+        return check
 
     # -- one trial ---------------------------------------------------------------------
     def trial_seed(self, trial: int) -> str:
@@ -659,6 +729,7 @@ def write_json(
     ``trial_seconds`` sums every recorded trial, across all segments. ``stores`` lists
     the test stores of parallel trials."""
     oracle = campaign.oracle
+    reference: ReferenceCheck | None = getattr(campaign, "reference", None)
     doc = {
         "pipeline_file": str(campaign.pipeline_file),
         "pipeline": campaign.pipeline.name,
@@ -669,6 +740,7 @@ def write_json(
         "oracle": None
         if oracle is None
         else {"rows": len(oracle.rows), "batches": oracle.batches, "seconds": oracle.seconds},
+        "reference": None if reference is None else reference.to_json(),
         "this_run": {
             "trials": len(outcomes) if ran is None else ran,
             "elapsed_s": round(elapsed_s, 1),

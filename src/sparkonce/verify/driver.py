@@ -22,7 +22,12 @@ SIGKILL_EXIT = -signal.SIGKILL
 
 
 class Driver:
-    """One run of a pipeline file in a child process."""
+    """One run of a pipeline file in a child process.
+
+    ``entry`` is what follows ``python -m`` before the file: ``sparkonce run`` by
+    default, or another module that takes the pipeline file first (the reference
+    run of :mod:`sparkonce.verify.reference`).
+    """
 
     def __init__(
         self,
@@ -33,6 +38,7 @@ class Driver:
         crash_hit: int = 1,
         env: Mapping[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
+        entry: tuple[str, ...] = ("sparkonce", "run"),
     ) -> None:
         self.pipeline_file = Path(pipeline_file)
         self.log_path = Path(log_path)
@@ -40,6 +46,7 @@ class Driver:
         self.crash_hit = crash_hit
         self.env = dict(env or {})
         self.extra_args = extra_args
+        self.entry = entry
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.ended_at: float | None = None
@@ -55,7 +62,7 @@ class Driver:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in wait()
         self._log = log
-        cmd = [sys.executable, "-m", "sparkonce", "run", str(self.pipeline_file), *self.extra_args]
+        cmd = [sys.executable, "-m", *self.entry, str(self.pipeline_file), *self.extra_args]
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             cmd,

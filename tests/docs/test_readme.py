@@ -1,0 +1,320 @@
+"""Every ```python and ```bash block of README.md, run as written.
+
+Blocks are identified by their first line (:data:`RUN` and :data:`EXEMPT`); the guard
+:func:`test_every_block_is_run_or_exempt` fails when README.md gains a block neither lists,
+so a new example cannot go untested. The text that runs is always README.md's current text.
+
+Each run uses a fresh temp directory as its working directory, with ``.venv/bin`` (the
+installed ``sparkonce`` CLI) first on ``PATH`` and no ``SPARKONCE_*`` variables, so the
+commands see what a user's shell would. Bash blocks run with ``bash -euo pipefail``.
+
+Substitutions, the only ones made:
+
+- ``broker:9092`` becomes the test broker's bootstrap address (``kafka_broker.bootstrap``);
+- ``/var/lib/orders-copy/checkpoint`` becomes a directory under the test's ``tmp_path``.
+
+No block holds a PostgreSQL URL (``postgresql://user@host:5432/db`` is prose only), so none
+is substituted.
+
+Topics: the quick start's embedded-log topic ``events`` and the Kafka CLI block's topic
+``events`` are created by the blocks themselves (``sparkonce log create``, ``sparkonce kafka
+create``). The README says the ``KafkaProducer`` block needs an existing topic and the Kafka
+pipeline needs existing topics, so the test creates ``events`` (if missing), ``orders`` and
+``orders-clean`` for those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sqlite3
+import subprocess
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from tests.services.kafka import KafkaBroker
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+VENV_BIN = REPO / ".venv" / "bin"
+TIMEOUT_S = 300
+
+# The first lines that identify README.md's blocks.
+QUICK_PY = "# pipeline.py"
+QUICK_SH = "sparkonce log create data/log events --partitions 4"
+KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
+KAFKA_PRODUCER = "from sparkonce import KafkaProducer"
+KAFKA_CLI = (
+    "sparkonce kafka create broker:9092 events --partitions 4     # says so if it already exists"
+)
+VERIFY = (
+    "sparkonce verify pipeline.py --trials 20 --seed 1 "
+    "[--faults kill,crash-point,task-failure,db-drop,zombie] \\"
+)
+SETUP = (
+    "make demo   # creates .venv, installs sparkonce, runs the crash demo "
+    "(embedded log -> SQLite, no servers)"
+)
+
+# Block -> the test that runs it as written.
+RUN = {
+    QUICK_PY: "test_quick_start",
+    QUICK_SH: "test_quick_start",
+    KAFKA_PIPELINE: "test_kafka_pipeline",
+    KAFKA_PRODUCER: "test_kafka_producer",
+    KAFKA_CLI: "test_kafka_cli",
+}
+
+# Block no test runs as written -> why. Keep this minimal.
+EXEMPT = {
+    # A synopsis, not an example: [optional] brackets are not shell syntax. test_exempt_synopsis
+    # checks it still is one; verify campaigns are covered by tests/verify.
+    VERIFY: "synopsis with [optional] brackets; covered by tests/verify",
+    # `make test` runs the whole suite, this file included (it would recurse), and `make demo`
+    # runs the multi-minute crash demo inside the repository (.demo/). test_setup_block_dry_run
+    # checks both commands with `make -n` instead.
+    SETUP: "runs the whole suite (recursive) / the full demo; dry-run only",
+}
+
+RUNNABLE = ("python", "bash")
+NOT_RUNNABLE = ("text",)  # the Layout tree
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    line: int  # 1-based line of the opening fence
+    text: str
+
+    @property
+    def first_line(self) -> str:
+        return self.text.splitlines()[0].strip() if self.text.strip() else ""
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha1(self.text.encode()).hexdigest()[:8]
+
+
+def readme_blocks() -> list[Block]:
+    """Every fenced block of README.md, in order."""
+    blocks: list[Block] = []
+    lines = README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)(```+|~~~+)\s*([\w+-]*)", lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, start = m.group(2), i
+        i += 1
+        body: list[str] = []
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i])
+            i += 1
+        assert i < len(lines), f"README.md:{start + 1}: unclosed code fence"
+        blocks.append(Block(m.group(3).lower(), start + 1, "\n".join(body) + "\n"))
+        i += 1
+    return blocks
+
+
+def block(first_line: str) -> Block:
+    found = [b for b in readme_blocks() if b.lang in RUNNABLE and b.first_line == first_line]
+    assert len(found) == 1, f"README.md has {len(found)} blocks starting {first_line!r}"
+    return found[0]
+
+
+def substitute(text: str, *, bootstrap: str, tmp: Path | None = None) -> str:
+    """The documented substitutions, and nothing else."""
+    out = text.replace("broker:9092", bootstrap)
+    if tmp is not None:
+        out = out.replace("/var/lib/orders-copy/checkpoint", str(tmp / "orders-copy-checkpoint"))
+    return out
+
+
+def shell_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKONCE_")}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYSPARK_PYTHON"] = str(VENV_BIN / "python")
+    return env
+
+
+def run_bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=shell_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n--- script\n{script}\n--- stdout\n{proc.stdout}\n"
+        f"--- stderr\n{proc.stderr}"
+    )
+    return proc
+
+
+def exec_block(b: Block, text: str, cwd: Path) -> dict[str, object]:
+    namespace: dict[str, object] = {"__name__": f"readme_line_{b.line}"}
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(text, f"README.md:{b.line + 1}", "exec"), namespace)
+    finally:
+        os.chdir(old)
+    return namespace
+
+
+# --- the guard -----------------------------------------------------------------------------
+
+
+def test_every_block_is_run_or_exempt() -> None:
+    blocks = readme_blocks()
+    other = [(b.line, b.lang) for b in blocks if b.lang not in RUNNABLE + NOT_RUNNABLE]
+    assert not other, f"README.md blocks in an unexpected language (test or tag them): {other}"
+    runnable = [b for b in blocks if b.lang in RUNNABLE]
+    firsts = Counter(b.first_line for b in runnable)
+    assert all(n == 1 for n in firsts.values()), f"two blocks share a first line: {firsts}"
+    assert not set(RUN) & set(EXEMPT)
+    unlisted = [
+        f"README.md:{b.line} ({b.lang}, {b.digest}): {b.first_line!r}"
+        for b in runnable
+        if b.first_line not in RUN and b.first_line not in EXEMPT
+    ]
+    assert not unlisted, "README.md blocks no test runs (add a test, or an exemption):\n" + (
+        "\n".join(unlisted)
+    )
+    stale = (set(RUN) | set(EXEMPT)) - set(firsts)
+    assert not stale, f"listed blocks no longer in README.md: {sorted(stale)}"
+    missing = {name for name in RUN.values() if not callable(globals().get(name))}
+    assert not missing, f"RUN names tests that do not exist: {missing}"
+
+
+def test_exempt_synopsis_is_a_synopsis() -> None:
+    """The verify block is exempt only while it is a synopsis (brackets), not an example."""
+    synopsis = block(VERIFY)
+    assert re.search(r"\[--\w", synopsis.text), synopsis.text
+
+
+def test_setup_block_dry_run() -> None:
+    """``make demo`` and ``make test`` (not run: see EXEMPT) name real targets: ``make -n``."""
+    b = block(SETUP)
+    commands = [line.split("#", 1)[0].strip() for line in b.text.splitlines()]
+    commands = [c for c in commands if c]
+    assert commands == ["make demo", "make test"], commands
+    expect = {"demo": "sparkonce demo", "test": "pytest"}
+    for command in commands:
+        target = command.split()[1]
+        proc = subprocess.run(
+            ["make", "-n", target], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert expect[target] in proc.stdout, proc.stdout
+
+
+# --- the examples --------------------------------------------------------------------------
+
+
+def test_quick_start(tmp_path: Path) -> None:
+    """ "Using it": pipeline.py saved as is, then the bash block after it, in that directory."""
+    py = block(QUICK_PY)
+    sh = block(QUICK_SH)
+    blocks = readme_blocks()
+    assert blocks.index(sh) == blocks.index(py) + 1, "the bash block must follow pipeline.py"
+    (tmp_path / "pipeline.py").write_text(py.text)
+
+    proc = run_bash(sh.text, tmp_path)
+
+    expected = {f"k{r}": sum(i for i in range(1, 1001) if i % 4 == r) for r in range(4)}
+    assert sum(expected.values()) == 1000 * 1001 // 2
+    with sqlite3.connect(tmp_path / "data" / "out.db") as db:
+        rows = dict(db.execute("SELECT key, total FROM sums").fetchall())
+    assert rows == expected
+    assert "pipeline sums" in proc.stdout, proc.stdout  # sparkonce status
+    assert "topic events (4 partitions, 1000 records)" in proc.stdout, proc.stdout  # log describe
+
+
+@pytest.mark.kafka
+def test_kafka_cli(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    """The Kafka CLI block: create, produce 1..1000, describe, tail."""
+    from sparkonce.kafka.client import KafkaConnection
+    from sparkonce.kafka.topic import partition_offsets, tail
+
+    b = block(KAFKA_CLI)
+    conn = KafkaConnection(kafka_broker.bootstrap)
+    existed = "events" in kafka_broker.admin().list_topics(timeout=10).topics
+    before = {p.partition: p.end for p in partition_offsets(conn, "events")} if existed else {}
+
+    proc = run_bash(substitute(b.text, bootstrap=kafka_broker.bootstrap), tmp_path)
+
+    after = partition_offsets(conn, "events")
+    assert len(after) == 4 or existed
+    new = {p.partition: p.end - before.get(p.partition, 0) for p in after}
+    assert sum(new.values()) == 1000
+    records = [
+        r for r in tail(conn, "events", max(new.values())) if r.offset >= before.get(r.partition, 0)
+    ]
+    assert sorted(int(r.value or b"") for r in records) == list(range(1, 1001))
+    assert all(r.key is None for r in records)
+    assert "delivered 1000 records" in proc.stdout, proc.stdout
+    assert "Kafka topic events (4 partitions)" in proc.stdout or existed, proc.stdout
+    # tail -n 5: the last five records of each partition, one line each
+    tail_lines = [line for line in proc.stdout.splitlines() if re.match(r"^\d+\t\d+\t", line)]
+    assert len(tail_lines) == sum(min(5, p.end - p.start) for p in after), proc.stdout
+
+
+@pytest.mark.kafka
+def test_kafka_producer(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    """The KafkaProducer block against the broker; the record lands with its key and id."""
+    from sparkonce.kafka.client import KafkaConnection
+    from sparkonce.kafka.topic import partition_offsets, tail
+
+    b = block(KAFKA_PRODUCER)
+    kafka_broker.create_topic("events", 4, exist_ok=True)
+    conn = KafkaConnection(kafka_broker.bootstrap)
+    before = {p.partition: p.end for p in partition_offsets(conn, "events")}
+
+    ns = exec_block(b, substitute(b.text, bootstrap=kafka_broker.bootstrap), tmp_path)
+
+    assert ns["delivered"] == 1
+    after = {p.partition: p.end for p in partition_offsets(conn, "events")}
+    assert sum(after.values()) - sum(before.values()) == 1
+    (record,) = [r for r in tail(conn, "events", 1) if r.offset >= before[r.partition]]
+    assert (record.key, record.value, record.record_id) == (b"user-7", b"42", "order-1001")
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:
+    """The Kafka pipeline block: exec'd, then run on records the test produced into orders."""
+    from sparkonce import KafkaProducer, Pipeline
+
+    b = block(KAFKA_PIPELINE)
+    for topic in ("orders", "orders-clean"):
+        kafka_broker.create_topic(topic, 2, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    sent = {f"order-{i}-{tag}": f"customer-{i % 3}" for i in range(20)}
+    with KafkaProducer(kafka_broker.bootstrap, "orders") as producer:
+        for value, key in sent.items():
+            producer.send(value, key=key)
+        assert producer.flush() == len(sent)
+
+    text = substitute(b.text, bootstrap=kafka_broker.bootstrap, tmp=tmp_path)
+    ns = exec_block(b, text, tmp_path)
+    pipeline = ns["pipeline"]
+    assert isinstance(pipeline, Pipeline)
+    report = pipeline.run(spark)
+
+    assert report.rows_committed >= len(sent)
+    rows = pipeline.sink.fresh().rows()
+    ours = Counter((r["key"], r["value"]) for r in rows if str(r["value"]).endswith(tag))
+    assert ours == Counter((k, v) for v, k in sent.items())

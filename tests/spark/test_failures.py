@@ -1,0 +1,76 @@
+"""A failed query reaches the user as one error naming the cause, the batch and its ranges.
+
+Real Spark runs: a cast that ANSI mode refuses inside a task, and a sparkonce error raised
+inside a Spark task (as the two-phase sink's pre-commit raises when PostgreSQL is down).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkonce import EmbeddedLogSource, Pipeline, SinkUnavailableError, sink_from_url
+from sparkonce.cli import EXIT_UNAVAILABLE, _report
+from sparkonce.errors import PipelineError
+
+
+def _log_with_a_bad_value(root: Path) -> Path:
+    from sparkonce.log import IdempotentProducer, Topic
+
+    topic = Topic.create(root, "events", 1, exist_ok=True)
+    with topic, IdempotentProducer(topic, "p") as producer:
+        for i in range(10):
+            producer.send(b"abc" if i == 5 else str(i).encode(), b"k")
+    return root
+
+
+def _pipeline(tmp_path: Path, transform: object) -> Pipeline:
+    return Pipeline(
+        name="fails",
+        source=EmbeddedLogSource(_log_with_a_bad_value(tmp_path / "log"), "events"),
+        sink=sink_from_url(f"sqlite:///{tmp_path / 'out.db'}", "out"),
+        checkpoint=tmp_path / "chk",
+        transform=transform,  # type: ignore[arg-type]
+    )
+
+
+def test_a_cast_error_names_spark_error_class_batch_and_ranges(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    def cast(df: DataFrame) -> DataFrame:
+        return df.select(F.col("value").cast("string").cast("long").alias("v"))
+
+    with pytest.raises(PipelineError) as info:
+        _pipeline(tmp_path, cast).run(spark, timeout=120)
+    message = str(info.value)
+    assert "[CAST_INVALID_INPUT] The value 'abc'" in message
+    assert "batch 0 [events[0]:0..10]" in message
+    assert "STREAM_FAILED" not in message and "Traceback" not in message
+
+
+def test_a_sparkonce_error_raised_in_a_task_keeps_its_class_and_exit_code(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def unreachable(df: DataFrame) -> DataFrame:
+        @F.udf("long")
+        def lookup(v: bytes) -> int:
+            from sparkonce.errors import SinkUnavailableError
+
+            raise SinkUnavailableError(
+                "cannot connect to PostgreSQL at 127.0.0.1:9 after 4 attempt(s)"
+            )
+
+        return df.select(lookup("value").alias("v"))
+
+    with pytest.raises(SinkUnavailableError) as info:
+        _pipeline(tmp_path, unreachable).run(spark, timeout=120)
+    assert str(info.value) == (
+        "cannot connect to PostgreSQL at 127.0.0.1:9 after 4 attempt(s) "
+        "(pipeline 'fails', batch 0 [events[0]:0..10])"
+    )
+    assert _report(info.value) == EXIT_UNAVAILABLE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sparkonce: unavailable: cannot connect")
