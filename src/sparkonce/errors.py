@@ -62,16 +62,26 @@ class FencedError(SinkError):
     run must stop: continuing would let a zombie write beside its successor.
     """
 
-    def __init__(self, pipeline: str, epoch: int, owner_epoch: int, inspect_hint: str = "") -> None:
+    def __init__(
+        self,
+        pipeline: str,
+        epoch: int,
+        owner_epoch: int,
+        inspect_hint: str = "",
+        holder: str = "",
+    ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
         self.owner_epoch = owner_epoch
+        self.holder = holder
         hint = inspect_hint or f"sparkonce status --pipeline {pipeline} --sink <SINK_URL>"
+        by = f" (taken by {holder})" if holder else ""
         super().__init__(
             f"pipeline {pipeline!r}: this run holds epoch {epoch}, but the sink's owner epoch "
-            f"is now {owner_epoch}, so a newer run owns the pipeline. This run was fenced and "
-            f"its batch was not committed. Operator action: let the newer run continue, and "
-            f"stop this process; inspect the owner and ledger with: {hint}"
+            f"is now {owner_epoch}{by}, so a newer run owns the pipeline. This run was fenced "
+            "and its batch was not committed. Operator action: check that the run holding "
+            f"epoch {owner_epoch} is alive (its host and pid are shown by: {hint}); if it is, "
+            "let it continue and stop this process; if it is not, start the pipeline again."
         )
 
 

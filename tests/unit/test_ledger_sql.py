@@ -100,6 +100,10 @@ def test_check_owner(conn: Any, ledger: SqlLedger) -> None:
     msg = str(err)
     assert "'orders'" in msg and "epoch 1" in msg and "is now 2" in msg
     assert "sparkonce status --pipeline orders" in msg
+    # Who holds the newer epoch, so the operator can check that it is alive.
+    holder = ledger.owner(conn, "orders").holder  # type: ignore[union-attr]
+    assert err.holder == holder and f"taken by {holder}" in msg
+    assert "is alive" in msg and "start the pipeline again" in msg
     ledger.check_owner(conn, "orders", 2)
 
 

@@ -103,13 +103,14 @@ class SqlLedger:
         row = fetchone(
             conn,
             self.dialect,
-            f"SELECT epoch FROM {OWNER_TABLE} WHERE pipeline = %s" + self.dialect.lock_suffix(),
+            f"SELECT epoch, holder FROM {OWNER_TABLE} WHERE pipeline = %s"
+            + self.dialect.lock_suffix(),
             (pipeline,),
         )
         current = int(row[0]) if row else 0
         if current != epoch:
             hint = self.inspect_hint.replace("{pipeline}", pipeline)
-            raise FencedError(pipeline, epoch, current, hint)
+            raise FencedError(pipeline, epoch, current, hint, str(row[1]) if row else "")
 
     # -- ledger ---------------------------------------------------------------
     def last(self, conn: Any, pipeline: str) -> LedgerEntry | None:

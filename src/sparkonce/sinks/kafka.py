@@ -503,6 +503,7 @@ class KafkaSink(Sink):
                     self._epoch or 0,
                     owner.epoch if owner else 0,
                     self._status_hint(pipeline),
+                    owner.holder if owner else "",
                 ) from None
             with_abort = getattr(producer, "abort_transaction", None)
             if with_abort is not None:
@@ -633,7 +634,11 @@ class KafkaSink(Sink):
         # Step 1: this run's epoch must still be the owner's.
         if state.owner is not None and state.owner.epoch != ctx.epoch:
             raise FencedError(
-                ctx.pipeline, ctx.epoch, state.owner.epoch, self._status_hint(ctx.pipeline)
+                ctx.pipeline,
+                ctx.epoch,
+                state.owner.epoch,
+                self._status_hint(ctx.pipeline),
+                state.owner.holder,
             )
         # Step 2: a batch the ledger already covers is a replay: do nothing.
         last = state.entries[-1] if state.entries else None
@@ -689,7 +694,11 @@ class KafkaSink(Sink):
         state = self._refresh(ctx.pipeline)
         if state.owner is not None and state.owner.epoch != ctx.epoch:
             raise FencedError(
-                ctx.pipeline, ctx.epoch, state.owner.epoch, self._status_hint(ctx.pipeline)
+                ctx.pipeline,
+                ctx.epoch,
+                state.owner.epoch,
+                self._status_hint(ctx.pipeline),
+                state.owner.holder,
             )
         self._append_ledger(
             ctx.pipeline,

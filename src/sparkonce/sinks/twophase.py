@@ -262,6 +262,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                     ctx.epoch,
                     owner.epoch if owner else 0,
                     self._status_hint(ctx.pipeline),
+                    owner.holder if owner else "",
                 )
             attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
             rows = sum(int(r["rows"]) for r in results)
