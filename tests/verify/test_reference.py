@@ -197,3 +197,21 @@ def test_reference_catches_windows_lost_in_no_data_batches(tmp_path: Path) -> No
     want = {(at(base + 60 * m), at(base + 60 * (m + 1)), 4) for m in range(3)}
     assert campaign.oracle is not None
     assert {(r["start"], r["end"], r["n"]) for r in campaign.oracle.rows} == want
+
+
+def test_sparkonce_verify_passes_on_an_append_window_pipeline(tmp_path: Path) -> None:
+    """The whole command on the pipeline whose last window only a no-data batch emits:
+    the reference check passes, and so do trials with a crash point and a kill."""
+    base = 1_700_000_040
+    log_dir = _produce_event_times(tmp_path / "log", [base + 15 * i for i in range(13)])
+    sink = f"SQLiteSink('sqlite:///{tmp_path / 'sink.db'}', 'windows')"
+    pipeline = write_pipeline(
+        tmp_path, log_dir, transform="windows", sink=sink, mode="append", per_partition=5
+    )
+    out = tmp_path / "out"
+    args = ["verify", str(pipeline), "--trials", "3", "--faults", "crash-point,kill"]
+    assert main([*args, "--seed", "3", "--out", str(out)]) == 0
+    report = json.loads((out / "verify.json").read_text())
+    assert report["reference"]["matched"] and report["reference"]["rows"] == 3
+    assert len(report["trials"]) == 3 and all(t["passed"] for t in report["trials"])
+    assert all(t["fault_fired"] for t in report["trials"])
