@@ -96,7 +96,7 @@ def test_status_shows_epoch_offsets_lag_and_rows(
         sink.acquire("p", EmbeddedLogSource(log_dir, "ev").uri())
         schema = StructType([StructField("v", LongType())])
         ctx = BatchContext("p", epoch + 1, BatchRanges((OffsetRange("ev", 0, 0, 3),)), 0)
-        sink._commit_once(ctx, schema, ["v"], [(1,), (2,), (3,)])
+        sink.commit_rows(ctx, schema, ["v"], [(1,), (2,), (3,)])
     capsys.readouterr()
     assert main(["status", "--pipeline", "p", "--sink", url]) == 0
     out = capsys.readouterr().out

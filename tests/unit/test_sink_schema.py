@@ -67,7 +67,7 @@ def test_a_changed_column_type_is_refused_naming_table_column_and_types(url: str
         epoch = sink.acquire("p").epoch
         sink.validate(LONG_V)
         ctx = BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 2),)), 0, "cp")
-        sink._commit_once(ctx, LONG_V, ["id", "v"], [(1, 11), (2, 12)])
+        sink.commit_rows(ctx, LONG_V, ["id", "v"], [(1, 11), (2, 12)])
         declared = "INTEGER" if url.startswith("sqlite") else "bigint"
 
         with pytest.raises(ConfigError) as info:

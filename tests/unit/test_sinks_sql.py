@@ -1,6 +1,6 @@
-"""Tests of the SQL sinks' commit protocol (SqlSink._commit_once) on SQLite, without Spark.
+"""Tests of the SQL sinks' commit protocol (SqlSink.commit_rows) on SQLite, without Spark.
 
-``_commit_once`` takes Python row tuples, so a batch is committed exactly as the driver
+``commit_rows`` takes Python row tuples, so a batch is committed exactly as the driver
 would commit it, minus the ``DataFrame.toArrow()`` collection.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -63,7 +62,7 @@ def _commit(
     pipeline: str = "p",
 ) -> CommitResult:
     ctx = BatchContext(pipeline, epoch, ranges, batch_id, checkpoint)
-    return sink._commit_once(ctx, SCHEMA, COLS, rows)
+    return sink.commit_rows(ctx, SCHEMA, COLS, rows)
 
 
 def _rows(sink: SQLiteSink) -> list[tuple[Any, ...]]:
@@ -228,7 +227,7 @@ def _cdc_sink(store_url: StoreURL, **kwargs: Any) -> SQLiteSink:
 def _commit_cdc(
     sink: SQLiteSink, epoch: int, ranges: BatchRanges, rows: list[tuple[Any, ...]], batch: int = 0
 ) -> CommitResult:
-    return sink._commit_once(BatchContext("p", epoch, ranges, batch, "cp"), CDC, CDC_COLS, rows)
+    return sink.commit_rows(BatchContext("p", epoch, ranges, batch, "cp"), CDC, CDC_COLS, rows)
 
 
 def _latest(sink: SQLiteSink) -> dict[str, str]:
@@ -336,7 +335,7 @@ def test_latest_by_null_is_lowest_and_typed_values_compare_as_values(
         epoch = sink.acquire("p").epoch
         rows = sink._rows_from_arrow(table, schema)
         ctx = BatchContext("p", epoch, _b(("t", 0, 0, 5)), 0, "cp")
-        sink._commit_once(ctx, schema, ["k", "version", "at"], rows)
+        sink.commit_rows(ctx, schema, ["k", "version", "at"], rows)
         got = {r["k"]: (r["version"], r["at"]) for r in sink.rows()}
         assert got == {
             "a": ("10.00", "2024-01-01T00:00:00+00:00"),
@@ -397,7 +396,7 @@ def test_complete_mode_replaces_the_table_in_the_batch_transaction(
             "CREATE TRIGGER no_c BEFORE INSERT ON out WHEN NEW.v = 'bad' "
             "BEGIN SELECT RAISE(ABORT, 'refused'); END"
         )
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(SinkError, match="refused"):
             _commit(sink, epoch, _b(("t", 0, 3, 4)), [(3, "bad")], batch_id=2)
         assert _rows(sink) == [(1, "a:2"), (2, "b:1")]
         # an empty result is a result: the table becomes empty, and the ledger moves on
@@ -439,7 +438,7 @@ def test_constraint_violation_rolls_back_everything(
     sink.conn.execute(ddl)
     epoch = sink.acquire("p").epoch
     ranges = _b(("t", 0, 0, 2))
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(SinkError, match="constraint failed"):
         _commit(sink, epoch, ranges, rows)
     assert sink.rows() == []
     assert sink.ledger("p") == []
@@ -502,7 +501,7 @@ _CRASH_CHILD = textwrap.dedent(
     epoch = sink.acquire("p").epoch
     schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
     ctx = BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 3),)), 0, "cp")
-    sink._commit_once(ctx, schema, ["id", "v"], [(1, "a"), (2, "b"), (3, "c")])
+    sink.commit_rows(ctx, schema, ["id", "v"], [(1, "a"), (2, "b"), (3, "c")])
     print("committed", flush=True)
     """
 )

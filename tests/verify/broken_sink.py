@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql.types import StructType
+from pyspark.sql import DataFrame
 
-from sparkonce.db import write_transaction
-from sparkonce.ledger.base import BatchContext, CommitResult
-from sparkonce.offsets import Coverage, classify
-from sparkonce.protocol import CrashPoint, crash_point
+from sparkonce.commit import Staged
+from sparkonce.ledger.base import BatchContext
 from sparkonce.sinks.sql import SQLiteSink
 
 
@@ -26,32 +24,12 @@ class NonTransactionalSink(SQLiteSink):
 
     guarantee = "at-least-once"
 
-    def _commit_once(
-        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
-    ) -> CommitResult:
-        conn = self.conn
-        last = self._ledger.last(conn, ctx.pipeline)
-        if classify(ctx.ranges, {} if last is None else last.end_offsets) is Coverage.COMMITTED:
-            return CommitResult(True, 0, None, "offsets already in the ledger (replay)")
-        with write_transaction(conn, self.dialect):
-            self._create_table(conn, schema)
-            self._write_rows(conn, columns, rows)
-        crash_point(CrashPoint.AFTER_ROWS)  # rows are already committed here: the bug
-        with write_transaction(conn, self.dialect):
-            self._ledger.check_owner(conn, ctx.pipeline, ctx.epoch)
-            seq = 0 if last is None else last.seq + 1
-            self._ledger.record(
-                conn,
-                pipeline=ctx.pipeline,
-                seq=seq,
-                ranges=ctx.ranges,
-                epoch=ctx.epoch,
-                row_count=len(rows),
-                spark_batch_id=ctx.spark_batch_id,
-                checkpoint_id=ctx.checkpoint_id,
-            )
-            crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
-        return CommitResult(False, len(rows), seq)
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        super().publish(txn, ctx, staged)
+        # The bug: the rows commit now, in their own transaction; the ledger row and the
+        # epoch check come in a second one (the committer's crash point after-rows is next).
+        txn.execute("COMMIT")
+        txn.execute("BEGIN IMMEDIATE")
 
 
 class DropsABatchSink(SQLiteSink):
@@ -64,9 +42,9 @@ class DropsABatchSink(SQLiteSink):
 
     drop_batch = 1  # Spark's batch id whose rows vanish
 
-    def _commit_once(
-        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
-    ) -> CommitResult:
+    def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
+        staged = super().prepare(ctx, df, seq)
         if ctx.spark_batch_id == self.drop_batch:
-            rows = []
-        return super()._commit_once(ctx, schema, columns, rows)
+            schema, columns, _rows = staged.payload
+            return Staged(0, (schema, columns, []))
+        return staged

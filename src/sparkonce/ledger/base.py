@@ -5,8 +5,11 @@ See :mod:`sparkonce.protocol` for the commit protocol these records serve.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sparkonce.offsets import BatchRanges, TopicPartition
 
@@ -63,3 +66,74 @@ class CommitResult:
     row_count: int
     seq: int | None  # the ledger entry that covers the batch (None for a no-op no-data batch)
     reason: str = ""
+
+
+class LedgerStore(ABC):
+    """Owner epochs and the batch ledger inside one store.
+
+    ``transaction()`` opens the one store transaction in which the committer runs
+    steps 1 to 5: leaving the block without an error commits it (step 5), an error
+    rolls it back. The ``txn`` handle it yields is passed back to the other hooks
+    and to the stager's ``publish``.
+    """
+
+    @abstractmethod
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        """Take ``epoch + 1`` for ``pipeline`` (own transaction); older runs are fenced."""
+
+    @abstractmethod
+    def owner(self, pipeline: str) -> Owner | None:
+        """The current owner, read outside any commit."""
+
+    @abstractmethod
+    def entries(self, pipeline: str) -> list[LedgerEntry]:
+        """Every ledger entry of ``pipeline``, oldest first."""
+
+    @abstractmethod
+    def last(self, pipeline: str) -> LedgerEntry | None:
+        """The newest ledger entry, read outside any commit (a cheap look before staging)."""
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One store transaction for steps 1-5 (commit on success, rollback on error)."""
+
+    @abstractmethod
+    def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
+        """Step 1: raise :class:`~sparkonce.errors.FencedError` unless ``epoch`` owns it.
+
+        Must lock what it reads until the transaction ends (``SELECT ... FOR UPDATE``,
+        SQLite's write lock, Kafka's producer epoch), so no newer run can take over
+        between this check and the commit.
+        """
+
+    @abstractmethod
+    def last_in(self, txn: Any, pipeline: str) -> LedgerEntry | None:
+        """Step 2: the newest ledger entry, read inside the transaction."""
+
+    @abstractmethod
+    def find(self, txn: Any | None, pipeline: str, ctx: BatchContext) -> LedgerEntry | None:
+        """Step 2: the entry that committed exactly ``ctx``'s batch, if any.
+
+        ``txn`` None reads outside any transaction (the cheap look before staging).
+
+        A batch with offsets is found by its ranges; a no-data batch (empty ranges)
+        by the checkpoint's query id and Spark's batch id.
+        """
+
+    @abstractmethod
+    def record(self, txn: Any, entry: LedgerEntry) -> None:
+        """Step 4: insert ``entry`` inside the transaction."""
+
+    def is_connection_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the store connection was lost (the commit is retried)."""
+        return False
+
+    def reconnect(self) -> None:  # noqa: B027 - optional hook
+        """Drop a broken connection; the next transaction opens a new one."""
+
+    def lose_connection(self, txn: Any) -> None:
+        """Fault injection: drop the connection inside the open transaction."""
+        raise NotImplementedError(f"{type(self).__name__} cannot drop its connection")
+
+    def describe(self) -> str:
+        return type(self).__name__

@@ -16,15 +16,22 @@ the same transaction as its own rows (steps 1, 2 and 4 of the protocol).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sparkonce.db import Dialect, execute, fetchall, fetchone, write_transaction
+from sparkonce.config import StoreURL
+from sparkonce.db import Dialect, connect, execute, fetchall, fetchone, write_transaction
 from sparkonce.errors import FencedError
-from sparkonce.ledger.base import LedgerEntry, Owner
+from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
 from sparkonce.offsets import BatchRanges, TopicPartition
+
+log = logging.getLogger(__name__)
 
 OWNER_TABLE = "sparkonce_owner"
 LEDGER_TABLE = "sparkonce_ledger"
@@ -218,3 +225,129 @@ def _parse_ts(value: Any) -> datetime:
     if isinstance(value, datetime):
         return value
     return datetime.fromisoformat(str(value))
+
+
+class SqlLedgerStore(LedgerStore):
+    """The ledger store of a SQL sink: :class:`SqlLedger` over the sink's one connection.
+
+    ``transaction()`` is the database's write transaction (``BEGIN IMMEDIATE`` in
+    SQLite, which takes the write lock; ``BEGIN`` in PostgreSQL, where step 1's
+    ``SELECT ... FOR UPDATE`` locks the owner row). Both are held until step 5.
+    """
+
+    def __init__(self, url: StoreURL, dialect: Dialect, *, inspect_hint: str = "") -> None:
+        self.url = url
+        self.dialect = dialect
+        self.ledger = SqlLedger(dialect, inspect_hint=inspect_hint)
+        self._conn: Any = None
+
+    # -- the connection ---------------------------------------------------------------
+    @property
+    def conn(self) -> Any:
+        if self._conn is None:
+            self._conn = connect(self.url)
+            self.ledger.ensure_schema(self._conn)
+        return self._conn
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def reconnect(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            log.debug("closing a broken connection failed", exc_info=True)
+        self._conn = None
+
+    def is_connection_error(self, exc: BaseException) -> bool:
+        if self.dialect.name == "sqlite":
+            return isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc)
+        import psycopg
+
+        if isinstance(exc, psycopg.OperationalError):
+            return True
+        return bool(self._conn is not None and getattr(self._conn, "closed", False))
+
+    def lose_connection(self, txn: Any) -> None:
+        """Fault injection: lose the connection mid-transaction, as a network drop would."""
+        if self.dialect.name == "sqlite":
+            log.warning("fault injection: dropping the connection to %s mid-commit", self.url)
+            txn.close()
+            return
+        import contextlib
+
+        import psycopg
+
+        log.warning("fault injection: terminating this PostgreSQL session mid-commit")
+        with contextlib.suppress(psycopg.OperationalError):  # the server closes the session
+            txn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        raise psycopg.OperationalError("server closed the connection (injected fault)")
+
+    def describe(self) -> str:
+        return str(self.url)
+
+    # -- outside a commit -------------------------------------------------------------
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        return self.ledger.acquire(self.conn, pipeline, source)
+
+    def owner(self, pipeline: str) -> Owner | None:
+        return self.ledger.owner(self.conn, pipeline)
+
+    def entries(self, pipeline: str) -> list[LedgerEntry]:
+        return self.ledger.entries(self.conn, pipeline)
+
+    def last(self, pipeline: str) -> LedgerEntry | None:
+        return self.ledger.last(self.conn, pipeline)
+
+    # -- inside a commit --------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        conn = self.conn
+        with write_transaction(conn, self.dialect):
+            yield conn
+
+    def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
+        self.ledger.check_owner(txn, pipeline, epoch)
+
+    def last_in(self, txn: Any, pipeline: str) -> LedgerEntry | None:
+        return self.ledger.last(txn, pipeline)
+
+    def find(self, txn: Any | None, pipeline: str, ctx: BatchContext) -> LedgerEntry | None:
+        txn = self.conn if txn is None else txn
+        if ctx.ranges.empty:
+            seq = self.ledger.find_no_data_batch(
+                txn, pipeline, ctx.checkpoint_id, ctx.spark_batch_id
+            )
+        else:
+            row = fetchone(
+                txn,
+                self.dialect,
+                f"SELECT seq FROM {LEDGER_TABLE} WHERE pipeline = %s AND ranges = %s "
+                "ORDER BY seq DESC LIMIT 1",
+                (pipeline, ctx.ranges.to_json()),
+            )
+            seq = None if row is None else int(row[0])
+        if seq is None:
+            return None
+        return next((e for e in self.ledger.entries(txn, pipeline) if e.seq == seq), None)
+
+    def record(self, txn: Any, entry: LedgerEntry) -> None:
+        self.ledger.record(
+            txn,
+            pipeline=entry.pipeline,
+            seq=entry.seq,
+            ranges=entry.ranges,
+            epoch=entry.epoch,
+            row_count=entry.row_count,
+            spark_batch_id=entry.spark_batch_id,
+            checkpoint_id=entry.checkpoint_id,
+            stateful=bool(entry.stateful),
+        )

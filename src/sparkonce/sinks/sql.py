@@ -40,7 +40,6 @@ a string in an ``INTEGER`` column without an error.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import re
@@ -48,21 +47,20 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, StoreURL, WriteMode, check_identifier
 from sparkonce.db import (
     Dialect,
-    connect,
     dialect_for,
     fetchall,
     qi,
     qlist,
     write_transaction,
 )
-from sparkonce.errors import ConfigError, SinkError, SparkOnceError
+from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
-from sparkonce.ledger.sql import SqlLedger
-from sparkonce.offsets import Coverage, TopicPartition, classify
-from sparkonce.protocol import CrashPoint, crash_point
+from sparkonce.ledger.sql import SqlLedgerStore
+from sparkonce.offsets import TopicPartition
 from sparkonce.sinks.base import Sink
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,8 +68,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.types import DataType, StructType
 
 log = logging.getLogger(__name__)
-
-COMMIT_ATTEMPTS = 3  # a commit whose connection dropped is retried on a new connection
 
 
 # -- upsert: repeated keys ---------------------------------------------------------------
@@ -278,7 +274,7 @@ def spark_type_for(dialect: str, declared: str) -> str | None:
     return known.get(base)
 
 
-class SqlSink(Sink):
+class SqlSink(Sink, Stager):
     """Driver-commit transactional sink over a SQL store (see the module docstring).
 
     ``mode="append"`` inserts every row; ``mode="upsert"`` inserts or replaces
@@ -327,23 +323,21 @@ class SqlSink(Sink):
         # Spark's output mode of the running query, as given to validate() (once per run).
         self.output_mode: OutputMode = "append"
         self.dialect: Dialect = dialect_for(self.url)
-        self._ledger = SqlLedger(self.dialect, inspect_hint=self._status_hint("{pipeline}"))
-        self._conn: Any = None
+        self._store = SqlLedgerStore(
+            self.url, self.dialect, inspect_hint=self._status_hint("{pipeline}")
+        )
+        self._ledger = self._store.ledger
+        self._committer: Committer | None = None
         self._table_checked = False
 
     # -- lifecycle --------------------------------------------------------
     def open(self) -> None:
-        if self._conn is not None:
-            return
-        self._conn = connect(self.url)
-        self._ledger.ensure_schema(self._conn)
+        self._store.conn  # noqa: B018 - connects and creates the metadata tables
+        if self._committer is None:
+            self._committer = Committer(self._store, self)
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+        self._store.close()
 
     def describe(self) -> str:
         keys = f" keys={list(self.keys)}" if self.keys else ""
@@ -359,9 +353,9 @@ class SqlSink(Sink):
 
     @property
     def conn(self) -> Any:
-        if self._conn is None:
+        if self._committer is None or not self._store.connected:
             self.open()
-        return self._conn
+        return self._store.conn
 
     # -- ownership and progress --------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
@@ -489,102 +483,49 @@ class SqlSink(Sink):
             cols.append(f"PRIMARY KEY ({qlist(self.keys)})")
         conn.execute(f"CREATE TABLE IF NOT EXISTS {qi(self.table)} ({', '.join(cols)})")
 
-    # -- the commit protocol ----------------------------------------------------
+    # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
         """Commit one micro-batch (runs on the driver, inside foreachBatch).
 
-        The rows are collected first, outside the transaction, so the database
-        lock is held only while writing. A dropped connection is retried on a
-        fresh one: the retry's step 2 finds the batch if the lost COMMIT had
-        in fact succeeded.
+        :class:`~sparkonce.commit.Committer` runs the protocol; this sink is its
+        stager: the rows are collected first, outside the transaction, so the
+        database lock is held only while writing.
         """
+        self.open()
+        assert self._committer is not None
+        return self._committer.commit(ctx, df)
+
+    def commit_rows(
+        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
+    ) -> CommitResult:
+        """Commit a batch given as Python rows, without Spark (tests, the simulation)."""
+        self.open()
+        assert self._committer is not None
+        staged = Staged(len(rows), (schema, columns, rows))
+        return self._committer.commit_with(ctx, lambda _seq: staged)
+
+    def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
+        """Collect the batch's rows on the driver (outside the store transaction)."""
         table = df.toArrow()
         columns = list(table.column_names)
         rows = self._rows_from_arrow(table, df.schema)
-        crash_point(CrashPoint.BEFORE_COMMIT)
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            try:
-                result = self._commit_once(ctx, df.schema, columns, rows)
-                break
-            except SparkOnceError:
-                raise  # already explains itself (fenced, ledger conflict, bad rows, ...)
-            except Exception as exc:
-                if not self._is_connection_error(exc) or attempt == COMMIT_ATTEMPTS:
-                    raise self._wrap_write_error(exc, ctx) from exc
-                log.warning(
-                    "pipeline %r batch %s: connection to %s lost during commit (%s); "
-                    "retrying on a new connection (attempt %d/%d)",
-                    ctx.pipeline,
-                    ctx.ranges,
-                    self.url.address,
-                    exc,
-                    attempt + 1,
-                    COMMIT_ATTEMPTS,
-                )
-                self._drop_connection()
-        crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
-        return result
+        return Staged(len(rows), (df.schema, columns, rows))
 
-    def _commit_once(
-        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
-    ) -> CommitResult:
-        conn = self.conn
-        with write_transaction(conn, self.dialect):
-            # Step 1: this run's epoch must still be the owner's (row lock in PostgreSQL,
-            # database write lock in SQLite, held until step 5).
-            self._ledger.check_owner(conn, ctx.pipeline, ctx.epoch)
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        """Step 3: write the rows. In complete mode the batch is the whole result: it
+        replaces the table's content, in this same transaction."""
+        schema, columns, rows = staged.payload
+        if not self._table_checked:
+            self._create_table(txn, schema)
+        if self.output_mode == "complete":
+            txn.execute(f"DELETE FROM {qi(self.table)}")
+        self._write_rows(txn, columns, rows, schema)
 
-            # Step 2: a batch the ledger already covers is a replay: do nothing.
-            last = self._ledger.last(conn, ctx.pipeline)
-            coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
-            if coverage is Coverage.COMMITTED:
-                assert last is not None
-                seq = self._covering_seq(conn, ctx, last)
-                return CommitResult(True, 0, seq, "offsets already in the ledger (replay)")
-            if coverage is Coverage.NO_DATA:
-                seq = self._ledger.find_no_data_batch(
-                    conn, ctx.pipeline, ctx.checkpoint_id, ctx.spark_batch_id
-                )
-                if seq is not None:
-                    return CommitResult(True, 0, seq, "no-data batch already committed (replay)")
-                if not rows and self.output_mode != "complete":
-                    return CommitResult(True, 0, None, "no new offsets and no rows")
-
-            # Step 3: make the batch's rows visible. In complete mode the batch is the
-            # whole result: it replaces the table's content, in this same transaction.
-            if not self._table_checked:
-                self._create_table(conn, schema)
-            if self.output_mode == "complete":
-                conn.execute(f"DELETE FROM {qi(self.table)}")
-            self._write_rows(conn, columns, rows, schema)
-            if crash_point(CrashPoint.AFTER_ROWS):
-                self._lose_connection(conn)
-
-            # Step 4: the ledger row, in the same transaction.
-            seq = 0 if last is None else last.seq + 1
-            self._ledger.record(
-                conn,
-                pipeline=ctx.pipeline,
-                seq=seq,
-                ranges=ctx.ranges,
-                epoch=ctx.epoch,
-                row_count=len(rows),
-                spark_batch_id=ctx.spark_batch_id,
-                checkpoint_id=ctx.checkpoint_id,
-                stateful=ctx.stateful,
-            )
-            crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
-            # Step 5: commit (on leaving the with-block).
+    def after_commit(self, ctx: BatchContext) -> None:
         self._table_checked = True
-        return CommitResult(False, len(rows), seq)
 
-    def _covering_seq(self, conn: Any, ctx: BatchContext, last: LedgerEntry) -> int | None:
-        if last.ranges == ctx.ranges:
-            return last.seq
-        for entry in reversed(self._ledger.entries(conn, ctx.pipeline)):
-            if entry.ranges == ctx.ranges:
-                return entry.seq
-        return None
+    def keeps_empty_no_data_batches(self) -> bool:
+        return self.output_mode == "complete"
 
     # -- row writing ----------------------------------------------------------------
     def _write_rows(
@@ -660,23 +601,15 @@ class SqlSink(Sink):
         cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
         return list(zip(*cols, strict=True)) if cols else []
 
-    def _lose_connection(self, conn: Any) -> None:
-        """Fault injection: lose the connection mid-transaction, as a network drop would."""
-        log.warning("fault injection: dropping the connection to %s mid-commit", self.url.address)
-        conn.close()
-
     # -- errors ----------------------------------------------------------------
     def _is_connection_error(self, exc: Exception) -> bool:
-        import sqlite3
-
-        return isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc)
+        return self._store.is_connection_error(exc)
 
     def _drop_connection(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            log.debug("closing a broken connection failed", exc_info=True)
-        self._conn = None
+        self._store.reconnect()
+
+    def _lose_connection(self, conn: Any) -> None:
+        self._store.lose_connection(conn)
 
     def _wrap_write_error(self, exc: Exception, ctx: BatchContext) -> SinkError:
         return SinkError(
@@ -792,18 +725,3 @@ class PostgresSink(SqlSink):
             f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM sparkonce_stage"
             + self._upsert_clause(columns)
         )
-
-    def _lose_connection(self, conn: Any) -> None:
-        log.warning("fault injection: terminating this PostgreSQL session mid-commit")
-        import psycopg
-
-        with contextlib.suppress(psycopg.OperationalError):  # the server closes the session
-            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
-        raise psycopg.OperationalError("server closed the connection (injected fault)")
-
-    def _is_connection_error(self, exc: Exception) -> bool:
-        import psycopg
-
-        if isinstance(exc, psycopg.OperationalError):
-            return True
-        return bool(self._conn is not None and getattr(self._conn, "closed", False))

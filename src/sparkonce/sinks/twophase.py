@@ -70,12 +70,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkonce.commit import Staged
 from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
-from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SparkOnceError
+from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
 from sparkonce.ledger.base import BatchContext, CommitResult, Owner
-from sparkonce.offsets import Coverage, classify
-from sparkonce.protocol import CrashPoint, crash_point, task_failure_requested
+from sparkonce.protocol import task_failure_requested
 from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,15 +125,16 @@ class PostgresTwoPhaseSink(PostgresSink):
         # Where tasks pre-commit: the data table under the view, or the upsert stage.
         self.precommit_table = self.table + (DATA_SUFFIX if mode == "append" else STAGE_SUFFIX)
         self._ready = False
+        self._attempts_ready = False
 
     def describe(self) -> str:
         return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
 
     # -- lifecycle -------------------------------------------------------------
     def open(self) -> None:
-        if self._conn is not None:
-            return
         super().open()
+        if self._attempts_ready:
+            return
         conn = self.conn
         with write_transaction(conn, self.dialect):
             conn.execute("SELECT pg_advisory_xact_lock(727274)")
@@ -149,6 +150,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                 f"CREATE INDEX IF NOT EXISTS {ATTEMPTS_TABLE}_open ON {ATTEMPTS_TABLE} "
                 "(pipeline, target) WHERE state = 'precommitted'"
             )
+        self._attempts_ready = True
 
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
         """Take the next epoch (fencing older runs), then collect what older runs left."""
@@ -223,27 +225,18 @@ class PostgresTwoPhaseSink(PostgresSink):
                 )
         self._ready = True
 
-    # -- the commit protocol --------------------------------------------------------
+    # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
         """Pre-commit in the tasks, then flip the successful attempts with the ledger row."""
-        # A cheap look first: a replayed batch must not even run its tasks.
-        self._ledger.check_owner(self.conn, ctx.pipeline, ctx.epoch)
-        last = self._ledger.last(self.conn, ctx.pipeline)
-        coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
-        if coverage is Coverage.COMMITTED:
-            assert last is not None
-            seq = self._covering_seq(self.conn, ctx, last)
-            return CommitResult(True, 0, seq, "offsets already in the ledger (replay)")
-        if coverage is Coverage.NO_DATA:
-            found = self._ledger.find_no_data_batch(
-                self.conn, ctx.pipeline, ctx.checkpoint_id, ctx.spark_batch_id
-            )
-            if found is not None:
-                return CommitResult(True, 0, found, "no-data batch already committed (replay)")
-        seq = 0 if last is None else last.seq + 1
-        self._ensure_tables(df.schema)
+        self.open()
+        assert self._committer is not None
+        return self._committer.commit(ctx, df)
 
-        crash_point(CrashPoint.BEFORE_COMMIT)
+    def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
+        """The tasks pre-commit their rows, each under a fresh attempt id (executors)."""
+        # A cheap fence first: a fenced run does not even start its tasks.
+        self._ledger.check_owner(self.conn, ctx.pipeline, ctx.epoch)
+        self._ensure_tables(df.schema)
         plan = _TaskPlan(
             url=self.url,
             table=self.precommit_table,
@@ -253,113 +246,54 @@ class PostgresTwoPhaseSink(PostgresSink):
             epoch=ctx.epoch,
             seq=seq,
         )
-        try:
-            results = df.mapInArrow(lambda it: _precommit_task(plan, it), _TASK_RESULT).collect()
-            if any(r["fenced"] for r in results):
-                owner = self.owner(ctx.pipeline)
-                raise FencedError(
-                    ctx.pipeline,
-                    ctx.epoch,
-                    owner.epoch if owner else 0,
-                    self._status_hint(ctx.pipeline),
-                    owner.holder if owner else "",
-                )
-            attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
-            rows = sum(int(r["rows"]) for r in results)
-            result = self._commit_attempts(ctx, seq, attempts, rows, list(plan.columns))
-        except BaseException:
-            self._collect_after_failure(ctx)
-            raise
-        crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
-        self.collect(ctx.pipeline, ctx.epoch)
-        return result
-
-    def _commit_attempts(
-        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int, columns: list[str]
-    ) -> CommitResult:
-        try:
-            return self._commit_attempts_once(ctx, seq, attempts, rows, columns)
-        except SparkOnceError:
-            raise
-        except Exception as exc:
-            if not self._is_connection_error(exc):
-                raise self._wrap_write_error(exc, ctx) from exc
-            # The COMMIT may have gone through before the connection dropped: look.
-            log.warning(
-                "pipeline %r batch %s: connection to %s lost during commit (%s); checking the "
-                "ledger on a new connection",
+        results = df.mapInArrow(lambda it: _precommit_task(plan, it), _TASK_RESULT).collect()
+        if any(r["fenced"] for r in results):
+            owner = self.owner(ctx.pipeline)
+            raise FencedError(
                 ctx.pipeline,
-                ctx.ranges,
-                self.url.address,
-                exc,
+                ctx.epoch,
+                owner.epoch if owner else 0,
+                self._status_hint(ctx.pipeline),
+                owner.holder if owner else "",
             )
-            self._drop_connection()
-            last = self._ledger.last(self.conn, ctx.pipeline)
-            if last is not None and last.seq == seq and last.ranges == ctx.ranges:
-                return CommitResult(False, rows, seq)
-            return self._commit_attempts_once(ctx, seq, attempts, rows, columns)
+        attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
+        rows = sum(int(r["rows"]) for r in results)
+        return Staged(rows, (seq, attempts, list(plan.columns)))
 
-    def _commit_attempts_once(
-        self, ctx: BatchContext, seq: int, attempts: list[int], rows: int, columns: list[str]
-    ) -> CommitResult:
-        conn = self.conn
-        with write_transaction(conn, self.dialect):
-            # Step 1: still the owner? (row lock until step 5)
-            self._ledger.check_owner(conn, ctx.pipeline, ctx.epoch)
-            # Step 2: the ledger may have moved since the look before the tasks ran.
-            last = self._ledger.last(conn, ctx.pipeline)
-            coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
-            if coverage is Coverage.COMMITTED:
-                assert last is not None
-                covering = self._covering_seq(conn, ctx, last)
-                return CommitResult(True, 0, covering, "offsets already in the ledger (replay)")
-            if (0 if last is None else last.seq + 1) != seq:
-                raise LedgerError(
-                    f"pipeline {ctx.pipeline!r}: the ledger moved while batch {ctx.ranges} was "
-                    f"being pre-committed (expected entry {seq}); another writer is using this "
-                    f"pipeline's ledger. Inspect it with: {self._status_hint(ctx.pipeline)}"
-                )
-            if not attempts and coverage is Coverage.NO_DATA:
-                return CommitResult(True, 0, None, "no new offsets and no rows")
-            # Step 3: make exactly the attempts Spark reported successful visible. Append
-            # mode flips their state (the view shows committed attempts); upsert mode merges
-            # their rows into the table, so their attempt rows go, and the attempts table
-            # only ever holds batches in flight.
-            change = (
-                f"DELETE FROM {ATTEMPTS_TABLE}"
-                if self.mode == "upsert"
-                else f"UPDATE {ATTEMPTS_TABLE} SET state = 'committed'"
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        """Step 3: make exactly the attempts Spark reported successful visible.
+
+        Append mode flips their state (the view shows committed attempts); upsert
+        mode merges their rows into the table, so their attempt rows go, and the
+        attempts table only ever holds batches in flight.
+        """
+        seq, attempts, columns = staged.payload
+        conn = txn
+        change = (
+            f"DELETE FROM {ATTEMPTS_TABLE}"
+            if self.mode == "upsert"
+            else f"UPDATE {ATTEMPTS_TABLE} SET state = 'committed'"
+        )
+        flipped = conn.execute(
+            f"{change} WHERE attempt_id = ANY(%s) AND pipeline = %s AND target = %s "
+            "AND epoch = %s AND seq = %s AND state = 'precommitted'",
+            (attempts, ctx.pipeline, self.table, ctx.epoch, seq),
+        ).rowcount
+        if flipped != len(attempts):
+            raise LedgerError(
+                f"pipeline {ctx.pipeline!r} batch {ctx.ranges}: {len(attempts) - flipped} of "
+                f"the {len(attempts)} successful task attempts have no pre-committed rows in "
+                f"{ATTEMPTS_TABLE}; something removed them. Nothing of the batch was "
+                "committed; restart the run to replay it."
             )
-            flipped = conn.execute(
-                f"{change} WHERE attempt_id = ANY(%s) AND pipeline = %s AND target = %s "
-                "AND epoch = %s AND seq = %s AND state = 'precommitted'",
-                (attempts, ctx.pipeline, self.table, ctx.epoch, seq),
-            ).rowcount
-            if flipped != len(attempts):
-                raise LedgerError(
-                    f"pipeline {ctx.pipeline!r} batch {ctx.ranges}: {len(attempts) - flipped} of "
-                    f"the {len(attempts)} successful task attempts have no pre-committed rows in "
-                    f"{ATTEMPTS_TABLE}; something removed them. Nothing of the batch was "
-                    "committed; restart the run to replay it."
-                )
-            if self.mode == "upsert" and attempts:
-                self._merge(conn, attempts, columns)
-            if crash_point(CrashPoint.AFTER_ROWS):
-                self._lose_connection(conn)
-            # Step 4: the ledger row, in the same transaction.
-            self._ledger.record(
-                conn,
-                pipeline=ctx.pipeline,
-                seq=seq,
-                ranges=ctx.ranges,
-                epoch=ctx.epoch,
-                row_count=rows,
-                spark_batch_id=ctx.spark_batch_id,
-                checkpoint_id=ctx.checkpoint_id,
-                stateful=ctx.stateful,
-            )
-            crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
-        return CommitResult(False, rows, seq)
+        if self.mode == "upsert" and attempts:
+            self._merge(conn, attempts, columns)
+
+    def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
+        self._collect_after_failure(ctx)
+
+    def after_commit(self, ctx: BatchContext) -> None:
+        self.collect(ctx.pipeline, ctx.epoch)
 
     def _merge(self, conn: Any, attempts: list[int], columns: list[str]) -> None:
         """Upsert: merge the successful attempts' staged rows into the table by key.

@@ -1,0 +1,6 @@
+"""The committer: steps 1-5 of the commit protocol, once for every sink."""
+
+from sparkonce.commit.base import Staged, Stager
+from sparkonce.commit.committer import COMMIT_ATTEMPTS, Committer
+
+__all__ = ["COMMIT_ATTEMPTS", "Committer", "Staged", "Stager"]

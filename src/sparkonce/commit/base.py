@@ -1,0 +1,66 @@
+"""What a sink brings to the committer besides its ledger store: a stager.
+
+The committer (:mod:`sparkonce.commit.committer`) runs the protocol's five steps
+once for every sink. What differs between stores is small:
+
+* a :class:`~sparkonce.ledger.base.LedgerStore` keeps the owner epochs and the
+  ledger inside the sink's store, and opens the store transaction that steps 1-5
+  run in;
+* a :class:`Stager` gets a batch's rows ready outside that transaction (collected
+  on the driver, or pre-committed by Spark's tasks) and makes them visible inside
+  it (step 3).
+
+Where each hook runs: everything here runs on the **driver**, except what a
+stager's ``prepare`` starts in Spark tasks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.ledger.base import BatchContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+
+@dataclass
+class Staged:
+    """A batch made ready by :meth:`Stager.prepare`: its rows, and what publishing needs.
+
+    ``rows`` counts the batch's output rows (the ledger entry's row count).
+    ``payload`` is the stager's own: collected rows, the ids of pre-committed task
+    attempts, and so on.
+    """
+
+    rows: int
+    payload: Any = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Stager(ABC):
+    """How a sink gets a batch's rows ready and makes them visible."""
+
+    @abstractmethod
+    def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
+        """Outside the store transaction: collect the rows, or pre-commit them in tasks.
+
+        ``seq`` is the ledger entry the batch will become. Raising here commits
+        nothing. A stager whose tasks find the run fenced raises ``FencedError``.
+        """
+
+    @abstractmethod
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        """Step 3, inside the transaction: make exactly the staged rows visible."""
+
+    def abort(self, ctx: BatchContext, staged: Staged | None) -> None:  # noqa: B027
+        """The batch failed: clean up what ``prepare`` left (best effort, never raises)."""
+
+    def after_commit(self, ctx: BatchContext) -> None:  # noqa: B027
+        """After step 5 (for example, collect aborted pre-commits)."""
+
+    def keeps_empty_no_data_batches(self) -> bool:
+        """Whether a no-data batch with no rows still commits (complete mode empties)."""
+        return False

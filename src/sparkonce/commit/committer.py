@@ -1,0 +1,220 @@
+"""The committer: the protocol's five steps, written once for every sink.
+
+:meth:`Committer.commit` runs, for one micro-batch, on the driver:
+
+0. A cheap look at the ledger, outside any transaction: a replay of a committed
+   batch is skipped before any rows are staged (no task runs for it).
+   The batch's rows are then staged (:meth:`Stager.prepare`): collected on the
+   driver, or pre-committed by Spark's tasks. Crash point ``before-commit`` comes
+   first.
+
+Then, in **one transaction of the store** (:meth:`LedgerStore.transaction`):
+
+1. The run's epoch must still be the owner's, or ``FencedError``.
+2. A batch the ledger already covers is a replay: nothing is written. A batch the
+   ledger contradicts (a gap, a partial overlap, an entry written meanwhile by
+   another writer) raises ``LedgerError``.
+3. The stager makes exactly the staged rows visible. Crash point ``after-rows``.
+4. The ledger entry is inserted. Crash point ``before-ledger-commit``.
+5. The transaction commits. Crash point ``after-ledger-commit``.
+
+A lost store connection anywhere in 1-5 is retried on a new connection, up to
+``attempts`` times in all (one retry policy for every sink). That is safe: the
+retry's step 2 finds the batch if the lost COMMIT had in fact gone through.
+
+A no-data batch (empty ranges: the watermark moved or a timeout fired) that
+emits no rows commits nothing and leaves no entry, unless the stager keeps such
+batches (complete output mode empties the table).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sparkonce.commit.base import Staged, Stager
+from sparkonce.errors import LedgerError, SinkError, SparkOnceError
+from sparkonce.faults import FaultPlan
+from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, LedgerStore
+from sparkonce.offsets import Coverage, classify
+from sparkonce.protocol import CrashPoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+COMMIT_ATTEMPTS = 3  # a commit whose store connection dropped is retried on a new one
+
+
+class Committer:
+    """Runs steps 1-5 of the protocol for one sink: a ledger store plus a stager."""
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        stager: Stager,
+        *,
+        faults: FaultPlan | None = None,
+        attempts: int = COMMIT_ATTEMPTS,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be >= 1")
+        self.store = store
+        self.stager = stager
+        self.faults = faults if faults is not None else FaultPlan.from_env()
+        self.attempts = attempts
+
+    # -- the protocol -------------------------------------------------------------------
+    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
+        """Commit one micro-batch; calling it again for a committed batch is a no-op."""
+        return self.commit_with(ctx, lambda seq: self.stager.prepare(ctx, df, seq))
+
+    def commit_with(self, ctx: BatchContext, stage: Callable[[int], Staged]) -> CommitResult:
+        """:meth:`commit`, with ``stage(seq)`` in place of the stager's ``prepare``.
+
+        For callers that stage a batch without Spark (the protocol simulation, unit
+        tests): the steps, retries and crash points are the same.
+        """
+        # Step 0: skip a replay before anything is staged.
+        last = self.store.last(ctx.pipeline)
+        skipped = self._replay(ctx, last, None)
+        if skipped is not None:
+            return skipped
+        seq = 0 if last is None else last.seq + 1
+
+        self.faults.crash_point(CrashPoint.BEFORE_COMMIT)
+        staged: Staged | None = None
+        try:
+            staged = stage(seq)
+            result = self._commit_staged(ctx, seq, staged)
+        except BaseException:
+            self.stager.abort(ctx, staged)
+            raise
+        self.faults.crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
+        if not result.skipped:
+            self.stager.after_commit(ctx)
+        return result
+
+    def _commit_staged(self, ctx: BatchContext, seq: int, staged: Staged) -> CommitResult:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self._transaction(ctx, seq, staged, retry=attempt > 1)
+            except SparkOnceError:
+                raise  # explains itself: fenced, ledger conflict, bad rows...
+            except Exception as exc:
+                if not self.store.is_connection_error(exc) or attempt == self.attempts:
+                    raise _write_error(ctx, self.store, exc) from exc
+                log.warning(
+                    "pipeline %r batch %s: connection to %s lost during commit (%s); "
+                    "retrying on a new connection (attempt %d/%d)",
+                    ctx.pipeline,
+                    ctx.ranges,
+                    self.store.describe(),
+                    exc,
+                    attempt + 1,
+                    self.attempts,
+                )
+                self.store.reconnect()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _transaction(
+        self, ctx: BatchContext, seq: int, staged: Staged, *, retry: bool = False
+    ) -> CommitResult:
+        store = self.store
+        with store.transaction() as txn:
+            # Step 1: still the owner? (the store holds the lock until step 5)
+            store.check_owner(txn, ctx.pipeline, ctx.epoch)
+
+            # Step 2: a replay, or a batch the ledger contradicts?
+            last = store.last_in(txn, ctx.pipeline)
+            skipped = self._replay(ctx, last, txn)
+            if skipped is not None:
+                if retry and skipped.seq == seq and last is not None and last.epoch == ctx.epoch:
+                    # The COMMIT whose connection was lost had gone through: ours.
+                    return CommitResult(False, staged.rows, seq)
+                return skipped
+            if (0 if last is None else last.seq + 1) != seq:
+                raise LedgerError(
+                    f"pipeline {ctx.pipeline!r}: the ledger in {store.describe()} moved while "
+                    f"batch {ctx.ranges} was being staged (expected entry {seq}); another "
+                    "writer is using this pipeline's ledger. Nothing of the batch was committed."
+                )
+            empty = ctx.ranges.empty and staged.rows == 0
+            if empty and not self.stager.keeps_empty_no_data_batches():
+                return CommitResult(True, 0, None, "no new offsets and no rows")
+
+            # Step 3: make the staged rows visible.
+            self.stager.publish(txn, ctx, staged)
+            if self.faults.crash_point(CrashPoint.AFTER_ROWS):
+                store.lose_connection(txn)
+
+            # Step 4: the ledger entry, in the same transaction.
+            store.record(txn, _entry(ctx, seq, staged))
+            self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
+            # Step 5: commit, on leaving the with-block.
+        return CommitResult(False, staged.rows, seq)
+
+    def _replay(
+        self, ctx: BatchContext, last: LedgerEntry | None, txn: object | None
+    ) -> CommitResult | None:
+        """Step 2: the skip result if the ledger already holds this batch, else None."""
+        coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
+        if coverage is Coverage.NEW:
+            return None
+        if coverage is Coverage.COMMITTED:
+            found = self._find(ctx, last, txn)
+            return CommitResult(
+                True,
+                0,
+                None if found is None else found.seq,
+                "offsets already in the ledger (replay)",
+            )
+        found = self._find(ctx, last, txn)  # a no-data batch: by its Spark identity
+        if found is not None:
+            return CommitResult(True, 0, found.seq, "no-data batch already committed (replay)")
+        return None
+
+    def _find(
+        self, ctx: BatchContext, last: LedgerEntry | None, txn: object | None
+    ) -> LedgerEntry | None:
+        if last is not None and _same_batch(last, ctx):
+            return last
+        return self.store.find(txn, ctx.pipeline, ctx)
+
+
+def _same_batch(entry: LedgerEntry, ctx: BatchContext) -> bool:
+    if entry.ranges != ctx.ranges:
+        return False
+    if not ctx.ranges.empty:
+        return True
+    return (
+        ctx.checkpoint_id is not None
+        and entry.checkpoint_id == ctx.checkpoint_id
+        and entry.spark_batch_id == ctx.spark_batch_id
+    )
+
+
+def _entry(ctx: BatchContext, seq: int, staged: Staged) -> LedgerEntry:
+    from datetime import UTC, datetime
+
+    return LedgerEntry(
+        pipeline=ctx.pipeline,
+        seq=seq,
+        ranges=ctx.ranges,
+        epoch=ctx.epoch,
+        row_count=staged.rows,
+        committed_at=datetime.now(UTC),
+        spark_batch_id=ctx.spark_batch_id,
+        checkpoint_id=ctx.checkpoint_id,
+        stateful=ctx.stateful,
+    )
+
+
+def _write_error(ctx: BatchContext, store: LedgerStore, exc: Exception) -> SinkError:
+    return SinkError(
+        f"pipeline {ctx.pipeline!r}: committing batch {ctx.ranges} to {store.describe()} "
+        f"failed: {exc}. The transaction was rolled back; nothing of the batch is visible and "
+        "the ledger is unchanged. Fix the cause and restart the run; the batch will be replayed."
+    )
