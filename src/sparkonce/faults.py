@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,9 @@ class FaultPlan:
     drop_connection: Spec | None = None
     fail_tasks: frozenset[str] = frozenset()
     events: Path | None = None
+    # What a crash does: SIGKILL this process (and its group) in real runs. The protocol
+    # simulation raises an exception instead, so one process can play many runs.
+    on_crash: Callable[[], None] = kill_self
     _hits: dict[CrashPoint, int] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -99,7 +102,7 @@ class FaultPlan:
             signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         if self.crash == (point, hit):
             self._event("crash", point, hit)
-            kill_self()
+            self.on_crash()
         if self.drop_connection == (point, hit):
             self._event("drop-connection", point, hit)
             return True

@@ -89,7 +89,9 @@ class Committer:
         try:
             staged = stage(seq)
             result = self._commit_staged(ctx, seq, staged)
-        except BaseException:
+        except Exception:
+            # The batch failed (not the process: a crash runs no cleanup, and what it
+            # leaves is collected when the next run starts).
             self.stager.abort(ctx, staged)
             raise
         self.faults.crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
