@@ -217,7 +217,9 @@ def classify(batch: BatchRanges, committed_end: Mapping[TopicPartition, int]) ->
     """Step 2 of the commit protocol: is ``batch`` new, a replay, or neither?
 
     ``committed_end`` holds the ledger's end offset per partition (missing: the
-    partition was never committed). Raises :class:`LedgerError` for a batch that
+    partition was never committed). An empty range counts as old when it sits behind
+    the committed end (it belongs to a replayed batch), and tells nothing when it sits
+    at it. Raises :class:`LedgerError` for a batch that
     would leave a gap (records skipped) or overlaps the ledger only in part;
     both mean the source and the ledger disagree, and committing would lose or
     duplicate records.
@@ -229,6 +231,10 @@ def classify(batch: BatchRanges, committed_end: Mapping[TopicPartition, int]) ->
         if r.empty:
             if c is not None and r.start > c:
                 raise _gap(r, c)
+            if c is not None and r.start < c:
+                # Behind the ledger: this partition's position belongs to an older batch
+                # (a replay). Beside a new range it would move the resume point back.
+                old.append(r)
             continue
         if c is None or r.start == c:
             new.append(r)

@@ -161,7 +161,9 @@ def test_find_no_data_batch(conn: Any, ledger: SqlLedger) -> None:
     _record(ledger, conn, 1, _b(("t", 0, 5, 5)), batch_id=1, checkpoint="cp1")
     _record(ledger, conn, 0, _b(("t", 0, 5, 5)), pipeline="q", batch_id=1, checkpoint="cp1")
     assert ledger.find_no_data_batch(conn, "p", "cp1", 1) == 1
-    assert ledger.find_no_data_batch(conn, "p", "cp1", 0) == 0
+    # Entry 0 has the identity (cp1, 0) but covers offsets: it is not a no-data batch (an
+    # older run of a restored checkpoint can share the identity with a no-data batch).
+    assert ledger.find_no_data_batch(conn, "p", "cp1", 0) is None
     assert ledger.find_no_data_batch(conn, "p", "cp1", 2) is None
     assert ledger.find_no_data_batch(conn, "p", "cp2", 1) is None
     assert ledger.find_no_data_batch(conn, "p", None, 1) is None

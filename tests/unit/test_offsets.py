@@ -246,9 +246,28 @@ def test_classify_committed() -> None:
 def test_classify_no_data() -> None:
     assert classify(BatchRanges(()), {}) is Coverage.NO_DATA
     assert classify(_b(("t", 0, 4, 4)), {}) is Coverage.NO_DATA
-    assert classify(_b(("t", 0, 10, 10), ("t", 1, 2, 2)), {("t", 0): 10, ("t", 1): 4}) is (
+    assert classify(_b(("t", 0, 10, 10), ("t", 1, 4, 4)), {("t", 0): 10, ("t", 1): 4}) is (
         Coverage.NO_DATA
     )
+    # An empty range behind the ledger's end belongs to an older batch: a replay.
+    assert classify(_b(("t", 0, 10, 10), ("t", 1, 2, 2)), {("t", 0): 10, ("t", 1): 4}) is (
+        Coverage.COMMITTED
+    )
+
+
+def test_an_empty_range_behind_the_ledger_is_old_and_never_moves_the_resume_point_back() -> None:
+    """Found by the protocol simulation (a checkpoint restored from an old backup): a batch
+    with a new range in one partition and an empty range *behind* the ledger's end in
+    another was NEW, and its ledger entry moved that partition's resume point back, so the
+    next run committed those offsets again."""
+    committed = {("t", 0): 10, ("t", 1): 20}
+    with pytest.raises(LedgerError, match="mixes ranges already committed"):
+        classify(_b(("t", 0, 10, 15), ("t", 1, 12, 12)), committed)
+    # On its own it belongs to a replayed batch; at the end it tells nothing.
+    assert classify(_b(("t", 0, 5, 10), ("t", 1, 12, 12)), committed) is Coverage.COMMITTED
+    assert classify(_b(("t", 0, 10, 15), ("t", 1, 20, 20)), committed) is Coverage.NEW
+    assert classify(_b(("t", 0, 10, 10), ("t", 1, 20, 20)), committed) is Coverage.NO_DATA
+    assert classify(_b(("t", 0, 4, 4)), committed) is Coverage.COMMITTED
 
 
 def test_classify_gap_raises() -> None:

@@ -146,17 +146,24 @@ class SqlLedger:
     def find_no_data_batch(
         self, conn: Any, pipeline: str, checkpoint_id: str | None, spark_batch_id: int
     ) -> int | None:
-        """The seq of a committed no-data batch with this Spark identity, if any."""
+        """The seq of a committed no-data batch with this Spark identity, if any.
+
+        Only an entry with empty ranges counts: a data batch of an older run of the same
+        checkpoint (restored from a backup, say) can carry the same identity.
+        """
         if checkpoint_id is None:
             return None
-        row = fetchone(
+        rows = fetchall(
             conn,
             self.dialect,
-            f"SELECT seq FROM {LEDGER_TABLE} WHERE pipeline = %s AND checkpoint_id = %s "
-            "AND spark_batch_id = %s",
+            f"SELECT seq, ranges FROM {LEDGER_TABLE} WHERE pipeline = %s AND checkpoint_id = %s "
+            "AND spark_batch_id = %s ORDER BY seq DESC",
             (pipeline, checkpoint_id, spark_batch_id),
         )
-        return None if row is None else int(row[0])
+        for seq, ranges in rows:
+            if BatchRanges.from_json(ranges).empty:
+                return int(seq)
+        return None
 
     def record(
         self,
