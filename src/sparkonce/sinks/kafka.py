@@ -6,20 +6,28 @@ the same Spark partitions). Work may run more than once; only one attempt's
 records per output partition of a batch ever become visible to
 ``read_committed`` readers.
 
-How a batch commits (the steps of :mod:`sparkonce.protocol`, adapted to a store
-that commits per task)::
+How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
+:mod:`sparkonce.protocol` with the ledger topic as its ledger store
+(:class:`~sparkonce.ledger.kafka_topic.KafkaLedgerStore`) and this sink as its
+stager. Because Kafka commits per task, step 3 runs in the stager's
+``prepare``, before the driver's transaction opens::
 
-    driver   step 1   the run's epoch is still the owner's (ledger topic; the driver's
-                      transactional producer is fenced by any newer run)
-    driver   step 2   a batch the ledger already covers is a replay: nothing runs
-    tasks    step 3   each Spark task p: init_transactions() with transactional.id
-                      "sparkonce.<pipeline>.<topic>.<p>" (bumps the producer epoch, which
-                      fences and aborts any zombie attempt of the same task), then reads
-                      the ledger topic: if its marker for this batch is committed it does
-                      nothing; otherwise it writes its records and its marker (pipeline,
-                      batch offsets, partition) in ONE transaction and commits it
-    driver   step 4   the batch's ledger entry, in the driver's own transaction
-    driver   step 5   commit; only then does Spark write its commit log
+    driver   committer  step 2 (early look): a batch the ledger already covers is a
+                        replay: nothing runs
+    driver   stager     the run's epoch is still the owner's (checked early, so a fenced
+                        run starts no task); a partly committed batch must be this one
+    tasks    stager     step 3, each Spark task p: init_transactions() with transactional.id
+                        "sparkonce.<pipeline>.<topic>.<p>" (bumps the producer epoch, which
+                        fences and aborts any zombie attempt of the same task), then reads
+                        the ledger topic: if its marker for this batch is committed it does
+                        nothing; otherwise it writes its records and its marker (pipeline,
+                        batch offsets, partition) in ONE transaction and commits it
+    driver   committer  step 1: the run's epoch is still the owner's (ledger topic; the
+                        driver's transactional producer is fenced by any newer run)
+    driver   committer  step 2: a replay is skipped; publish (step 3) has nothing left to do
+    driver   committer  step 4: the batch's ledger entry, in the driver's own Kafka transaction
+    driver   committer  step 5: commit it (and wait until it is readable); only then does
+                        Spark write its commit log
 
 A crash between step 3 and step 5 leaves some tasks' transactions committed.
 The replay (same offsets, from Spark's checkpoint) runs every task again; the
@@ -54,20 +62,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
-from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, TopicNotFoundError
-from sparkonce.kafka.client import KafkaConnection, KafkaUnavailableError
+from sparkonce.errors import ConfigError, LedgerError, SinkError, TopicNotFoundError
+from sparkonce.faults import FaultPlan
+from sparkonce.kafka.client import KafkaConnection
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
+from sparkonce.ledger.kafka_topic import (
+    TIMEOUT_S,
+    KafkaLedgerStore,
+    LedgerState,
+    LedgerTopic,
+)
+from sparkonce.ledger.kafka_topic import transactional_id as _transactional_id
 from sparkonce.offsets import BatchRanges, Coverage, TopicPartition, classify
-from sparkonce.protocol import CrashPoint, crash_point
 from sparkonce.sinks.base import Sink
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,115 +91,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 LEDGER_SUFFIX = ".sparkonce-ledger"
-TIMEOUT_S = 30.0
-_FENCED_CODES = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
-
-
-# --- the ledger topic -----------------------------------------------------------------------
-
-
-@dataclass
-class LedgerState:
-    """What the ledger topic says about one pipeline, folded from its records."""
-
-    owner: Owner | None = None
-    entries: list[LedgerEntry] = field(default_factory=list)
-    markers: dict[int, dict[str, Any]] = field(default_factory=dict)  # partition -> last marker
-    after_last_entry: int = 0  # ledger offset just after the last batch entry
-
-
-class LedgerTopic:
-    """Reads and folds the ledger topic (``read_committed``) from an offset onwards."""
-
-    def __init__(self, conn: KafkaConnection, topic: str) -> None:
-        self.conn = conn
-        self.topic = topic
-
-    def read(self, start: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """Committed ledger records from ``start`` to the last stable offset, and that offset."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        consumer = Consumer(
-            self.conn.client_config(
-                group_id="sparkonce-ledger-reader",
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                enable_partition_eof=True,
-            )
-        )
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, 0), timeout=TIMEOUT_S, cached=False
-            )
-            pos = max(start, low)
-            records: list[dict[str, Any]] = []
-            if pos >= high:
-                return records, max(pos, high)
-            consumer.assign([TopicPartition(self.topic, 0, pos)])
-            deadline = time.monotonic() + TIMEOUT_S
-            while True:
-                msgs = consumer.consume(num_messages=1000, timeout=1.0)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == -191:  # _PARTITION_EOF
-                            continue
-                        raise SinkError(f"reading ledger topic {self.topic!r}: {err}")
-                    offset = m.offset() or 0
-                    if offset < high:
-                        record = json.loads(m.value() or b"{}")
-                        record["_offset"] = offset
-                        records.append(record)
-                now = consumer.position([TopicPartition(self.topic, 0)])[0].offset
-                if now >= high:
-                    return records, high
-                if time.monotonic() > deadline:
-                    raise self.conn.unavailable(
-                        f"reading ledger topic {self.topic!r} up to offset {high}"
-                    )
-        except KafkaUnavailableError:
-            raise
-        except Exception as exc:
-            from confluent_kafka import KafkaException
-
-            if isinstance(exc, KafkaException):
-                raise self.conn.unavailable(f"reading ledger topic {self.topic!r}", exc) from None
-            raise
-        finally:
-            consumer.close()
-
-    @staticmethod
-    def fold(state: LedgerState, pipeline: str, records: list[dict[str, Any]]) -> LedgerState:
-        for r in records:
-            if r.get("pipeline") != pipeline:
-                continue
-            kind = r.get("type")
-            if kind == "owner":
-                state.owner = Owner(
-                    pipeline,
-                    int(r["epoch"]),
-                    datetime.fromisoformat(r["at"]),
-                    r.get("holder", ""),
-                    r.get("source"),
-                )
-            elif kind == "batch":
-                state.entries.append(
-                    LedgerEntry(
-                        pipeline,
-                        int(r["seq"]),
-                        BatchRanges.from_json_obj(r["ranges"]),
-                        int(r["epoch"]),
-                        int(r["rows"]),
-                        datetime.fromisoformat(r["at"]),
-                        r.get("spark_batch_id"),
-                        r.get("checkpoint_id"),
-                        r.get("stateful"),
-                    )
-                )
-                state.after_last_entry = int(r.get("_offset", -1)) + 1
-            elif kind == "marker":
-                state.markers[int(r["partition"])] = r
-        return state
 
 
 # --- the task side (runs in Spark's Python workers) -----------------------------------------
@@ -209,16 +114,6 @@ class _TaskPlan:
     value_is_binary: bool
     key_column: bool
     partition_column: bool
-
-
-def _transactional_id(pipeline: str, topic: str, partition: int | str) -> str:
-    return f"sparkonce.{pipeline}.{topic}.{partition}"
-
-
-def _is_fenced(exc: BaseException) -> bool:
-    err = exc.args[0] if exc.args else None
-    name = getattr(err, "name", lambda: "")()
-    return any(code in str(name) for code in _FENCED_CODES) or "fenced" in str(exc).lower()
 
 
 def _marker_is_for(marker: Mapping[str, Any], plan: _TaskPlan) -> bool:
@@ -337,24 +232,10 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     )
 
 
-def _find_no_data_batch(entries: list[LedgerEntry], ctx: BatchContext) -> int | None:
-    """The seq of the committed no-data batch with ``ctx``'s Spark identity, if any."""
-    if ctx.checkpoint_id is None:
-        return None
-    for e in reversed(entries):
-        if (
-            e.ranges.empty
-            and e.checkpoint_id == ctx.checkpoint_id
-            and e.spark_batch_id == ctx.spark_batch_id
-        ):
-            return e.seq
-    return None
-
-
 # --- the sink (driver side) -------------------------------------------------------------------
 
 
-class KafkaSink(Sink):
+class KafkaSink(Sink, Stager):
     """Transactional sink into a Kafka topic (see the module docstring for the guarantee).
 
     The output DataFrame needs a ``value`` column (string or binary) and may have
@@ -389,13 +270,14 @@ class KafkaSink(Sink):
                 f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}"
             )
         self.transaction_timeout_ms = transaction_timeout_ms
-        self._ledger = LedgerTopic(self.conn, self.ledger_topic)
-        self._states: dict[str, LedgerState] = {}
-        self._position = 0  # ledger offset read so far
-        self._records: list[dict[str, Any]] = []
-        self._driver: Any = None  # transactional producer of the current run
-        self._driver_pipeline: str | None = None
-        self._epoch: int | None = None
+        self._store = KafkaLedgerStore(
+            self.conn,
+            self.ledger_topic,
+            topic=topic,
+            transaction_timeout_ms=transaction_timeout_ms,
+            inspect_hint=self._status_hint("{pipeline}"),
+        )
+        self._committer: Committer | None = None
         self._opened = False
         self._schema: StructType | None = None
 
@@ -404,13 +286,13 @@ class KafkaSink(Sink):
         if self._opened:
             return
         self._check_output_topic()  # ConfigError / KafkaUnavailableError
-        self.conn.ensure_topic(self.ledger_topic, 1, config={"retention.ms": "-1"})
+        self._store.open()
+        if self._committer is None:
+            self._committer = Committer(self._store, self, faults=FaultPlan.from_env())
         self._opened = True
 
     def close(self) -> None:
-        if self._driver is not None:
-            self._driver.flush(5)
-            self._driver = None
+        self._store.close()
         self._opened = False
 
     def describe(self) -> str:
@@ -439,137 +321,25 @@ class KafkaSink(Sink):
     def _status_hint(self, pipeline: str) -> str:
         return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
 
-    # -- the ledger, folded ---------------------------------------------------------------
-    def _refresh(self, pipeline: str) -> LedgerState:
-        """Fold the ledger records written since the last read into every pipeline's state."""
-        if not self._opened:
-            self.open()
-        new, self._position = self._ledger.read(self._position)
-        self._records.extend(new)
-        if pipeline not in self._states:
-            self._states[pipeline] = LedgerTopic.fold(LedgerState(), pipeline, self._records)
-        else:
-            LedgerTopic.fold(self._states[pipeline], pipeline, new)
-        for other, st in self._states.items():
-            if other != pipeline:
-                LedgerTopic.fold(st, other, new)
-        return self._states[pipeline]
-
-    def _driver_producer(self, pipeline: str) -> Any:
-        from confluent_kafka import Producer
-
-        if self._driver is None or self._driver_pipeline != pipeline:
-            self._driver = Producer(
-                self.conn.client_config(
-                    transactional_id=_transactional_id(pipeline, self.topic, "driver"),
-                    transaction_timeout_ms=self.transaction_timeout_ms,
-                    enable_idempotence=True,
-                    acks="all",
-                )
-            )
-            self._driver_pipeline = pipeline
-            try:
-                # Fences every older run's driver producer, and aborts its open transaction.
-                self._driver.init_transactions(TIMEOUT_S)
-            except Exception as exc:
-                self._driver = None
-                raise self.conn.unavailable(
-                    "initializing the sink's transactional producer", exc
-                ) from None
-        return self._driver
-
-    def _append_ledger(self, pipeline: str, record: dict[str, Any], *, crash: bool = False) -> None:
-        producer = self._driver_producer(pipeline)
-        written: list[int] = []
-        try:
-            producer.begin_transaction()
-            producer.produce(
-                self.ledger_topic,
-                key=f"{record['type'][0]}:{pipeline}",
-                value=json.dumps(record),
-                partition=0,
-                on_delivery=lambda err, msg: written.append(-1 if err else msg.offset()),
-            )
-            producer.flush(TIMEOUT_S)
-            if crash:
-                crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
-            producer.commit_transaction(TIMEOUT_S)
-        except Exception as exc:
-            if _is_fenced(exc):
-                self._driver = None
-                owner = self._refresh(pipeline).owner
-                raise FencedError(
-                    pipeline,
-                    self._epoch or 0,
-                    owner.epoch if owner else 0,
-                    self._status_hint(pipeline),
-                    owner.holder if owner else "",
-                ) from None
-            with_abort = getattr(producer, "abort_transaction", None)
-            if with_abort is not None:
-                try:
-                    with_abort(5)
-                except Exception:
-                    self._driver = None
-            raise self.conn.unavailable(
-                f"writing to ledger topic {self.ledger_topic!r}", exc
-            ) from None
-        self._await_visible(written[0] if written else -1)
-
-    def _await_visible(self, offset: int) -> None:
-        """Wait until read_committed readers see the ledger up to ``offset``.
-
-        The last stable offset moves only once the coordinator has written the
-        transaction markers, a moment after ``commit_transaction`` returns.
-        """
-        deadline = time.monotonic() + TIMEOUT_S
-        while offset >= 0 and time.monotonic() < deadline:
-            new, pos = self._ledger.read(self._position)
-            self._records.extend(new)
-            for name, st in self._states.items():
-                LedgerTopic.fold(st, name, new)
-            self._position = pos
-            if pos > offset:
-                return
-            time.sleep(0.05)
-        if offset >= 0:
-            raise self.conn.unavailable(f"waiting for ledger offset {offset} to become readable")
-
-    # -- ownership and progress -------------------------------------------------------------
+    # -- ownership and progress (the ledger store) ------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
         check_pipeline_name(pipeline)
-        self._driver = None
-        self._driver_producer(pipeline)  # write before read: the fencing write comes first
-        state = self._refresh(pipeline)
-        epoch = (state.owner.epoch if state.owner else 0) + 1
-        now = datetime.now(UTC)
-        holder = f"{socket.gethostname()}:{os.getpid()}"
-        self._epoch = epoch
-        self._append_ledger(
-            pipeline,
-            {
-                "type": "owner",
-                "pipeline": pipeline,
-                "epoch": epoch,
-                "holder": holder,
-                "source": source,
-                "at": now.isoformat(),
-            },
-        )
-        state = self._refresh(pipeline)
-        assert state.owner is not None
-        log.info("pipeline %r took epoch %d in %s", pipeline, epoch, self.describe())
-        return state.owner
+        self.open()
+        owner = self._store.acquire(pipeline, source)
+        log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.describe())
+        return owner
 
     def owner(self, pipeline: str) -> Owner | None:
-        return self._refresh(pipeline).owner
+        self.open()
+        return self._store.owner(pipeline)
 
     def ledger(self, pipeline: str) -> list[LedgerEntry]:
-        return list(self._refresh(pipeline).entries)
+        self.open()
+        return self._store.entries(pipeline)
 
     def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
-        entries = self._refresh(pipeline).entries
-        return entries[-1].end_offsets if entries else {}
+        last = self.last_entry(pipeline)
+        return last.end_offsets if last else {}
 
     # -- schema -------------------------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
@@ -625,38 +395,26 @@ class KafkaSink(Sink):
                 "was written and no epoch was taken."
             ) from exc
 
-    # -- the commit protocol ----------------------------------------------------------------
+    # -- the commit protocol: the committer runs steps 1-5; this sink stages (step 3) ----------
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Commit one micro-batch: steps 1-2 and 4-5 on the driver, step 3 in the tasks."""
+        """Commit one micro-batch: the committer on the driver, step 3 in the tasks."""
+        self.open()
+        assert self._committer is not None
+        return self._committer.commit(ctx, df)
+
+    def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
+        """Step 3, in Spark tasks: each task commits its records and marker (driver starts them).
+
+        First, on the driver: the run must still own the pipeline (so a fenced run
+        starts no task), and a partly committed batch must be this one. Returns the
+        batch's row count; the payload is the tasks' stats.
+        """
         from pyspark.sql.types import BinaryType
 
-        state = self._refresh(ctx.pipeline)
-        # Step 1: this run's epoch must still be the owner's.
-        if state.owner is not None and state.owner.epoch != ctx.epoch:
-            raise FencedError(
-                ctx.pipeline,
-                ctx.epoch,
-                state.owner.epoch,
-                self._status_hint(ctx.pipeline),
-                state.owner.holder,
-            )
-        # Step 2: a batch the ledger already covers is a replay: do nothing.
-        last = state.entries[-1] if state.entries else None
-        coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
-        if coverage is Coverage.COMMITTED:
-            seq = next((e.seq for e in reversed(state.entries) if e.ranges == ctx.ranges), None)
-            return CommitResult(True, 0, seq, "offsets already in the ledger (replay)")
-        if coverage is Coverage.NO_DATA:
-            # A no-data batch can still emit rows (closed windows, timeouts); it is
-            # identified by the checkpoint's query id and Spark's batch id.
-            found = _find_no_data_batch(state.entries, ctx)
-            if found is not None:
-                return CommitResult(True, 0, found, "no-data batch already committed (replay)")
-        seq = 0 if last is None else last.seq + 1
-        self._check_pending(ctx, state, last)
-        crash_point(CrashPoint.BEFORE_COMMIT)
+        self._store.check_owner(None, ctx.pipeline, ctx.epoch)  # reads the ledger topic
+        state = self._store.folded(ctx.pipeline)
+        self._check_pending(ctx, state, state.entries[-1] if state.entries else None)
 
-        # Step 3: every task writes its records and marker in one transaction.
         schema = df.schema
         plan = _TaskPlan(
             conn=self.conn,
@@ -682,45 +440,16 @@ class KafkaSink(Sink):
             .toArrow()
             .to_pylist()
         )
-        rows = sum(int(s["rows"]) for s in stats)
-        skipped = sum(1 for s in stats if s["skipped"])
-        crash_point(CrashPoint.AFTER_ROWS)
-        if coverage is Coverage.NO_DATA and rows == 0:
-            # Nothing to make visible and no offsets to record (the tasks' empty
-            # markers are told apart from the next batch's by their Spark identity).
-            return CommitResult(True, 0, None, "no new offsets and no rows")
+        return Staged(rows=sum(int(s["rows"]) for s in stats), payload=stats)
 
-        # Steps 4 and 5: the batch's ledger entry, in the driver's transaction.
-        state = self._refresh(ctx.pipeline)
-        if state.owner is not None and state.owner.epoch != ctx.epoch:
-            raise FencedError(
-                ctx.pipeline,
-                ctx.epoch,
-                state.owner.epoch,
-                self._status_hint(ctx.pipeline),
-                state.owner.holder,
-            )
-        self._append_ledger(
-            ctx.pipeline,
-            {
-                "type": "batch",
-                "pipeline": ctx.pipeline,
-                "seq": seq,
-                "ranges": ctx.ranges.to_json_obj(),
-                "epoch": ctx.epoch,
-                "rows": rows,
-                "tasks": len(stats),
-                "tasks_skipped": skipped,
-                "spark_batch_id": ctx.spark_batch_id,
-                "checkpoint_id": ctx.checkpoint_id,
-                "stateful": ctx.stateful,
-                "at": datetime.now(UTC).isoformat(),
-            },
-            crash=True,
-        )
-        self._refresh(ctx.pipeline)
-        crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
-        return CommitResult(False, rows, seq)
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        """Nothing to make visible: the tasks' transactions already did, per output partition.
+
+        Adds the task counts to the batch's ledger record (``txn`` is the driver's
+        :class:`~sparkonce.ledger.kafka_topic.KafkaLedgerTxn`).
+        """
+        stats = staged.payload
+        txn.extra.update(tasks=len(stats), tasks_skipped=sum(1 for s in stats if s["skipped"]))
 
     def _check_pending(
         self, ctx: BatchContext, state: LedgerState, last: LedgerEntry | None
@@ -771,10 +500,7 @@ class KafkaSink(Sink):
             )
             for f in futures.values():
                 f.result(timeout=TIMEOUT_S)
-        self._states.clear()
-        self._records.clear()
-        self._position = 0
-        self._driver = None
+        self._store.forget()
 
     def rows(self) -> list[dict[str, Any]]:
         """Every record ``read_committed`` consumers see in the output topic: key, value."""

@@ -1,0 +1,105 @@
+"""KafkaLedgerStore against the real broker: epochs, fencing, and the driver's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from sparkonce import FencedError
+from sparkonce.kafka.client import KafkaConnection
+from sparkonce.ledger.base import BatchContext, LedgerEntry
+from sparkonce.ledger.kafka_topic import KafkaLedgerStore
+from sparkonce.offsets import BatchRanges, OffsetRange
+
+pytestmark = pytest.mark.kafka
+
+P = "ls1"
+BATCH = BatchRanges(tuple(OffsetRange("events", p, 0, 100) for p in range(2)))
+NO_DATA = BatchRanges(tuple(OffsetRange("events", p, 100, 100) for p in range(2)))
+
+
+@pytest.fixture
+def new_store(kafka_broker, kafka_topic: Callable[..., str]) -> Callable[[], KafkaLedgerStore]:
+    """``new_store()``: a new store (its own producer and reads) on one fresh ledger topic."""
+    out = kafka_topic("out", partitions=1)
+
+    def make() -> KafkaLedgerStore:
+        return KafkaLedgerStore(
+            KafkaConnection(kafka_broker.bootstrap, {}),
+            f"{out}.sparkonce-ledger",
+            topic=out,
+            inspect_hint="status --pipeline {pipeline}",
+        )
+
+    return make
+
+
+def entry(seq: int, epoch: int, ranges: BatchRanges, **kw: Any) -> LedgerEntry:
+    return LedgerEntry(P, seq, ranges, epoch, 10 * seq, datetime.now(UTC), **kw)
+
+
+def test_acquire_bumps_the_epoch_and_fences_the_older_run(new_store) -> None:
+    a, b = new_store(), new_store()
+    ea = a.acquire(P, "kafka://src/events").epoch
+    owner = b.acquire(P)
+    assert owner.epoch == ea + 1 and new_store().owner(P) == owner
+    # Step 1 of the older run: fenced, naming the holder of the newer epoch.
+    with pytest.raises(FencedError) as info, a.transaction() as txn:
+        a.check_owner(txn, P, ea)
+    assert info.value.owner_epoch == owner.epoch and info.value.holder == owner.holder
+    assert "status --pipeline ls1" in str(info.value)
+    # Even past step 1, the older run's producer is fenced: its commit fails, writes nothing.
+    with pytest.raises(FencedError), a.transaction() as txn:
+        a.record(txn, entry(0, ea, BATCH))
+    with b.transaction() as txn:
+        b.check_owner(txn, P, owner.epoch)
+        assert b.last_in(txn, P) is None
+    assert new_store().entries(P) == []
+
+
+def test_recorded_entry_is_read_back_and_an_error_leaves_none(new_store) -> None:
+    store = new_store()
+    epoch = store.acquire(P).epoch
+    first = entry(0, epoch, BATCH, spark_batch_id=3, checkpoint_id="q1", stateful=False)
+    with store.transaction() as txn:
+        store.check_owner(txn, P, epoch)
+        store.record(txn, first)
+    assert store.entries(P) == [first] and store.last(P) == first  # readable on return
+    reader = new_store()
+    assert reader.entries(P) == [first] and reader.last(P) == first
+
+    # An error inside the block aborts the Kafka transaction: no entry.
+    with pytest.raises(RuntimeError, match="boom"), store.transaction() as txn:
+        store.record(txn, entry(1, epoch, BATCH))
+        raise RuntimeError("boom")
+    assert new_store().entries(P) == [first]
+    # The producer is still usable afterwards.
+    second = entry(1, epoch, NO_DATA, spark_batch_id=4, checkpoint_id="q1", stateful=True)
+    with store.transaction() as txn:
+        store.record(txn, second)
+    assert new_store().entries(P) == [first, second]
+
+
+def test_find_by_ranges_and_no_data_batches_by_spark_identity(new_store) -> None:
+    store = new_store()
+    epoch = store.acquire(P).epoch
+    with store.transaction() as txn:
+        store.record(txn, entry(0, epoch, BATCH, spark_batch_id=0, checkpoint_id="q1"))
+    with store.transaction() as txn:
+        store.record(txn, entry(1, epoch, NO_DATA, spark_batch_id=1, checkpoint_id="q1"))
+
+    def find(ranges: BatchRanges, batch_id: int, checkpoint: str | None) -> int | None:
+        reader = new_store()
+        reader.last(P)  # reads the topic; find() uses what was read
+        with reader.transaction() as txn:
+            found = reader.find(txn, P, BatchContext(P, epoch, ranges, batch_id, checkpoint))
+        return None if found is None else found.seq
+
+    assert find(BATCH, 9, None) == 0  # a data batch: by its ranges alone
+    assert find(NO_DATA, 1, "q1") == 1  # a no-data batch: by the query and batch ids
+    assert find(NO_DATA, 2, "q1") is None  # the next no-data batch is not this one
+    assert find(NO_DATA, 1, "q2") is None  # nor is another query's
+    assert find(NO_DATA, 1, None) is None  # no checkpoint id: never found
