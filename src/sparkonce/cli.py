@@ -1069,7 +1069,7 @@ def _setup_logging(verbose: int, debug: bool = False) -> None:
         handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     # The filter sits on the terminal's handler, not on the loggers, so that a run's log
     # file (see _log_to_file, whose handlers run first) keeps every traceback.
@@ -1080,6 +1080,19 @@ def _setup_logging(verbose: int, debug: bool = False) -> None:
     spark_level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     for name in ("py4j", "pyspark"):
         logging.getLogger(name).setLevel(spark_level)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not when the handler
+    was made (main() may run more than once in a process, as in tests)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 _LOGGED_TO_FILE = ("sparkonce", "py4j", "pyspark")

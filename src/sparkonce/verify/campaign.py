@@ -480,7 +480,7 @@ class Campaign:
             d = self._driver(logs / "fault.log", env=env, master=RETRY_MASTER).start()
             out.driver_runs += 1
             code = d.wait(DRIVER_TIMEOUT_S)
-            text = d.log_path.read_text(errors="replace")
+            text = d.full_log()  # a task failure is logged by Spark's executor
             marker = "injected task failure" if fault.kind == "task-failure" else "fault injection"
             out.fault_fired = marker in text
             if code != 0:

@@ -62,7 +62,12 @@ class Driver:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in wait()
         self._log = log
-        cmd = [sys.executable, "-m", *self.entry, str(self.pipeline_file), *self.extra_args]
+        extra = self.extra_args
+        if self.entry == ("sparkonce", "run") and "--log-file" not in extra:
+            # Spark's own log (executor errors, such as injected task failures) goes to a
+            # file of its own beside the driver's output; see full_log().
+            extra = (*extra, "--log-file", str(self.spark_log_path))
+        cmd = [sys.executable, "-m", *self.entry, str(self.pipeline_file), *extra]
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             cmd,
@@ -123,6 +128,21 @@ class Driver:
     def seconds(self) -> float:
         end = self.ended_at if self.ended_at is not None else time.monotonic()
         return end - self.started_at
+
+    @property
+    def spark_log_path(self) -> Path:
+        """Where ``sparkonce run`` writes Spark's and py4j's full log for this driver."""
+        return self.log_path.with_name(self.log_path.name + ".spark.log")
+
+    def full_log(self) -> str:
+        """The driver's output and its Spark log, as one text."""
+        parts = []
+        for path in (self.log_path, self.spark_log_path):
+            try:
+                parts.append(path.read_text(errors="replace"))
+            except FileNotFoundError:
+                continue
+        return "\n".join(parts)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
