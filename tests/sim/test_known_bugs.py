@@ -1,4 +1,4 @@
-"""Protocol bugs the simulation found in the real committer, pinned until they are fixed.
+"""Protocol bugs the simulation found in the real committer, now fixed: regression tests.
 
 Found 2026-11-22 with ``python -m sparkonce.verify.simulation --schedules 8000 --restore``
 (8 of 8,000 schedules fail; none fail without ``--restore``). Replay one with
@@ -19,8 +19,9 @@ the real protocol lose or duplicate:
   matches on that identity alone, so the no-data batch is "already committed" and its
   rows (a timer, a closed window) are never written.
 
-When they are fixed these tests pass and, being strict xfails, fail the run: then remove
-them and turn ``--restore`` on in the default schedules (``generate(with_restore=...)``).
+Both are fixed (``classify`` counts an empty range behind the ledger as old;
+``find_no_data_batch`` matches only entries with empty ranges). Next: turn ``--restore``
+on in the default schedules (``generate(with_restore=...)``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import pytest
 from sparkonce.verify.simulation import Target, generate, run_schedule
 
 
-@pytest.mark.xfail(strict=True, reason="a checkpoint restored behind the ledger (see module)")
 @pytest.mark.parametrize(("seed", "kind"), [(606, "duplicate"), (2124, "loss")])
 def test_restored_checkpoint(sqlite_target: Target, seed: int, kind: str) -> None:
     failures, _ = run_schedule(generate(seed, with_restore=True), sqlite_target)
