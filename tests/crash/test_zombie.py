@@ -1,7 +1,7 @@
 """A zombie run alongside a newer one: the older run is fenced and writes nothing.
 
-One test per SQL sink family (SQLite, PostgreSQL, two-phase PostgreSQL), each the
-``make test`` representative of its (family, zombie) pair.
+One test per SQL sink family (SQLite, PostgreSQL, two-phase PostgreSQL), in ``make
+test-crash``; ``make test`` has the zombie in tests/crash/test_fault_kinds.py.
 
 Run A stops itself (SIGSTOP through ``SPARKONCE_PAUSE_AT``) after its 1st commit and before its
 2nd, outside any transaction: a driver that looks dead but is not. Run B, the same pipeline on
@@ -9,10 +9,12 @@ the same sink from a new machine (an empty checkpoint directory), takes epoch 2,
 the ledger and finishes. Then A is continued: its 2nd commit must be fenced (exit code 3) and
 the output must still be exactly the oracle's.
 
-Where A pauses: ``after-ledger-commit@1``, after its 1st commit and a whole Spark micro-batch
-before its 2nd, so it is stopped outside any transaction (which the test checks). ``sparkonce
-verify`` covers pauses at ``before-commit``, which are safe now that the pause stops the calling
-thread itself (see test_pause_point.py).
+Where A pauses: ``before-commit@2``, inside its 2nd commit after the replay check (step 0)
+and before its sink transaction opens, so it is stopped outside any transaction (which the
+test checks). The pause stops the calling thread itself (see test_pause_point.py). A pause at
+``after-ledger-commit@1`` would test less: A's next batches are then replays of what B
+committed, which step 0 skips before any owner check, so A finishes (exit 0) without writing
+anything and without being told it was fenced.
 """
 
 from __future__ import annotations
@@ -41,18 +43,14 @@ from tests.crash.conftest import (
     write_pipeline,
 )
 
-ZOMBIE_PAUSE = "after-ledger-commit@1"  # "before-commit@2" once test_pause_point.py passes
+ZOMBIE_PAUSE = "before-commit@2"
+
+
+pytestmark = pytest.mark.crash_lane
 
 
 # One sink of each SQL family; tests/crash/test_kafka_crash.py has the Kafka zombie.
-FAMILIES = [
-    pytest.param("sqlite", marks=pytest.mark.covers("sqlite", "zombie")),
-    pytest.param("postgres", marks=pytest.mark.covers("postgres", "zombie")),
-    pytest.param("postgres-2pc", marks=pytest.mark.covers("postgres-2pc", "zombie")),
-]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["sqlite", "postgres", "postgres-2pc"])
 def test_zombie_run_is_fenced(
     family: str,
     request: pytest.FixtureRequest,
