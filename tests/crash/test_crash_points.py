@@ -33,6 +33,9 @@ from tests.crash.conftest import (
     write_pipeline,
 )
 
+# The whole matrix runs in make test-crash; make test's crash tests are in test_fault_kinds.py.
+pytestmark = pytest.mark.crash_lane
+
 ROLLED_BACK = [CrashPoint.BEFORE_COMMIT, CrashPoint.AFTER_ROWS, CrashPoint.BEFORE_LEDGER_COMMIT]
 
 

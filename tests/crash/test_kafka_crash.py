@@ -10,9 +10,8 @@ pipeline file (the oracle), record for record, and the ledger must be a gap-free
 A last test pauses a run (SIGSTOP) before its tasks write, lets a newer run finish, then
 resumes the old one: the zombie must be fenced (exit code 3) and change nothing.
 
-``make test`` runs the Kafka sink's representatives (``covers``): one kill after the tasks
-committed (Kafka -> Kafka), the zombie, and read tasks that fail once (Kafka -> Kafka). The
-kill at every crash point, for each pipeline kind, runs in ``make test-crash``.
+``make test`` runs only :func:`test_each_fault_kind_once_on_kafka`, the Kafka sink's
+representative (``covers``) for each fault kind; the rest runs in ``make test-crash``.
 """
 
 from __future__ import annotations
@@ -240,69 +239,100 @@ def _check_ledger(sink_url: str) -> None:
 
 
 @pytest.mark.crash
-@pytest.mark.covers("kafka", "crash-point")
-def test_kill_after_the_tasks_committed_then_recover(
-    tmp_path: Path,
-    setup: Callable[[str], tuple[str, str, str]],
-    drivers: list[Driver],
-) -> None:
-    """Kafka -> Kafka, killed at ``after-rows`` of batch 1: every task of the batch has
-    committed its records and marker, the batch's ledger entry is not written. Readers may
-    see part of the batch (per-partition atomicity) but never a record twice; the next run
-    finds the markers, writes nothing again, and completes the ledger."""
-    source, sink_url, _ = setup("kafka-to-kafka")
-    pipeline_file = _write(
-        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
-    )
-    run1 = Driver(pipeline_file, tmp_path / "run1.log", crash_at=CrashPoint.AFTER_ROWS, crash_hit=2)
-    drivers.append(run1.start())
-    code = run_driver(run1)
-    assert code == SIGKILL_EXIT, f"run 1 exited {code}, not SIGKILL:\n{run1.log_tail()}"
-    seen = _output(sink_url)
-    twice = [r for r, n in seen.items() if n > 1]
-    assert not twice, f"after the kill, readers see {twice[:5]} twice"
-    assert len(_ledger(sink_url)) == 1, "only batch 0 may have a ledger entry"
-    assert sum(seen.values()) > LIMIT * PARTITIONS, "batch 1's committed tasks are not visible"
-
-    run2 = Driver(pipeline_file, tmp_path / "run2.log")
-    drivers.append(run2.start())
-    code = run_driver(run2)
-    assert code == 0, f"run 2 exited {code}:\n{run2.log_tail()}"
-    _every_record_once(sink_url)
-    _check_ledger(sink_url)
-
-
-@pytest.mark.crash
 @pytest.mark.covers("kafka", "task-failure")
-def test_failed_read_tasks_are_retried_and_write_every_record_once(
+@pytest.mark.covers("kafka", "zombie")
+@pytest.mark.covers("kafka", "crash-point")
+def test_each_fault_kind_once_on_kafka(
     tmp_path: Path,
-    setup: Callable[[str], tuple[str, str, str]],
+    kafka_broker: Any,
+    kafka_topic: Callable[..., str],
+    make_log: Callable[..., Path],
     drivers: list[Driver],
 ) -> None:
-    """Kafka -> Kafka with about half the read tasks failing halfway on their first attempt.
-    Reading and writing are one Spark task here, so a failed attempt leaves its Kafka
-    transaction open; Spark retries the task, whose ``init_transactions`` (same
-    transactional id) aborts it, and ``read_committed`` readers see each record once."""
-    source, sink_url, _ = setup("kafka-to-kafka")
-    pipeline_file = _write(
-        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
-    )
-    run = Driver(
-        pipeline_file,
-        tmp_path / "run.log",
-        env={FAIL_TASKS_ENV: "read"},
+    """make test's Kafka sink crash test: each fault kind that applies to it (a Kafka sink
+    has no store connection to drop) once, in its own driver run, as
+    tests/crash/test_fault_kinds.py does for the SQL sinks. Embedded log -> Kafka, 4 batches.
+
+    1. task-failure, then zombie-to-be: run A (``local[2,4]``) commits batch 0 while about
+       half of its tasks fail halfway on their first attempt; reading and writing are one
+       task here, so a failed attempt can leave its Kafka transaction open, which the
+       retry's ``init_transactions`` (same transactional id) aborts. A then stops itself
+       inside its 2nd commit, before its tasks start.
+    2. crash-point: run B (a new machine, empty checkpoint) takes epoch 2 and is killed at
+       ``after-rows`` of its first batch: every task of batch 1 has committed its records and
+       marker, the ledger entry is missing. Readers see batch 1 already (per-partition
+       atomicity), never a record twice.
+    3. Run C (B's checkpoint) replays batch 1, whose tasks find their markers and write
+       nothing, and finishes: every record once.
+    4. zombie: A is continued and must be fenced (exit code 3), changing nothing.
+    """
+    per_batch = 100  # records per input partition per batch: 3 x 400 records, 4 batches
+    log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=6)
+    source = f"EmbeddedLogSource({str(log_dir)!r}, 'events', max_records_per_partition={per_batch})"
+    sink_url = f"kafka://{kafka_broker.bootstrap}/{kafka_topic('out', partitions=2)}"
+    files = {
+        m: _write(tmp_path / f"{m}.py", source=source, sink_url=sink_url, checkpoint=tmp_path / m)
+        for m in ("a", "b")
+    }
+
+    def owner_epoch() -> int | None:
+        sink = sink_from_url(sink_url)
+        try:
+            owner = sink.owner(NAME)
+        finally:
+            sink.close()
+        return None if owner is None else owner.epoch
+
+    def seen_once(where: str) -> Counter[Any]:
+        seen = _output(sink_url)
+        twice = [r for r, n in seen.items() if n > 1]
+        assert not twice, f"{where}: readers see {twice[:5]} twice"
+        return seen
+
+    # 1. task-failure, then A pauses inside its 2nd commit, before its tasks start.
+    run_a = Driver(
+        files["a"],
+        tmp_path / "run_a.log",
+        env={PAUSE_ENV: "before-commit@2", FAIL_TASKS_ENV: "read"},
         extra_args=("--master", RETRY_MASTER),
     )
-    drivers.append(run.start())
-    code = run_driver(run)
-    assert code == 0, f"the run exited {code}:\n{run.log_tail()}"
-    assert "injected task failure" in run.full_log(), "no read task failed: nothing was tested"
-    _every_record_once(sink_url)
+    drivers.append(run_a.start())
+    wait_until_stopped(run_a)
+    where = f"run A paused (task failures, then zombie-to-be)\n{run_a.log_tail()}"
+    assert "injected task failure" in run_a.full_log(), f"no task failed: {where}"
+    assert sum(seen_once(where).values()) == per_batch * PARTITIONS, where
+    assert [(e.seq, e.epoch) for e in _ledger(sink_url)] == [(0, 1)], where
+
+    # 2. crash-point: B takes over and dies after its tasks committed batch 1.
+    run_b = Driver(files["b"], tmp_path / "run_b.log", crash_at=CrashPoint.AFTER_ROWS)
+    drivers.append(run_b.start())
+    code = run_driver(run_b)
+    assert code == SIGKILL_EXIT, f"run B exited {code}, not SIGKILL:\n{run_b.log_tail()}"
+    where = f"run B killed at after-rows\n{run_b.log_tail()}"
+    assert sum(seen_once(where).values()) == 2 * per_batch * PARTITIONS, where
+    assert [(e.seq, e.epoch) for e in _ledger(sink_url)] == [(0, 1)], where
+    assert owner_epoch() == 2, where
+
+    # 3. C recovers on B's checkpoint: the markers make batch 1's tasks write nothing again.
+    run_c = Driver(files["b"], tmp_path / "run_c.log")
+    drivers.append(run_c.start())
+    code = run_driver(run_c)
+    assert code == 0, f"run C exited {code}:\n{run_c.log_tail()}"
+    after_c = _every_record_once(sink_url)
+    _check_ledger(sink_url)
+    assert owner_epoch() == 3
+
+    # 4. zombie: A wakes up and must be fenced before its tasks write anything.
+    assert run_a.poll() is None, f"run A died while paused:\n{run_a.log_tail()}"
+    os.killpg(run_a.pid, signal.SIGCONT)
+    code = run_driver(run_a)
+    assert code == EXIT_FENCED, f"run A exited {code}, not fenced:\n{run_a.log_tail()}"
+    assert _output(sink_url) == after_c, "the fenced run wrote records"
     _check_ledger(sink_url)
 
 
 @pytest.mark.crash
-@pytest.mark.covers("kafka", "zombie")
+@pytest.mark.crash_lane
 def test_zombie_run_is_fenced_on_kafka(
     tmp_path: Path,
     setup: Callable[[str], tuple[str, str, str]],

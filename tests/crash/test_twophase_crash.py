@@ -34,7 +34,8 @@ from tests.crash.conftest import (
 )
 from tests.crash.test_crash_points import _check_final, _check_intermediate
 
-pytestmark = pytest.mark.postgres
+# make test-crash; make test's two-phase crash test is in test_fault_kinds.py.
+pytestmark = [pytest.mark.postgres, pytest.mark.crash_lane]
 
 
 def _pending(url: str) -> int:

@@ -1,0 +1,188 @@
+"""Every fault kind once per SQL sink family, each in its own real driver run: make test's
+crash tests for SQLite, PostgreSQL and two-phase PostgreSQL.
+
+Each test is the ``make test`` representative (``covers``) of its family's four (family,
+fault kind) pairs; tests/crash/test_kafka_crash.py has the Kafka sink's. The full matrix
+(every crash point on every store, and so on) runs in ``make test-crash``. A separate test
+per pair would start about six drivers per family, which ``make test`` cannot afford; here
+three drivers share one pipeline and one store, and each fault has its own run and its own
+checks:
+
+1. **task-failure, then zombie-to-be.** Run A (``local[2,4]``, so Spark retries tasks)
+   commits batch 0 while about half of its read tasks fail halfway on their first attempt
+   (two-phase: its write tasks too, after their pre-commit is durable). It then stops itself
+   (SIGSTOP) inside its 2nd commit, before the sink transaction opens. Batch 0 must be
+   exactly 600 rows, once.
+2. **crash-point.** Run B, the same pipeline from a new machine (its own empty checkpoint),
+   takes epoch 2, which fences A, resumes from the ledger, and is SIGKILLed at the family's
+   crash point in its first commit (batch 1). The store must hold what the protocol promises
+   at that point: batch 1 committed in full, or not at all.
+3. **db-drop.** Run C, on B's checkpoint, recovers B's batch and finishes while its store
+   connection drops inside its first commit transaction (``after-rows@1``): it must commit on
+   a new connection, once. The output must then equal the oracle's exactly.
+4. **zombie.** A is continued: its commit must be fenced (exit code 3) and change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sparkonce.cli import EXIT_FENCED
+from sparkonce.faults import EVENTS_ENV
+from sparkonce.protocol import DROP_CONNECTION_ENV, FAIL_TASKS_ENV, PAUSE_ENV, CrashPoint
+from sparkonce.verify.campaign import RETRY_MASTER
+from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from tests.crash.conftest import (
+    KEYS,
+    PARTITIONS,
+    RECORDS,
+    ROWS_PER_BATCH,
+    STATELESS_TABLE,
+    Oracle,
+    SinkState,
+    event_tuples,
+    open_transaction,
+    read_sink,
+    run_driver,
+    wait_until_stopped,
+    write_pipeline,
+)
+from tests.crash.test_crash_points import ROLLED_BACK, _check_final
+
+# The crash point each family's run B dies at: one each of the three ways a batch can end.
+CRASH_AT = {
+    "sqlite": CrashPoint.AFTER_LEDGER_COMMIT,  # committed in the sink, not in Spark: a replay
+    "postgres": CrashPoint.BEFORE_LEDGER_COMMIT,  # rows and ledger row written, rolled back
+    "postgres-2pc": CrashPoint.AFTER_ROWS,  # pre-commits durable, flip rolled back: collected
+}
+KINDS = ("task-failure", "zombie", "crash-point", "db-drop")
+
+
+def _family(name: str) -> object:
+    return pytest.param(name, marks=[pytest.mark.covers(name, kind) for kind in KINDS])
+
+
+def _pending(url: str) -> int:
+    """Two-phase sink: pre-committed attempts nobody has flipped or collected yet."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM sparkonce_attempts WHERE state = 'precommitted'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _visible_equals_ledger(state: SinkState, where: str) -> None:
+    """The table holds exactly the rows of the ledger's ranges, each once."""
+    covered = {
+        (r.partition, o)
+        for e in state.ledger
+        for r in e.ranges.ranges
+        for o in range(r.start, r.end)
+    }
+    visible = [(int(row["partition"]), int(row["offset"])) for row in state.rows]
+    assert len(visible) == len(set(visible)), f"{where}: a row is visible twice"
+    assert set(visible) == covered, f"{where}: rows outside the ledger's ranges, or missing"
+    assert all(e.row_count == ROWS_PER_BATCH for e in state.ledger), where
+
+
+@pytest.mark.parametrize("family", [_family(f) for f in ("sqlite", "postgres", "postgres-2pc")])
+def test_each_fault_kind_once(
+    family: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    oracle: Oracle,
+    drivers: list[Driver],
+) -> None:
+    two_phase = family == "postgres-2pc"
+    url = (
+        f"sqlite:///{tmp_path / 'sink.db'}"
+        if family == "sqlite"
+        else str(request.getfixturevalue("pg_url"))
+    )
+    log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
+    # Same pipeline name and sink, different checkpoint directories: two machines.
+    files = {}
+    for machine in ("a", "b"):
+        (tmp_path / machine).mkdir()
+        files[machine] = write_pipeline(
+            tmp_path / machine,
+            log_dir=log_dir,
+            sink_url=url,
+            checkpoint=tmp_path / machine / "ckpt",
+            two_phase=two_phase,
+        )
+
+    # 1. task-failure: A commits batch 0 through failing (and retried) tasks, then pauses.
+    run_a = Driver(
+        files["a"],
+        tmp_path / "run_a.log",
+        env={PAUSE_ENV: "before-commit@2", FAIL_TASKS_ENV: "read,write" if two_phase else "read"},
+        extra_args=("--master", RETRY_MASTER),
+    )
+    drivers.append(run_a.start())
+    wait_until_stopped(run_a)
+    state = read_sink(url, STATELESS_TABLE)
+    where = f"run A paused (task failures, then zombie-to-be)\n{run_a.log_tail()}"
+    # Spark's executor logs the failed attempts (Spark's log file, see Driver.full_log).
+    assert "injected task failure" in run_a.full_log(), f"no task failed: {where}"
+    assert open_transaction(url) is None, f"run A stopped inside a transaction: {where}"
+    assert [(e.seq, e.epoch) for e in state.ledger] == [(0, 1)], where
+    _visible_equals_ledger(state, where)
+    if two_phase:
+        assert _pending(url) == 0, f"failed attempts' pre-commits were not collected: {where}"
+
+    # 2. crash-point: B takes over from a new machine and is killed in its first commit.
+    point = CRASH_AT[family]
+    run_b = Driver(files["b"], tmp_path / "run_b.log", crash_at=point, crash_hit=1)
+    drivers.append(run_b.start())
+    code = run_driver(run_b)
+    assert code == SIGKILL_EXIT, f"run B exited {code}, not SIGKILL:\n{run_b.log_tail()}"
+    state = read_sink(url, STATELESS_TABLE)
+    where = f"run B killed at {point}: ledger {state.ledger}\n{run_b.log_tail()}"
+    assert state.owner is not None and state.owner.epoch == 2, where
+    batches = [(0, 1)] if point in ROLLED_BACK else [(0, 1), (1, 2)]
+    assert [(e.seq, e.epoch) for e in state.ledger] == batches, where
+    _visible_equals_ledger(state, where)
+    if point is CrashPoint.AFTER_ROWS and two_phase:
+        assert _pending(url) > 0, f"the killed batch left no pre-committed attempts: {where}"
+
+    # 3. db-drop: C recovers on B's checkpoint and loses its connection in its first commit.
+    events = tmp_path / "faults.jsonl"
+    run_c = Driver(
+        files["b"],
+        tmp_path / "run_c.log",
+        env={DROP_CONNECTION_ENV: "after-rows@1", EVENTS_ENV: str(events)},
+    )
+    drivers.append(run_c.start())
+    code = run_driver(run_c)
+    assert code == 0, f"run C exited {code}:\n{run_c.log_tail()}"
+    fired = (
+        [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+    )
+    assert [(e["fault"], e["point"]) for e in fired] == [("drop-connection", "after-rows")], (
+        f"fault events {fired}:\n{run_c.log_tail()}"
+    )
+    try:
+        _check_final(url, oracle)  # every record once, as the oracle has it; a gap-free ledger
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrun C log tail:\n{run_c.log_tail()}") from None
+    if two_phase:
+        assert _pending(url) == 0, "run C left pre-committed attempts behind"
+    after_c = read_sink(url, STATELESS_TABLE)
+    assert after_c.owner is not None and after_c.owner.epoch == 3, after_c.owner
+
+    # 4. zombie: A wakes up inside its 2nd commit and must be fenced, writing nothing.
+    assert run_a.poll() is None, f"run A died while paused:\n{run_a.log_tail()}"
+    run_a.resume()
+    code = run_driver(run_a)
+    assert code == EXIT_FENCED, f"run A exited {code}, not fenced (3):\n{run_a.log_tail()}"
+    final = read_sink(url, STATELESS_TABLE)
+    assert final.ledger == after_c.ledger, "the fenced run changed the ledger"
+    assert event_tuples(final.rows) == event_tuples(after_c.rows), "the fenced run wrote rows"
