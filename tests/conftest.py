@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Driver processes the tests start (`sparkonce run`, which inherits this environment) use
+# --quick-start, as `sparkonce verify`'s trial drivers do: Spark's JVM with the C1 JIT only
+# and the serial collector, about a quarter less CPU per short run. Timing only, never results.
+os.environ.setdefault("SPARKONCE_QUICK_START", "1")
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,6 +52,19 @@ FAULT_MATRIX: dict[str, tuple[str, ...]] = {
     "db-drop": ("sqlite", "postgres", "postgres-2pc"),  # the store connection drops mid-commit
     "task-failure": SINK_FAMILIES,  # Spark tasks fail once and are retried
 }
+
+
+# Parametrizations of tests/spark: a scenario whose statements are the same on SQLite and
+# PostgreSQL runs on SQLite in make test, and its PostgreSQL repeat in the crash lane. Tests of
+# PostgreSQL's own statements (upsert, complete mode, latest_by) and of the other sink
+# families stay in make test.
+SQL_STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.crash_lane)]
+FAMILY_SINKS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.crash_lane),
+    "postgres-2pc",
+    "kafka",
+]
 
 
 def lane_of(item: pytest.Item) -> str:

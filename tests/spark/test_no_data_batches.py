@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from tests.conftest import FAMILY_SINKS
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 from sparkonce.offsets import check_chain
@@ -89,6 +91,7 @@ def _read(sink: Any, pipeline: str) -> tuple[list[dict[str, Any]], list[Any]]:
         sink.close()
 
 
+@pytest.mark.parametrize("family_sink", FAMILY_SINKS, indirect=True)
 def test_windows_closed_by_a_no_data_batch_reach_every_sink_family(
     spark: SparkSession, tmp_path: Path, family_sink: Callable[[str], Any]
 ) -> None:

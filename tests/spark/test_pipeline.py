@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from tests.conftest import SQL_STORES
 
 from sparkonce import (
     CheckpointError,
@@ -88,6 +89,7 @@ def ledger(p: Pipeline) -> list[Any]:
         p.sink.close()
 
 
+@pytest.mark.parametrize("store_url", SQL_STORES, indirect=True)
 def test_stateless_append_is_exact_and_respects_read_limit(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], store_url: str
 ) -> None:
@@ -150,6 +152,7 @@ def test_replayed_batch_reads_the_same_records(
     assert len(seen[last]) > 0
 
 
+@pytest.mark.parametrize("store_url", SQL_STORES, indirect=True)
 def test_sink_skips_a_batch_it_already_committed(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], store_url: str
 ) -> None:
@@ -170,6 +173,7 @@ def test_sink_skips_a_batch_it_already_committed(
     assert ledger(p) == before_ledger
 
 
+@pytest.mark.parametrize("store_url", SQL_STORES, indirect=True)
 def test_stateless_pipeline_resumes_from_ledger_after_checkpoint_loss(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], store_url: str
 ) -> None:
@@ -232,6 +236,7 @@ def test_checkpoint_ahead_of_the_ledger_is_refused(
         other_sink.run(spark)
 
 
+@pytest.mark.parametrize("store_url", SQL_STORES, indirect=True)
 def test_a_newer_run_fences_the_older_one(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], store_url: str
 ) -> None:
@@ -254,6 +259,7 @@ def test_a_newer_run_fences_the_older_one(
     assert len(table_rows(p)) == entries[0].row_count == entries[0].ranges.count > 0
 
 
+@pytest.mark.parametrize("store_url", SQL_STORES, indirect=True)
 def test_a_failing_batch_commits_nothing(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], store_url: str
 ) -> None:

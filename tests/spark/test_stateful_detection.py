@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from tests.conftest import FAMILY_SINKS
 from tests.spark.test_no_data_batches import make_event_log
 
 from sparkonce import CheckpointLostError, EmbeddedLogSource, Pipeline, sink_from_url
@@ -204,6 +205,7 @@ def _pandas_state_records(df: DataFrame) -> DataFrame:
     )
 
 
+@pytest.mark.parametrize("family_sink", FAMILY_SINKS, indirect=True)
 def test_lost_checkpoint_of_pandas_state_is_refused_by_every_sink_family(
     spark: SparkSession, tmp_path: Path, family_sink: Callable[[str], Any]
 ) -> None:
