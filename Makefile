@@ -34,9 +34,10 @@ lint: setup
 #
 # Two lanes, chosen by the `crash_lane` marker (pyproject.toml); every test is in exactly one:
 #   make test        everything without it: unit, simulation, Spark, PostgreSQL and Kafka
-#                    integration, and one real crash test per sink family and fault kind
-#   make test-crash  only the marked tests: the full real-driver crash matrix and the
-#                    `sparkonce verify` campaigns (about 40 minutes)
+#                    integration, one real-driver crash scenario per sink family (each fault
+#                    kind once) and one `sparkonce verify` run
+#   make test-crash  only the marked tests: the full real-driver crash matrix, the
+#                    `sparkonce verify` campaigns, and PostgreSQL repeats of SQLite scenarios
 # pytest's exit code 5 (no test selected) fails either target, like any other failure.
 LANE := crash_lane
 
