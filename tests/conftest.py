@@ -6,9 +6,9 @@ tests never skip because it is missing: they fail.
 
 Test lanes: ``make test`` runs ``-m "not crash_lane"`` and ``make test-crash`` runs
 ``-m crash_lane``, so every test is in exactly one lane. A crash test that stays in
-``make test`` names the (sink family, fault kind) pair it stands for with
+``make test`` names each (sink family, fault kind) pair it stands for with
 ``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_modifyitems` refuses a
-pair outside :data:`FAULT_MATRIX` and a test that is in both lanes.
+pair outside :data:`FAULT_MATRIX` and a ``covers`` test marked ``crash_lane``.
 ``tests/unit/test_lanes.py`` checks, on the whole suite, that each pair has exactly one
 such test.
 """
