@@ -2,8 +2,9 @@
 
 :meth:`Committer.commit` runs, for one micro-batch, on the driver:
 
-0. A cheap look at the ledger, outside any transaction: a replay of a committed
-   batch is skipped before any rows are staged (no task runs for it).
+0. A cheap look at the ledger, outside any transaction, in the order of steps 1
+   and 2: a fenced run raises ``FencedError`` and a replay of a committed batch is
+   skipped, both before any rows are staged (no task runs for them).
    The batch's rows are then staged (:meth:`Stager.prepare`): collected on the
    driver, or pre-committed by Spark's tasks. Crash point ``before-commit`` comes
    first.
@@ -77,7 +78,10 @@ class Committer:
         For callers that stage a batch without Spark (the protocol simulation, unit
         tests): the steps, retries and crash points are the same.
         """
-        # Step 0: skip a replay before anything is staged.
+        # Step 0, a cheap look outside the transaction, in the order of steps 1-2: a
+        # fenced run stops before it stages anything (no task starts), and a replay of
+        # a committed batch is skipped before anything is staged.
+        self.store.check_owner(None, ctx.pipeline, ctx.epoch)
         last = self.store.last(ctx.pipeline)
         skipped = self._replay(ctx, last, None)
         if skipped is not None:
@@ -107,7 +111,7 @@ class Committer:
                 raise  # explains itself: fenced, ledger conflict, bad rows...
             except Exception as exc:
                 if not self.store.is_connection_error(exc) or attempt == self.attempts:
-                    raise _write_error(ctx, self.store, exc) from exc
+                    raise _write_error(ctx, self.store, self.stager, exc) from exc
                 log.warning(
                     "pipeline %r batch %s: connection to %s lost during commit (%s); "
                     "retrying on a new connection (attempt %d/%d)",
@@ -214,9 +218,11 @@ def _entry(ctx: BatchContext, seq: int, staged: Staged) -> LedgerEntry:
     )
 
 
-def _write_error(ctx: BatchContext, store: LedgerStore, exc: Exception) -> SinkError:
+def _write_error(
+    ctx: BatchContext, store: LedgerStore, stager: Stager, exc: Exception
+) -> SinkError:
     return SinkError(
         f"pipeline {ctx.pipeline!r}: committing batch {ctx.ranges} to {store.describe()} "
-        f"failed: {exc}. The transaction was rolled back; nothing of the batch is visible and "
-        "the ledger is unchanged. Fix the cause and restart the run; the batch will be replayed."
+        f"failed: {exc}. {stager.after_failed_commit()} Fix the cause and restart the run; "
+        "the batch will be replayed."
     )

@@ -12,10 +12,10 @@ How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
 stager. Because Kafka commits per task, step 3 runs in the stager's
 ``prepare``, before the driver's transaction opens::
 
-    driver   committer  step 2 (early look): a batch the ledger already covers is a
-                        replay: nothing runs
-    driver   stager     the run's epoch is still the owner's (checked early, so a fenced
-                        run starts no task); a partly committed batch must be this one
+    driver   committer  steps 1-2 (early look): the run's epoch is still the owner's (so
+                        a fenced run starts no task); a batch the ledger already covers
+                        is a replay: nothing runs
+    driver   stager     a partly committed batch must be this one
     tasks    stager     step 3, each Spark task p: init_transactions() with transactional.id
                         "sparkonce.<pipeline>.<topic>.<p>" (bumps the producer epoch, which
                         fences and aborts any zombie attempt of the same task), then reads
@@ -405,13 +405,12 @@ class KafkaSink(Sink, Stager):
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Step 3, in Spark tasks: each task commits its records and marker (driver starts them).
 
-        First, on the driver: the run must still own the pipeline (so a fenced run
-        starts no task), and a partly committed batch must be this one. Returns the
-        batch's row count; the payload is the tasks' stats.
+        First, on the driver: a partly committed batch must be this one (the committer
+        has already checked that the run still owns the pipeline, so a fenced run starts
+        no task). Returns the batch's row count; the payload is the tasks' stats.
         """
         from pyspark.sql.types import BinaryType
 
-        self._store.check_owner(None, ctx.pipeline, ctx.epoch)  # reads the ledger topic
         state = self._store.folded(ctx.pipeline)
         self._check_pending(ctx, state, state.entries[-1] if state.entries else None)
 
@@ -441,6 +440,14 @@ class KafkaSink(Sink, Stager):
             .to_pylist()
         )
         return Staged(rows=sum(int(s["rows"]) for s in stats), payload=stats)
+
+    def after_failed_commit(self) -> str:
+        return (
+            "The ledger is unchanged, but tasks of the batch may already have committed their "
+            "Kafka transactions: read_committed readers can see some of its output partitions. "
+            "The replay writes only the partitions whose marker is missing, so nothing is "
+            "duplicated."
+        )
 
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         """Nothing to make visible: the tasks' transactions already did, per output partition.

@@ -602,22 +602,8 @@ class SqlSink(Sink, Stager):
         return list(zip(*cols, strict=True)) if cols else []
 
     # -- errors ----------------------------------------------------------------
-    def _is_connection_error(self, exc: Exception) -> bool:
-        return self._store.is_connection_error(exc)
-
     def _drop_connection(self) -> None:
         self._store.reconnect()
-
-    def _lose_connection(self, conn: Any) -> None:
-        self._store.lose_connection(conn)
-
-    def _wrap_write_error(self, exc: Exception, ctx: BatchContext) -> SinkError:
-        return SinkError(
-            f"pipeline {ctx.pipeline!r}: writing batch {ctx.ranges} to {self.table!r} in "
-            f"{self.url} failed: {exc}. The transaction was rolled back; nothing of the batch "
-            "is visible and the ledger is unchanged. Fix the cause and restart the run; the "
-            "batch will be replayed."
-        )
 
     # -- administration -------------------------------------------------------------
     def relocated(self, url: str | StoreURL) -> SqlSink:
