@@ -217,7 +217,7 @@ class KafkaReader:
                 for m in messages:
                     err = m.error()
                     if err is not None:
-                        last_error = self._check(err, topic, partition, where, pos)
+                        last_error = self._check(err, topic, partition, where, pos) or last_error
                         continue
                     if m.topic() != topic or m.partition() != partition:
                         continue  # left over from an earlier assignment
@@ -242,17 +242,20 @@ class KafkaReader:
                 yield records
                 progress_at = time.monotonic()  # the caller's time is not a stall
 
-    def _check(self, err: Any, topic: str, partition: int, where: str, pos: int) -> str:
+    def _check(self, err: Any, topic: str, partition: int, where: str, pos: int) -> str | None:
         """Raise for an error event that ends the read; return the text of a transient one."""
         ck = require_confluent_kafka()
         code = err.code()
+        if code == ck.KafkaError._PARTITION_EOF:
+            return None  # not an error (and off in new_consumer): the position tells the end
         text = scrub(err.str(), self.conn.config)
         if code in (ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE):
             raise self._out_of_range(topic, partition, where, pos, text)
         if err.fatal():
             raise self.conn.unavailable(f"reading {where}: fatal Kafka client error {text}")
-        if code != ck.KafkaError._PARTITION_EOF:
-            log.debug("reading %s at offset %d: %s", where, pos, text)
+        # Transient (broker restarting, leader moved): librdkafka retries; the stall timeout
+        # ends the read if it never recovers.
+        log.debug("reading %s at offset %d: %s", where, pos, text)
         return text
 
     def _out_of_range(
