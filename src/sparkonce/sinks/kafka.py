@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,6 +72,7 @@ from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
 from sparkonce.errors import ConfigError, LedgerError, SinkError, TopicNotFoundError
 from sparkonce.faults import FaultPlan
 from sparkonce.kafka.client import KafkaConnection
+from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.ledger.kafka_topic import (
     TIMEOUT_S,
@@ -483,23 +483,17 @@ class KafkaSink(Sink, Stager):
         Destructive, for ``sparkonce verify`` trials only: it drops every record of
         both topics, whichever pipeline wrote them.
         """
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         self.open()
-        consumer = Consumer(
-            self.conn.client_config(group_id="sparkonce-reset", isolation_level="read_uncommitted")
-        )
-        try:
-            targets = []
+        targets = []
+        # read_uncommitted: the high watermark, past open and aborted transactions too.
+        with KafkaReader(self.conn, timeout=TIMEOUT_S, isolation_level="read_uncommitted") as rd:
             for topic in (self.topic, self.ledger_topic):
                 for p in range(self.conn.partitions(topic)):
-                    _low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, p), timeout=TIMEOUT_S
-                    )
+                    _low, high = rd.watermarks(topic, p)
                     if high > 0:
                         targets.append(TopicPartition(topic, p, high))
-        finally:
-            consumer.close()
         if targets:
             admin = self.conn.admin()
             futures = admin.delete_records(
@@ -511,33 +505,13 @@ class KafkaSink(Sink, Stager):
 
     def rows(self) -> list[dict[str, Any]]:
         """Every record ``read_committed`` consumers see in the output topic: key, value."""
-        from confluent_kafka import Consumer, TopicPartition
-
         self.open()
         out: list[dict[str, Any]] = []
-        consumer = Consumer(
-            self.conn.client_config(
-                group_id="sparkonce-rows",
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-            )
-        )
-        try:
+        with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
             for p in range(self.conn.partitions(self.topic)):
-                tp = TopicPartition(self.topic, p)
-                low, high = consumer.get_watermark_offsets(tp, timeout=TIMEOUT_S, cached=False)
-                if low >= high:
-                    continue
-                consumer.assign([TopicPartition(self.topic, p, low)])
-                deadline = time.monotonic() + TIMEOUT_S
-                while consumer.position([tp])[0].offset < high:
-                    for m in consumer.consume(num_messages=1000, timeout=0.5):
-                        if m.error() is None and (m.offset() or 0) < high:
-                            out.append({"key": _text(m.key()), "value": _text(m.value())})
-                    if time.monotonic() > deadline:
-                        raise self.conn.unavailable(f"reading topic {self.topic!r}")
-        finally:
-            consumer.close()
+                low, high = reader.watermarks(self.topic, p)
+                for m in reader.read(self.topic, p, low, max(low, high)):
+                    out.append({"key": _text(m.key()), "value": _text(m.value())})
         return out
 
 
