@@ -496,9 +496,11 @@ _CRASH_CHILD = textwrap.dedent(
     from pyspark.sql import types as T
     from sparkonce.ledger.base import BatchContext
     from sparkonce.offsets import BatchRanges, OffsetRange
+    from sparkonce.faults import FaultPlan
     from sparkonce.sinks import SQLiteSink
     sink = SQLiteSink(sys.argv[1], "out")
     epoch = sink.acquire("p").epoch
+    sink.use_faults(FaultPlan.from_env())  # after open(): the committer gets it too
     schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
     ctx = BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 3),)), 0, "cp")
     sink.commit_rows(ctx, schema, ["id", "v"], [(1, "a"), (2, "b"), (3, "c")])

@@ -16,6 +16,7 @@ from sparkonce.sources.base import Source
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
+    from sparkonce.faults import FaultPlan
     from sparkonce.pipeline.runner import BatchReport, RunReport
 
 
@@ -122,6 +123,7 @@ class Pipeline:
         timeout: float | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
         stop: threading.Event | None = None,
+        faults: FaultPlan | None = None,
     ) -> RunReport:
         """Run until the trigger completes (``availableNow``) or ``timeout`` seconds pass.
 
@@ -130,7 +132,11 @@ class Pipeline:
         pipeline lost its checkpoint, and other :class:`SparkOnceError` subclasses
         for bad configuration or unreachable stores. Setting ``stop`` stops the run
         cleanly between commits and raises :class:`~sparkonce.errors.RunStopped`.
+        ``faults`` is the run's fault plan (:mod:`sparkonce.faults`; ``sparkonce run``
+        parses it from the environment); the default injects nothing.
         """
         from sparkonce.pipeline.runner import run_pipeline
 
-        return run_pipeline(self, spark, timeout=timeout, on_batch=on_batch, stop=stop)
+        return run_pipeline(
+            self, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=faults
+        )

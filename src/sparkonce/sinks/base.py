@@ -5,6 +5,7 @@ one entry per committed batch, inside the sink's own store), and commits each
 micro-batch following :mod:`sparkonce.protocol`. The pipeline runner calls the
 hooks below in this order::
 
+    use_faults(plan)             driver, once per run, before open(): the run's fault plan
     open()                       driver, once per run
     validate(schema)             driver, once per run, *before* acquire: every check that
                                  can fail on configuration runs before a new epoch is taken
@@ -24,6 +25,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.config import Guarantee, OutputMode, StoreURL
+from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.offsets import TopicPartition
 
@@ -39,6 +41,13 @@ class Sink(ABC):
     # Whether SPARKONCE_DROP_CONNECTION_AT makes this sink lose its store connection
     # (the verifier's db-drop fault).
     supports_connection_drop: ClassVar[bool] = False
+    # The run's fault plan (crash points of the commit); the no-op plan until use_faults().
+    faults: FaultPlan = NO_FAULTS
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        """Take the run's fault plan, for the commit's crash, pause and connection-drop
+        points. The runner calls this before :meth:`open`; without it nothing is injected."""
+        self.faults = faults
 
     @abstractmethod
     def open(self) -> None:

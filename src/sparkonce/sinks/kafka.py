@@ -288,12 +288,17 @@ class KafkaSink(Sink, Stager):
         self._check_output_topic()  # ConfigError / KafkaUnavailableError
         self._store.open()
         if self._committer is None:
-            self._committer = Committer(self._store, self, faults=FaultPlan.from_env())
+            self._committer = Committer(self._store, self, faults=self.faults)
         self._opened = True
 
     def close(self) -> None:
         self._store.close()
         self._opened = False
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
 
     def describe(self) -> str:
         return f"KafkaSink({self.conn.bootstrap} topic={self.topic})"

@@ -58,6 +58,7 @@ from sparkonce.db import (
     write_transaction,
 )
 from sparkonce.errors import ConfigError, SinkError
+from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.ledger.sql import SqlLedgerStore
 from sparkonce.offsets import TopicPartition
@@ -334,10 +335,15 @@ class SqlSink(Sink, Stager):
     def open(self) -> None:
         self._store.conn  # noqa: B018 - connects and creates the metadata tables
         if self._committer is None:
-            self._committer = Committer(self._store, self)
+            self._committer = Committer(self._store, self, faults=self.faults)
 
     def close(self) -> None:
         self._store.close()
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
 
     def describe(self) -> str:
         keys = f" keys={list(self.keys)}" if self.keys else ""

@@ -74,8 +74,8 @@ from sparkonce.commit import Staged
 from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
+from sparkonce.faults import worker_faults
 from sparkonce.ledger.base import BatchContext, CommitResult, Owner
-from sparkonce.protocol import task_failure_requested
 from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -524,10 +524,16 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         if conn is not None:
             conn.close()
     key = f"{plan.pipeline}:{plan.seq}:{partition}"
-    if rows and task_failure_requested("write", key, spark_attempt):
+    faults = worker_faults()  # this worker's plan, parsed once
+    if rows and faults.fail_task("write", key, spark_attempt):
         # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows
         # exist but Spark retries the task; only the retry's attempt may become visible.
-        raise RuntimeError(f"injected task failure after the pre-commit of write task {key}")
+        raise faults.task_failure(
+            "write",
+            key,
+            spark_attempt,
+            f"injected task failure after the pre-commit of write task {key}",
+        )
     yield pa.RecordBatch.from_pylist(
         [
             {
