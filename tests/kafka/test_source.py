@@ -25,6 +25,7 @@ from sparkonce.faults import FaultPlan
 from sparkonce.kafka import KafkaUnavailableError
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
 from sparkonce.protocol import FAIL_TASKS_ENV
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.sources import source_from_uri
 from sparkonce.sources.kafka import (
     RECORD_ID_HEADER,
@@ -206,7 +207,7 @@ def test_pipeline_runner_commits_every_record_once(
     assert report.rows_committed == 30
     p.sink.open()
     try:
-        rows = p.sink.rows()
+        rows = inspector_for(p.sink).rows()
         entries = p.sink.ledger(p.name)
     finally:
         p.sink.close()

@@ -101,12 +101,17 @@ class Pipeline:
     def with_overrides(
         self, *, sink_url: str | None = None, checkpoint: str | Path | None = None
     ) -> Pipeline:
-        """A copy writing to another sink store and/or checkpoint (same table, mode, keys)."""
+        """A copy writing to another sink store and/or checkpoint (same table, mode, keys).
+
+        The sink is moved by its inspector (:func:`sparkonce.sinks.inspect.relocate`).
+        """
         import dataclasses
+
+        from sparkonce.sinks.inspect import relocate
 
         changes: dict[str, object] = {}
         if sink_url:
-            changes["sink"] = self.sink.relocated(sink_url)
+            changes["sink"] = relocate(self.sink, sink_url)
         if checkpoint:
             changes["checkpoint"] = checkpoint
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]

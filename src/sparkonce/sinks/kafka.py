@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -306,23 +305,6 @@ class KafkaSink(Sink, Stager):
     def __repr__(self) -> str:
         return self.describe()
 
-    def relocated(self, url: str | Any) -> KafkaSink:
-        """The same sink on another cluster or topic: ``kafka://HOST:PORT[,...]/TOPIC``."""
-        return kafka_sink_from_uri(
-            str(url),
-            client_config=self.conn.config,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-        )
-
-    def fresh(self) -> KafkaSink:
-        return KafkaSink(
-            self.conn.bootstrap,
-            self.topic,
-            client_config=self.conn.config,
-            ledger_topic=self.ledger_topic,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-        )
-
     def _status_hint(self, pipeline: str) -> str:
         return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
 
@@ -474,78 +456,9 @@ class KafkaSink(Sink, Stager):
                     "directory, or re-run with the same read limits so the same batch is planned."
                 )
 
-    # -- administration ----------------------------------------------------------------------
-    def reset(self, pipeline: str) -> None:
-        """Make the output and ledger topics look empty (``delete_records`` up to their end).
-
-        Destructive, for ``sparkonce verify`` trials only: it drops every record of
-        both topics, whichever pipeline wrote them.
-        """
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.open()
-        consumer = Consumer(
-            self.conn.client_config(group_id="sparkonce-reset", isolation_level="read_uncommitted")
-        )
-        try:
-            targets = []
-            for topic in (self.topic, self.ledger_topic):
-                for p in range(self.conn.partitions(topic)):
-                    _low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, p), timeout=TIMEOUT_S
-                    )
-                    if high > 0:
-                        targets.append(TopicPartition(topic, p, high))
-        finally:
-            consumer.close()
-        if targets:
-            admin = self.conn.admin()
-            futures = admin.delete_records(
-                targets, request_timeout=TIMEOUT_S, operation_timeout=TIMEOUT_S
-            )
-            for f in futures.values():
-                f.result(timeout=TIMEOUT_S)
+    def _output_dropped(self) -> None:
+        """Both topics were emptied (an inspector's reset): forget what was read of them."""
         self._store.forget()
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Every record ``read_committed`` consumers see in the output topic: key, value."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.open()
-        out: list[dict[str, Any]] = []
-        consumer = Consumer(
-            self.conn.client_config(
-                group_id="sparkonce-rows",
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-            )
-        )
-        try:
-            for p in range(self.conn.partitions(self.topic)):
-                tp = TopicPartition(self.topic, p)
-                low, high = consumer.get_watermark_offsets(tp, timeout=TIMEOUT_S, cached=False)
-                if low >= high:
-                    continue
-                consumer.assign([TopicPartition(self.topic, p, low)])
-                deadline = time.monotonic() + TIMEOUT_S
-                while consumer.position([tp])[0].offset < high:
-                    for m in consumer.consume(num_messages=1000, timeout=0.5):
-                        if m.error() is None and (m.offset() or 0) < high:
-                            out.append({"key": _text(m.key()), "value": _text(m.value())})
-                    if time.monotonic() > deadline:
-                        raise self.conn.unavailable(f"reading topic {self.topic!r}")
-        finally:
-            consumer.close()
-        return out
-
-
-def _text(b: bytes | None) -> str | bytes | None:
-    if b is None:
-        return None
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return b
 
 
 def kafka_sink_from_uri(uri: str, **kwargs: Any) -> KafkaSink:

@@ -418,41 +418,9 @@ class PostgresTwoPhaseSink(PostgresSink):
         row = self.conn.execute("SELECT to_regclass(%s)", (qi(name),)).fetchone()
         return row is not None and row[0] is not None
 
-    def pending(self, pipeline: str) -> int:
-        """How many pre-committed, not yet committed or collected attempts ``pipeline`` has."""
-        row = self.conn.execute(
-            f"SELECT count(*) FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s "
-            "AND state = 'precommitted'",
-            (pipeline, self.table),
-        ).fetchone()
-        return int(row[0])
-
-    # -- administration ----------------------------------------------------------------
-    def relocated(self, url: str | StoreURL) -> PostgresTwoPhaseSink:
-        parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
-        if parsed.scheme != "postgresql":
-            raise ConfigError(f"the two-phase sink needs a postgresql:// URL, got {str(parsed)!r}")
-        return PostgresTwoPhaseSink(
-            parsed, self.table, mode=self.mode, keys=self.keys, latest_by=self.latest_by
-        )
-
-    def reset(self, pipeline: str) -> None:
-        """Drop the output (view, data, stage, table) and ``pipeline``'s metadata. Destructive."""
-        from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
-
-        conn = self.conn
-        with write_transaction(conn, self.dialect):
-            conn.execute(f"DROP VIEW IF EXISTS {qi(self.table)}")
-            for t in (self.table, self.table + DATA_SUFFIX, self.table + STAGE_SUFFIX):
-                conn.execute(f"DROP TABLE IF EXISTS {qi(t)}")
-            conn.execute(
-                f"DELETE FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s",
-                (pipeline, self.table),
-            )
-            for t in (LEDGER_TABLE, OWNER_TABLE):
-                conn.execute(f"DELETE FROM {t} WHERE pipeline = %s", (pipeline,))
+    def _output_dropped(self) -> None:
+        super()._output_dropped()
         self._ready = False
-        self._table_checked = False
 
 
 # --- the task side (runs in Spark's Python workers) -----------------------------------------

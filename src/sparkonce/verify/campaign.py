@@ -10,7 +10,7 @@ oracle and in every trial. The reference assumes a deterministic transform;
 ``reference=False`` skips it. Rows are matched on ``key_columns`` (default: the
 sink's upsert keys), or compared as multisets when there are none.
 
-Each trial then starts from a clean sink (``Sink.reset``) and an empty
+Each trial then starts from a clean sink (``Inspector.reset``) and an empty
 checkpoint, injects one fault, restarts the pipeline until its input is
 consumed, and compares the sink with the oracle (proven equal to the reference,
 and read back in the sink's own representation). Drivers start with
@@ -37,11 +37,12 @@ the oracle (aggregates), the zombie's commits refused, and a ledger that is
 gap-free and monotonic.
 
 The campaign only uses the public API (a pipeline file, ``sparkonce run``, and
-the sink's ``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline
-as a black box. Each trial's fault schedule derives from ``(seed, trial)``. A
-kill's delay is a fraction of the oracle's run time, so ``--resume`` plans on the
-oracle time recorded in ``verify.json`` rather than a new measurement that a busy
-machine would skew. ``--replay TRIAL`` takes the fault recorded for that trial
+the sink's inspector, :func:`sparkonce.sinks.inspect.inspector_for`:
+``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline as a black
+box. Each trial's fault schedule derives from ``(seed, trial)``. A kill's delay
+is a fraction of the oracle's run time, so ``--resume`` plans on the oracle time
+recorded in ``verify.json`` rather than a new measurement that a busy machine
+would skew. ``--replay TRIAL`` takes the fault recorded for that trial
 (a kill lands at the same delay, though not necessarily at the same instruction),
 and plans it from the seed only if the report does not hold the trial.
 
@@ -77,6 +78,7 @@ from sparkonce.protocol import (
     PAUSE_ENV,
     CrashPoint,
 )
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.verify.compare import diff_rows
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from sparkonce.verify.reference import ENTRY as REFERENCE_ENTRY
@@ -248,8 +250,9 @@ class Campaign:
         self.reference: ReferenceCheck | None = None
         self._drivers: list[Driver] = []  # started by this campaign, for abort()
         self._aborted = threading.Event()
-        # One long-lived connection for polling the ledger while drivers run.
-        self._inspector = self.pipeline.sink.fresh()
+        # One long-lived connection (its own) for polling the ledger while drivers run,
+        # resetting the store and reading its rows.
+        self._inspector = inspector_for(self.pipeline.sink, fresh=True)
 
     def close(self) -> None:
         self._inspector.close()
