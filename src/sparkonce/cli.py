@@ -130,9 +130,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from sparkonce.faults import FaultPlan
     from sparkonce.pipeline.loader import load_pipeline
     from sparkonce.pipeline.spark import build_session
 
+    faults = FaultPlan.from_env()  # the run's fault plan, parsed once (none set: no faults)
     pipeline = load_pipeline(args.pipeline_file).with_overrides(
         sink_url=args.sink, checkpoint=args.checkpoint
     )
@@ -155,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            report = pipeline.run(spark, timeout=args.timeout, stop=stop)
+            report = pipeline.run(spark, timeout=args.timeout, stop=stop, faults=faults)
         finally:
             spark.stop()
     except SparkOnceError as exc:

@@ -25,6 +25,7 @@ import pytest
 from sparkonce.offsets import check_chain
 from sparkonce.protocol import PAUSE_ENV, CrashPoint
 from sparkonce.sinks import sink_from_url
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from tests.crash.conftest import run_driver, wait_until_stopped
 
@@ -100,7 +101,7 @@ def _output(sink_url: str) -> Counter[Any]:
     """What readers see, as a multiset of (partition, offset, value) per input record."""
     sink = sink_from_url(sink_url, None if sink_url.startswith("kafka://") else "events_out")
     try:
-        rows = sink.rows()
+        rows = inspector_for(sink).rows()
     finally:
         sink.close()
     if sink_url.startswith("kafka://"):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.errors import LedgerError, SinkError, SparkOnceError
-from sparkonce.faults import FaultPlan
+from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, LedgerStore
 from sparkonce.offsets import Coverage, classify
 from sparkonce.protocol import CrashPoint
@@ -64,7 +64,8 @@ class Committer:
             raise ValueError("attempts must be >= 1")
         self.store = store
         self.stager = stager
-        self.faults = faults if faults is not None else FaultPlan.from_env()
+        # The run's fault plan (its crash points), handed down by the sink; none: no faults.
+        self.faults = faults if faults is not None else NO_FAULTS
         self.attempts = attempts
 
     # -- the protocol -------------------------------------------------------------------

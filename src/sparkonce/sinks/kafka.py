@@ -72,7 +72,6 @@ from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
 from sparkonce.errors import ConfigError, LedgerError, SinkError, TopicNotFoundError
 from sparkonce.faults import FaultPlan
 from sparkonce.kafka.client import KafkaConnection
-from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.ledger.kafka_topic import (
     TIMEOUT_S,
@@ -288,35 +287,23 @@ class KafkaSink(Sink, Stager):
         self._check_output_topic()  # ConfigError / KafkaUnavailableError
         self._store.open()
         if self._committer is None:
-            self._committer = Committer(self._store, self, faults=FaultPlan.from_env())
+            self._committer = Committer(self._store, self, faults=self.faults)
         self._opened = True
 
     def close(self) -> None:
         self._store.close()
         self._opened = False
 
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
+
     def describe(self) -> str:
         return f"KafkaSink({self.conn.bootstrap} topic={self.topic})"
 
     def __repr__(self) -> str:
         return self.describe()
-
-    def relocated(self, url: str | Any) -> KafkaSink:
-        """The same sink on another cluster or topic: ``kafka://HOST:PORT[,...]/TOPIC``."""
-        return kafka_sink_from_uri(
-            str(url),
-            client_config=self.conn.config,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-        )
-
-    def fresh(self) -> KafkaSink:
-        return KafkaSink(
-            self.conn.bootstrap,
-            self.topic,
-            client_config=self.conn.config,
-            ledger_topic=self.ledger_topic,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-        )
 
     def _status_hint(self, pipeline: str) -> str:
         return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
@@ -476,52 +463,9 @@ class KafkaSink(Sink, Stager):
                     "directory, or re-run with the same read limits so the same batch is planned."
                 )
 
-    # -- administration ----------------------------------------------------------------------
-    def reset(self, pipeline: str) -> None:
-        """Make the output and ledger topics look empty (``delete_records`` up to their end).
-
-        Destructive, for ``sparkonce verify`` trials only: it drops every record of
-        both topics, whichever pipeline wrote them.
-        """
-        from confluent_kafka import TopicPartition
-
-        self.open()
-        targets = []
-        # read_uncommitted: the high watermark, past open and aborted transactions too.
-        with KafkaReader(self.conn, timeout=TIMEOUT_S, isolation_level="read_uncommitted") as rd:
-            for topic in (self.topic, self.ledger_topic):
-                for p in range(self.conn.partitions(topic)):
-                    _low, high = rd.watermarks(topic, p)
-                    if high > 0:
-                        targets.append(TopicPartition(topic, p, high))
-        if targets:
-            admin = self.conn.admin()
-            futures = admin.delete_records(
-                targets, request_timeout=TIMEOUT_S, operation_timeout=TIMEOUT_S
-            )
-            for f in futures.values():
-                f.result(timeout=TIMEOUT_S)
+    def _output_dropped(self) -> None:
+        """Both topics were emptied (an inspector's reset): forget what was read of them."""
         self._store.forget()
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Every record ``read_committed`` consumers see in the output topic: key, value."""
-        self.open()
-        out: list[dict[str, Any]] = []
-        with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
-            for p in range(self.conn.partitions(self.topic)):
-                low, high = reader.watermarks(self.topic, p)
-                for m in reader.read(self.topic, p, low, max(low, high)):
-                    out.append({"key": _text(m.key()), "value": _text(m.value())})
-        return out
-
-
-def _text(b: bytes | None) -> str | bytes | None:
-    if b is None:
-        return None
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return b
 
 
 def kafka_sink_from_uri(uri: str, **kwargs: Any) -> KafkaSink:

@@ -60,7 +60,12 @@ from sparkonce.kafka.consumer import KafkaReader, new_consumer
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source
-from sparkonce.sources.reader import RangeStreamReader, injected_failure_offset, parse_starting
+from sparkonce.sources.reader import (
+    RangeStreamReader,
+    injected_failure_offset,
+    injected_read_failure,
+    parse_starting,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -575,9 +580,13 @@ def read_range(
                     cols.add([m for m in records if m.offset() < fail_at], part.end)
                     if len(cols):
                         yield cols.flush()
-                    raise RuntimeError(
+                    raise injected_read_failure(
+                        part.topic,
+                        part.partition,
+                        part.start,
+                        part.end,
                         f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                        "Spark retries the task"
+                        "Spark retries the task",
                     )
                 cols.add(records, part.end)
                 if len(cols) >= chunk:
@@ -590,9 +599,13 @@ def read_range(
         if len(cols):
             yield cols.flush()
         if fail_at is not None:  # no record at or after fail_at (markers only): fail anyway
-            raise RuntimeError(
+            raise injected_read_failure(
+                part.topic,
+                part.partition,
+                part.start,
+                part.end,
                 f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                "Spark retries the task"
+                "Spark retries the task",
             )
         if cols.bad:
             raise SourceError(
