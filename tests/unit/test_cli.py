@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkonce.cli import EXIT_USAGE, build_parser, main
+from sparkonce.cli import build_parser, main
+from sparkonce.cli.common import EXIT_USAGE
 from sparkonce.ledger import BatchContext
 from sparkonce.log import Topic
 from sparkonce.offsets import BatchRanges, OffsetRange
@@ -439,7 +440,7 @@ import sys
 from pathlib import Path
 if sys.argv[2] == "hide":
     sys.modules["matplotlib"] = None  # as if the verify extra were not installed
-from sparkonce.cli import _write_chart
+from sparkonce.cli.verify import _write_chart
 from sparkonce.verify import Fault, TrialOutcome
 outcomes = [TrialOutcome(n, "s", Fault("kill", delay_s=1.0), True, True, recovery_s=2.0 + n)
             for n in range(3)]
@@ -469,3 +470,42 @@ def test_the_chart_step_without_matplotlib_warns_in_one_line(tmp_path: Path) -> 
     )
     assert done.stdout == "True\n" and done.stderr == "", done.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+# -- verify plans from its report before any driver starts ----------------------------------
+VERIFY_PIPELINE = """
+from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
+
+pipeline = Pipeline(
+    name="planned",
+    source=EmbeddedLogSource({log!r}, "ev"),
+    transform=lambda df: df,
+    sink=SQLiteSink({sink!r}, "out"),
+    checkpoint={checkpoint!r},
+)
+"""
+
+
+def test_verify_resume_refuses_the_report_of_another_campaign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "p.py"
+    f.write_text(
+        VERIFY_PIPELINE.format(
+            log=str(tmp_path / "log"),
+            sink=f"sqlite:///{tmp_path / 'sink.db'}",
+            checkpoint=str(tmp_path / "checkpoint"),
+        )
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    report = out / "verify.json"
+    report.write_text('{"seed": 1, "faults": ["kill"], "trials": []}')
+    argv = ["verify", str(f), "--seed", "2", "--faults", "kill", "--out", str(out), "--resume"]
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sparkonce: bad input: {report} holds a campaign with seed 1 and faults ['kill']; "
+        "--resume and --replay need the same --seed and --faults (or another --out)"
+    )
+    assert not (out / "work").exists()  # no oracle run: its work directory was never made

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import EXIT_FAIL, _add_env_number, _env, _help
-from sparkonce.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
@@ -18,7 +17,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def cmd_verify(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from rich.console import Console
     from rich.progress import (
@@ -35,39 +33,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
         Campaign,
         Fault,
         ReferenceMismatchError,
-        load_report,
         parse_fault_kinds,
         run_trials,
         summarize,
         write_json,
     )
+    from sparkonce.verify.planning import (
+        VerifyRequest,
+        check_request,
+        load_plan,
+        store_workdirs,
+    )
 
-    if args.trials < 1 and args.replay is None:
-        raise ConfigError(f"--trials must be >= 1, got {args.trials}")
-    if args.replay is not None and args.replay < 0:
-        raise ConfigError(
-            f"--replay takes a trial number from verify.json (0 or more), got {args.replay}"
-        )
-    if args.retime_oracle and not args.resume and args.replay is None:
-        raise ConfigError(
-            "--retime-oracle only changes a campaign that goes on (--resume) or repeats a "
-            "trial (--replay N); a new campaign always times its oracle"
-        )
+    request = VerifyRequest(
+        trials=args.trials,
+        seed=args.seed,
+        replay=args.replay,
+        resume=args.resume,
+        retime_oracle=args.retime_oracle,
+    )
+    check_request(request)
     kinds = parse_fault_kinds(args.faults)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console()
     env_sink = _env("SPARKONCE_VERIFY_SINK")
     sink_urls: list[str | None] = list(args.sink or [env_sink or None])
-    if len(set(sink_urls)) != len(sink_urls):
-        raise ConfigError(
-            f"--sink names the same store twice ({sink_urls}); parallel trials each need "
-            "their own store"
-        )
+    workdirs = store_workdirs(out_dir, sink_urls)
     campaigns = [
         Campaign(
             args.pipeline_file,
-            workdir=out_dir / ("work" if len(sink_urls) == 1 else f"work/w{i}"),
+            workdir=workdir,
             seed=args.seed,
             kinds=kinds,
             sink_url=url,
@@ -75,7 +71,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             quick_start=not args.full_jit,
             key_columns=tuple(args.key or ()),
         )
-        for i, url in enumerate(sink_urls)
+        for url, workdir in zip(sink_urls, workdirs, strict=True)
     ]
     campaign = campaigns[0]
     kinds = campaign.kinds  # db-drop is left out for sinks without a store connection
@@ -85,44 +81,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         f"faults {', '.join(kinds)}, seed {args.seed}. Each trial wipes this pipeline's "
         "output (table or topic) and ledger in that sink."
     )
-    json_path, png_path = out_dir / "verify.json", out_dir / "recovery.png"
-    recorded = (
-        load_report(json_path, args.seed, kinds) if args.resume or args.replay is not None else None
-    )
-    outcomes: list[TrialOutcome] = []
-    if args.replay is not None:
-        trials = [args.replay]
-        replayed = recorded.fault_of(args.replay) if recorded is not None else None
-        if replayed is not None:
-            for c in campaigns:
-                c.recorded_faults[args.replay] = replayed
-        console.print(
-            f"replaying trial {args.replay} with "
-            + (
-                f"its recorded fault: {replayed.describe()}"
-                if replayed is not None
-                else f"the fault planned from seed {args.seed} (not in {json_path})"
-            )
-        )
-        # A replay never overwrites the campaign's own report.
-        json_path = out_dir / f"replay-{args.replay}.json"
-        png_path = out_dir / f"replay-{args.replay}.png"
-    else:
-        again: list[int] = []
-        if recorded is not None:
-            outcomes, again = recorded.split()
-        done = {o.trial for o in outcomes}
-        trials = [n for n in range(args.trials) if n not in done]
-        if done or again:
-            console.print(f"resuming: {len(done)} trials kept from {json_path}")
-        again = [n for n in again if n < args.trials]
-        if again:
-            console.print(
-                f"running again {len(again)} trials whose fault did not fire: {again[:20]}"
-            )
-    oracle_seconds = None
-    if recorded is not None and not args.retime_oracle:
-        oracle_seconds = recorded.oracle_seconds
+    plan = load_plan(request, out_dir, kinds)
+    for note in plan.notes:
+        console.print(note)
+    for c in campaigns:
+        c.recorded_faults.update(plan.recorded_faults)
+    json_path, png_path = plan.report, plan.chart
+    outcomes: list[TrialOutcome] = list(plan.kept)
+    trials = plan.trials
+    oracle_seconds = plan.oracle_seconds
     kept = len(outcomes)
     started = time.monotonic()
     try:
