@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from sparkonce.cli.common import EXIT_FAIL, _add_env_number, _env, _help
+from sparkonce.cli.common import (
+    DIRECTORY_EXPECTED,
+    EXIT_FAIL,
+    _add_env_number,
+    _check_directory,
+    _env,
+    _env_checked,
+    _help,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
@@ -32,11 +40,13 @@ def add_parser(sub: SubParsers) -> None:
         env="SPARKONCE_DEMO_RECORDS",
         default=200000,
         help="records to produce, default 200000",
+        minimum=1000,  # as run_demo requires: the run must span batches
     )
     p.add_argument("--keys", type=int, default=16, help="distinct keys, default 16")
     p.add_argument("--partitions", type=int, default=4, help="log partitions, default 4")
     p.add_argument(
         "--workdir",
+        type=_env_checked("--workdir", DIRECTORY_EXPECTED, _check_directory),
         default=_env("SPARKONCE_DEMO_DIR", ".demo"),
         help=_help("work directory (wiped), default .demo", "SPARKONCE_DEMO_DIR"),
     )

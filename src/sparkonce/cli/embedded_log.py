@@ -7,7 +7,16 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkonce.cli.common import _add_env_number, _env, _help, _record_count
+from sparkonce.cli.common import (
+    DIRECTORY_EXPECTED,
+    MAX_PARTITIONS,
+    _add_env_number,
+    _check_directory,
+    _env,
+    _env_checked,
+    _help,
+    _record_count,
+)
 from sparkonce.cli.records import (
     PRODUCE_CHUNK_LINES,
     _BadLine,
@@ -114,6 +123,7 @@ def add_parser(sub: SubParsers) -> None:
         q.add_argument(
             "dir",
             nargs=None if default_dir is None else "?",
+            type=_env_checked("dir", DIRECTORY_EXPECTED, _check_directory),
             default=default_dir,
             help=_help("log directory", "SPARKONCE_LOG_DIR"),
         )
@@ -127,6 +137,8 @@ def add_parser(sub: SubParsers) -> None:
         env="SPARKONCE_PARTITIONS",
         default=4,
         help="number of partitions, default 4",
+        minimum=1,
+        maximum=MAX_PARTITIONS,
     )
     q.add_argument("--exist-ok", action="store_true", help="no error if it already exists")
     q.set_defaults(func=cmd_log_create)
@@ -153,6 +165,7 @@ def add_parser(sub: SubParsers) -> None:
     q.add_argument("--partition", type=int, default=None, help="write to this partition")
     q.add_argument(
         "--producer-id",
+        type=_env_checked("--producer-id", "a producer id"),
         default=_env("SPARKONCE_PRODUCER_ID", "cli"),
         help=_help("idempotent producer id, default 'cli'", "SPARKONCE_PRODUCER_ID"),
     )

@@ -7,7 +7,16 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sparkonce.cli.common import _add_env_number, _env, _help, _record_count
+from sparkonce.cli.common import (
+    BOOTSTRAP_EXPECTED,
+    MAX_PARTITIONS,
+    _add_env_number,
+    _check_bootstrap,
+    _env,
+    _env_checked,
+    _help,
+    _record_count,
+)
 from sparkonce.cli.records import (
     PRODUCE_CHUNK_LINES,
     _BadLine,
@@ -144,6 +153,7 @@ def add_parser(sub: SubParsers) -> None:
             "bootstrap",
             metavar="BOOTSTRAP",
             nargs=None if default_bootstrap is None else "?",
+            type=_env_checked("BOOTSTRAP", BOOTSTRAP_EXPECTED, _check_bootstrap),
             default=default_bootstrap,
             help=_help(
                 "Kafka bootstrap servers, host:port[,host:port...]", "SPARKONCE_KAFKA_BOOTSTRAP"
@@ -174,6 +184,8 @@ def add_parser(sub: SubParsers) -> None:
         env="SPARKONCE_PARTITIONS",
         default=4,
         help="number of partitions, default 4",
+        minimum=1,
+        maximum=MAX_PARTITIONS,
     )
     q.set_defaults(func=cmd_kafka_create)
 

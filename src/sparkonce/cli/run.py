@@ -7,7 +7,19 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.cli.common import _env, _help
+from sparkonce.cli.common import (
+    FILE_EXPECTED,
+    MASTER_EXPECTED,
+    SINK_URL_EXPECTED,
+    _add_env_switch,
+    _check_checkpoint,
+    _check_file,
+    _check_master,
+    _check_sink_url,
+    _env,
+    _env_checked,
+    _help,
+)
 from sparkonce.cli.logs import _LOGGED_TO_FILE, _default_log_file, _log_to_file
 from sparkonce.errors import SparkOnceError
 
@@ -71,6 +83,7 @@ def add_parser(sub: SubParsers) -> None:
     p.add_argument("pipeline_file")
     p.add_argument(
         "--master",
+        type=_env_checked("--master", MASTER_EXPECTED, _check_master),
         default=_env("SPARKONCE_MASTER", "local[2]"),
         help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
     )
@@ -82,26 +95,26 @@ def add_parser(sub: SubParsers) -> None:
     )
     p.add_argument(
         "--sink",
+        type=_env_checked("--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True),
         default=_env("SPARKONCE_RUN_SINK"),
         help=_help("write to this store instead of the file's sink URL", "SPARKONCE_RUN_SINK"),
     )
     p.add_argument(
         "--checkpoint",
+        type=_env_checked("--checkpoint", "a local directory path", _check_checkpoint),
         default=_env("SPARKONCE_RUN_CHECKPOINT"),
         help=_help("use this checkpoint directory instead", "SPARKONCE_RUN_CHECKPOINT"),
     )
-    p.add_argument(
+    _add_env_switch(
+        p,
         "--quick-start",
-        action="store_true",
-        default=_env("SPARKONCE_QUICK_START", "") == "1",
-        help=_help(
-            "start Spark's JVM for a short run (C1 JIT, serial GC): about a quarter less "
-            "CPU for runs of a minute; keep it off for long-running jobs",
-            "SPARKONCE_QUICK_START=1",
-        ),
+        env="SPARKONCE_QUICK_START",
+        help="start Spark's JVM for a short run (C1 JIT, serial GC): about a quarter less "
+        "CPU for runs of a minute; keep it off for long-running jobs",
     )
     p.add_argument(
         "--log-file",
+        type=_env_checked("--log-file", FILE_EXPECTED, _check_file),
         default=_env("SPARKONCE_LOG_FILE"),
         help=_help(
             "write Spark's and the run's full log, stacks included, here (default: a new file "

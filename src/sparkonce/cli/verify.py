@@ -8,7 +8,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkonce.cli.common import EXIT_FAIL, _add_env_number, _env, _help
+from sparkonce.cli.common import (
+    DIRECTORY_EXPECTED,
+    EXIT_FAIL,
+    SINK_URL_EXPECTED,
+    _add_env_number,
+    _check_directory,
+    _check_env,
+    _check_sink_url,
+    _env,
+    _env_checked,
+    _help,
+)
+from sparkonce.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
@@ -53,6 +65,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         retime_oracle=args.retime_oracle,
     )
     check_request(request)
+    if not args.sink:
+        _check_env(
+            _env("SPARKONCE_VERIFY_SINK"), "--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True
+        )
     kinds = parse_fault_kinds(args.faults)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +228,34 @@ def _write_chart(path: Path, outcomes: Sequence[TrialOutcome], kinds: Sequence[s
         return False
 
 
+def _check_faults(text: str) -> None:
+    from sparkonce.verify import parse_fault_kinds
+
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    if not kinds:
+        raise ValueError("it names no kind")
+    unknown = []
+    for kind in kinds:
+        try:
+            parse_fault_kinds(kind)
+        except ConfigError:
+            unknown.append(kind)
+    if unknown:
+        raise ValueError(f"unknown: {', '.join(unknown)}")
+    parse_fault_kinds(text)
+
+
+def _faults_expected() -> str:
+    from sparkonce.protocol import CrashPoint
+    from sparkonce.verify import FAULT_KINDS
+
+    points = "|".join(sorted(p.value for p in CrashPoint))
+    return (
+        f"a comma-separated list of {', '.join(FAULT_KINDS)}; crash-point may name its "
+        f"point: crash-point:{points}"
+    )
+
+
 def add_parser(sub: SubParsers) -> None:
     p = sub.add_parser(
         "verify",
@@ -227,12 +271,14 @@ def add_parser(sub: SubParsers) -> None:
         env="SPARKONCE_VERIFY_TRIALS",
         default=20,
         help="number of trials, default 20",
+        minimum=1,
     )
     _add_env_number(
         p, "--seed", env="SPARKONCE_VERIFY_SEED", default=0, help="campaign seed, default 0"
     )
     p.add_argument(
         "--faults",
+        type=_env_checked("--faults", _faults_expected, _check_faults),
         default=_env("SPARKONCE_VERIFY_FAULTS"),
         help=_help(
             "comma-separated kinds: kill, crash-point, task-failure, db-drop, "
@@ -270,6 +316,7 @@ def add_parser(sub: SubParsers) -> None:
     )
     p.add_argument(
         "--out",
+        type=_env_checked("--out", DIRECTORY_EXPECTED, _check_directory),
         default=_env("SPARKONCE_VERIFY_OUT", "verify-out"),
         help=_help("directory for verify.json, recovery.png and logs", "SPARKONCE_VERIFY_OUT"),
     )
