@@ -4,7 +4,8 @@
 
 0. A cheap look at the ledger, outside any transaction, in the order of steps 1
    and 2: a fenced run raises ``FencedError`` and a replay of a committed batch is
-   skipped, both before any rows are staged (no task runs for them).
+   skipped, both before any rows are staged (no task runs for them; a stateful
+   query's replay runs once into Spark's no-op sink, so its state stores commit).
    The batch's rows are then staged (:meth:`Stager.prepare`): collected on the
    driver, or pre-committed by Spark's tasks. Crash point ``before-commit`` comes
    first.
@@ -70,8 +71,22 @@ class Committer:
 
     # -- the protocol -------------------------------------------------------------------
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Commit one micro-batch; calling it again for a committed batch is a no-op."""
-        return self.commit_with(ctx, lambda seq: self.stager.prepare(ctx, df, seq))
+        """Commit one micro-batch; calling it again for a committed batch is a no-op.
+
+        A stateful query's replay is still computed, once, with nothing written: Spark
+        commits the state stores of a batch only when its DataFrame runs in full, and
+        refuses the batch otherwise (``STATE_STORE_COMMIT_VALIDATION_FAILED``).
+        """
+        staged: list[bool] = []
+
+        def stage(seq: int) -> Staged:
+            staged.append(True)
+            return self.stager.prepare(ctx, df, seq)
+
+        result = self.commit_with(ctx, stage)
+        if not staged and ctx.stateful:
+            df.write.format("noop").mode("overwrite").save()
+        return result
 
     def commit_with(self, ctx: BatchContext, stage: Callable[[int], Staged]) -> CommitResult:
         """:meth:`commit`, with ``stage(seq)`` in place of the stager's ``prepare``.
