@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint unit bench jars pg-start pg-stop kafka-start kafka-stop clean
+.PHONY: demo test test-crash setup lint unit bench jars pg-start pg-stop kafka-start kafka-stop clean
 
 setup: $(STAMP)
 
@@ -31,9 +31,22 @@ lint: setup
 # The tests start a throwaway PostgreSQL cluster and a single-node KRaft Kafka broker on
 # 127.0.0.1 themselves (tests/services/); this only makes sure the PostgreSQL binaries and the
 # pinned Kafka jars (Maven Central, cached in .cache/jars) are there.
+#
+# Two lanes, chosen by the `crash_lane` marker (pyproject.toml); every test is in exactly one:
+#   make test        everything without it: unit, simulation, Spark, PostgreSQL and Kafka
+#                    integration, and one real crash test per sink family and fault kind
+#   make test-crash  only the marked tests: the full real-driver crash matrix and the
+#                    `sparkonce verify` campaigns (about 40 minutes)
+# pytest's exit code 5 (no test selected) fails either target, like any other failure.
+LANE := crash_lane
+
 test: setup lint jars
 	bash scripts/ensure-postgres.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -m "not $(LANE)" $(PYTEST_ARGS)
+
+test-crash: setup jars
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 -m "$(LANE)" $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest -q tests/unit

@@ -3,6 +3,14 @@
 The PostgreSQL server is a throwaway cluster on 127.0.0.1 started by
 ``tests/services/postgres.py`` (installed by ``scripts/ensure-postgres.sh``);
 tests never skip because it is missing: they fail.
+
+Test lanes: ``make test`` runs ``-m "not crash_lane"`` and ``make test-crash`` runs
+``-m crash_lane``, so every test is in exactly one lane. A crash test that stays in
+``make test`` names the (sink family, fault kind) pair it stands for with
+``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_modifyitems` refuses a
+pair outside :data:`FAULT_MATRIX` and a test that is in both lanes.
+``tests/unit/test_lanes.py`` checks, on the whole suite, that each pair has exactly one
+such test.
 """
 
 from __future__ import annotations
@@ -27,6 +35,75 @@ if TYPE_CHECKING:
     from tests.services.postgres import PostgresServer
 
 _db_counter = itertools.count()
+
+
+# -- test lanes ------------------------------------------------------------------------------------
+
+LANE_MARK = "crash_lane"
+SINK_FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka")
+# Fault kind -> the sink families it applies to. A Kafka sink has no store connection to drop.
+FAULT_MATRIX: dict[str, tuple[str, ...]] = {
+    "crash-point": SINK_FAMILIES,  # SIGKILL at a named protocol step, then recovery
+    "zombie": SINK_FAMILIES,  # a paused (SIGSTOP) run resumes after a newer one: fenced
+    "db-drop": ("sqlite", "postgres", "postgres-2pc"),  # the store connection drops mid-commit
+    "task-failure": SINK_FAMILIES,  # Spark tasks fail once and are retried
+}
+
+
+def lane_of(item: pytest.Item) -> str:
+    """``"crash"`` for a test marked ``crash_lane`` (``make test-crash``), else ``"test"``."""
+    return "crash" if item.get_closest_marker(LANE_MARK) is not None else "test"
+
+
+def covered_pairs(item: pytest.Item) -> list[tuple[str, str]]:
+    """The (sink family, fault kind) pairs a test's ``covers`` markers name."""
+    pairs = []
+    for mark in item.iter_markers("covers"):
+        if len(mark.args) != 2 or mark.kwargs:
+            raise pytest.UsageError(
+                f"{item.nodeid}: write @pytest.mark.covers(family, kind), not {mark}"
+            )
+        pairs.append((str(mark.args[0]), str(mark.args[1])))
+    return pairs
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lanes-report",
+        metavar="PATH",
+        help="write each collected test's lane and covered pairs to PATH (JSON)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = []
+    for item in items:
+        for family, kind in covered_pairs(item):
+            if family not in FAULT_MATRIX.get(kind, ()):
+                problems.append(
+                    f"{item.nodeid}: covers({family!r}, {kind!r}) is no pair of "
+                    "FAULT_MATRIX (tests/conftest.py)"
+                )
+            if lane_of(item) == "crash":
+                problems.append(
+                    f"{item.nodeid}: a covers() test must run in make test, "
+                    f"but it is marked {LANE_MARK}"
+                )
+    if problems:
+        raise pytest.UsageError("test lanes:\n  " + "\n  ".join(problems))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    path = session.config.getoption("--lanes-report")
+    if not path:
+        return
+    import json
+
+    report = {
+        item.nodeid: {"lane": lane_of(item), "covers": covered_pairs(item)}
+        for item in session.items
+    }
+    Path(path).write_text(json.dumps(report, indent=1))
 
 
 @pytest.fixture(scope="session")

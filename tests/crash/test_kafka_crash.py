@@ -9,6 +9,10 @@ pipeline file (the oracle), record for record, and the ledger must be a gap-free
 
 A last test pauses a run (SIGSTOP) before its tasks write, lets a newer run finish, then
 resumes the old one: the zombie must be fenced (exit code 3) and change nothing.
+
+``make test`` runs the Kafka sink's representatives (``covers``): one kill after the tasks
+committed (Kafka -> Kafka), the zombie, and read tasks that fail once (Kafka -> Kafka). The
+kill at every crash point, for each pipeline kind, runs in ``make test-crash``.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from typing import Any
 import pytest
 
 from sparkonce.offsets import check_chain
-from sparkonce.protocol import PAUSE_ENV, CrashPoint
+from sparkonce.protocol import FAIL_TASKS_ENV, PAUSE_ENV, CrashPoint
 from sparkonce.sinks import sink_from_url
 from sparkonce.sinks.inspect import inspector_for
+from sparkonce.verify.campaign import RETRY_MASTER
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from tests.crash.conftest import run_driver, wait_until_stopped
 
@@ -170,6 +175,7 @@ def _oracle(spark: Any, tmp_path: Path, source: str, oracle_url: str) -> Counter
 
 
 @pytest.mark.crash
+@pytest.mark.crash_lane
 @pytest.mark.parametrize("kind", ["kafka-to-postgres", "kafka-to-kafka", "log-to-kafka"])
 def test_kill_at_every_crash_point_then_recover(
     kind: str,
@@ -210,7 +216,94 @@ def test_kill_at_every_crash_point_then_recover(
     assert sum(e.row_count for e in entries) == RECORDS
 
 
+def _every_record_once(sink_url: str) -> Counter[Any]:
+    """What readers see, checked against the input without an oracle run.
+
+    The input holds the values 1..RECORDS once each and the transform copies each record
+    with its partition and offset, so the output must hold every value once, and no input
+    position twice.
+    """
+    got = _output(sink_url)
+    twice = [r for r, n in got.items() if n > 1]
+    assert not twice, f"readers see {twice[:5]} twice"
+    values = sorted(v for (_, _, v) in got)
+    missing = sorted(set(range(1, RECORDS + 1)) - set(values))
+    assert values == list(range(1, RECORDS + 1)), f"missing {missing[:5]}, {len(values)} records"
+    assert len({(p, o) for (p, o, _) in got}) == RECORDS
+    return got
+
+
+def _check_ledger(sink_url: str) -> None:
+    entries = _ledger(sink_url)
+    assert check_chain(e.ranges for e in entries) == []
+    assert [e.seq for e in entries] == list(range(len(entries)))
+    assert sum(e.row_count for e in entries) == RECORDS
+
+
 @pytest.mark.crash
+@pytest.mark.covers("kafka", "crash-point")
+def test_kill_after_the_tasks_committed_then_recover(
+    tmp_path: Path,
+    setup: Callable[[str], tuple[str, str, str]],
+    drivers: list[Driver],
+) -> None:
+    """Kafka -> Kafka, killed at ``after-rows`` of batch 1: every task of the batch has
+    committed its records and marker, the batch's ledger entry is not written. Readers may
+    see part of the batch (per-partition atomicity) but never a record twice; the next run
+    finds the markers, writes nothing again, and completes the ledger."""
+    source, sink_url, _ = setup("kafka-to-kafka")
+    pipeline_file = _write(
+        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
+    )
+    run1 = Driver(pipeline_file, tmp_path / "run1.log", crash_at=CrashPoint.AFTER_ROWS, crash_hit=2)
+    drivers.append(run1.start())
+    code = run_driver(run1)
+    assert code == SIGKILL_EXIT, f"run 1 exited {code}, not SIGKILL:\n{run1.log_tail()}"
+    seen = _output(sink_url)
+    twice = [r for r, n in seen.items() if n > 1]
+    assert not twice, f"after the kill, readers see {twice[:5]} twice"
+    assert len(_ledger(sink_url)) == 1, "only batch 0 may have a ledger entry"
+    assert sum(seen.values()) > LIMIT * PARTITIONS, "batch 1's committed tasks are not visible"
+
+    run2 = Driver(pipeline_file, tmp_path / "run2.log")
+    drivers.append(run2.start())
+    code = run_driver(run2)
+    assert code == 0, f"run 2 exited {code}:\n{run2.log_tail()}"
+    _every_record_once(sink_url)
+    _check_ledger(sink_url)
+
+
+@pytest.mark.crash
+@pytest.mark.covers("kafka", "task-failure")
+def test_failed_read_tasks_are_retried_and_write_every_record_once(
+    tmp_path: Path,
+    setup: Callable[[str], tuple[str, str, str]],
+    drivers: list[Driver],
+) -> None:
+    """Kafka -> Kafka with about half the read tasks failing halfway on their first attempt.
+    Reading and writing are one Spark task here, so a failed attempt leaves its Kafka
+    transaction open; Spark retries the task, whose ``init_transactions`` (same
+    transactional id) aborts it, and ``read_committed`` readers see each record once."""
+    source, sink_url, _ = setup("kafka-to-kafka")
+    pipeline_file = _write(
+        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
+    )
+    run = Driver(
+        pipeline_file,
+        tmp_path / "run.log",
+        env={FAIL_TASKS_ENV: "read"},
+        extra_args=("--master", RETRY_MASTER),
+    )
+    drivers.append(run.start())
+    code = run_driver(run)
+    assert code == 0, f"the run exited {code}:\n{run.log_tail()}"
+    assert "injected task failure" in run.full_log(), "no read task failed: nothing was tested"
+    _every_record_once(sink_url)
+    _check_ledger(sink_url)
+
+
+@pytest.mark.crash
+@pytest.mark.covers("kafka", "zombie")
 def test_zombie_run_is_fenced_on_kafka(
     tmp_path: Path,
     setup: Callable[[str], tuple[str, str, str]],

@@ -20,6 +20,8 @@ from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from tests.crash.conftest import read_sink, run_driver
 from tests.spark.test_no_data_batches import LIMIT, RECORDS, expected_windows, make_event_log
 
+pytestmark = pytest.mark.crash_lane  # make test has the no-data batches in-process (tests/spark)
+
 NO_DATA_HIT = RECORDS // LIMIT + 1  # each data batch reaches every point once
 
 _PIPELINE = """

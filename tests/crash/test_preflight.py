@@ -11,9 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from sparkonce.cli import EXIT_USAGE
 from sparkonce.verify.driver import Driver
 from tests.crash.conftest import read_sink, run_driver
+
+pytestmark = pytest.mark.crash_lane
 
 _LIVE_PIPELINE = """
 from pyspark.sql import functions as F

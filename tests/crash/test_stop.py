@@ -19,6 +19,8 @@ from sparkonce.verify.driver import Driver
 from tests.crash.conftest import read_sink, run_driver
 from tests.crash.test_preflight import _LIVE_PIPELINE, _wait_for
 
+pytestmark = pytest.mark.crash_lane
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_run_cleanly_and_the_next_run_resumes(

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from sparkonce.offsets import check_chain
 from sparkonce.verify.driver import Driver
 from tests.crash.conftest import (
@@ -24,6 +26,8 @@ from tests.crash.conftest import (
     run_driver,
     write_pipeline,
 )
+
+pytestmark = pytest.mark.crash_lane
 
 _SLOW_PYTHON = """#!/usr/bin/env bash
 # The first start of the streaming-source planner waits past Spark's 10 s deadline.

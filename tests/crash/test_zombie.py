@@ -1,5 +1,8 @@
 """A zombie run alongside a newer one: the older run is fenced and writes nothing.
 
+One test per SQL sink family (SQLite, PostgreSQL, two-phase PostgreSQL), each the
+``make test`` representative of its (family, zombie) pair.
+
 Run A stops itself (SIGSTOP through ``SPARKONCE_PAUSE_AT``) after its 1st commit and before its
 2nd, outside any transaction: a driver that looks dead but is not. Run B, the same pipeline on
 the same sink from a new machine (an empty checkpoint directory), takes epoch 2, resumes from
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from sparkonce.cli import EXIT_FENCED
 from sparkonce.offsets import check_chain
@@ -39,22 +44,46 @@ from tests.crash.conftest import (
 ZOMBIE_PAUSE = "after-ledger-commit@1"  # "before-commit@2" once test_pause_point.py passes
 
 
+# One sink of each SQL family; tests/crash/test_kafka_crash.py has the Kafka zombie.
+FAMILIES = [
+    pytest.param("sqlite", marks=pytest.mark.covers("sqlite", "zombie")),
+    pytest.param("postgres", marks=pytest.mark.covers("postgres", "zombie")),
+    pytest.param("postgres-2pc", marks=pytest.mark.covers("postgres-2pc", "zombie")),
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_zombie_run_is_fenced(
-    store_url: str,
+    family: str,
+    request: pytest.FixtureRequest,
     tmp_path: Path,
     make_log: Callable[..., Path],
     oracle: Oracle,
     drivers: list[Driver],
 ) -> None:
+    store_url = (
+        f"sqlite:///{tmp_path / 'sink.db'}"
+        if family == "sqlite"
+        else str(request.getfixturevalue("pg_url"))
+    )
+    two_phase = family == "postgres-2pc"
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
     # Same pipeline name and sink, different checkpoint directories: two machines.
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     file_a = write_pipeline(
-        tmp_path / "a", log_dir=log_dir, sink_url=store_url, checkpoint=tmp_path / "a" / "ckpt"
+        tmp_path / "a",
+        log_dir=log_dir,
+        sink_url=store_url,
+        checkpoint=tmp_path / "a" / "ckpt",
+        two_phase=two_phase,
     )
     file_b = write_pipeline(
-        tmp_path / "b", log_dir=log_dir, sink_url=store_url, checkpoint=tmp_path / "b" / "ckpt"
+        tmp_path / "b",
+        log_dir=log_dir,
+        sink_url=store_url,
+        checkpoint=tmp_path / "b" / "ckpt",
+        two_phase=two_phase,
     )
 
     # Run A: commits batch 0, then stops itself before committing batch 1.

@@ -11,7 +11,7 @@ import pytest
 
 from sparkonce.cli import main
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.crash_lane]  # campaigns of 150-300 s each
 
 HERE = Path(__file__).parent
 

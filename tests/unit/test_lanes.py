@@ -1,0 +1,147 @@
+"""The two test lanes split the suite completely, and ``make test`` keeps its crash slice.
+
+``make test`` runs ``pytest -m "not crash_lane"`` and ``make test-crash`` runs
+``pytest -m crash_lane`` (Makefile), so each test is in exactly one lane. Crash tests that
+start real drivers live in tests/crash and tests/verify; the ones that stay in ``make
+test`` are the representatives of the (sink family, fault kind) pairs of
+``tests/conftest.py``'s ``FAULT_MATRIX``, marked ``covers(family, kind)``, plus the few
+listed in :data:`ALSO_IN_MAKE_TEST` with the reason they stay.
+
+One ``pytest --collect-only`` of the whole suite in a subprocess (a few seconds, no test
+runs) gives each test's lane and pairs, through the root conftest's ``--lanes-report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAULT_MATRIX, LANE_MARK
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Tests of tests/crash and tests/verify that run in `make test` without standing for a
+# (family, kind) pair, and why.
+ALSO_IN_MAKE_TEST = {
+    "tests/crash/test_pause_point.py::test_pause_stops_the_calling_thread_at_once": (
+        "starts no driver: a small child process, under a second"
+    ),
+    "tests/verify/test_reference.py::test_a_correct_per_key_sum_passes_the_reference_check": (
+        "the one end-to-end `sparkonce verify` in make test: reference check, one trial, report"
+    ),
+}
+DRIVER_DIRS = ("tests/crash/", "tests/verify/")
+
+
+def _recipe(target: str) -> str:
+    """The recipe lines of ``target`` in the Makefile, joined."""
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(rf"^{re.escape(target)}:", line))
+    body = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        body.append(line.strip())
+    return "\n".join(body)
+
+
+def test_make_targets_select_complementary_lanes() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    lane = re.search(r"^LANE := (\S+)$", makefile, re.M)
+    assert lane is not None and lane.group(1) == LANE_MARK
+    test, crash = _recipe("test"), _recipe("test-crash")
+    assert '-m "not $(LANE)"' in test, test
+    assert '-m "$(LANE)"' in crash, crash
+    for recipe in (test, crash):
+        pytest_lines = [line for line in recipe.splitlines() if "-m pytest" in line]
+        assert len(pytest_lines) == 1, recipe
+        # Exit code 5 (no test selected) must fail the target: nothing may swallow it.
+        assert not re.search(r"\|\||;|\btrue\b|-k\b|--deselect|--ignore", pytest_lines[0]), (
+            pytest_lines[0]
+        )
+        assert not pytest_lines[0].startswith("-"), "make must not ignore the exit code"
+
+
+def test_ci_runs_both_lanes() -> None:
+    text = (REPO / ".ci" / "run").read_text()
+    commands = [line.split()[:2] for line in text.splitlines() if line.startswith("make ")]
+    assert commands == [["make", "test"], ["make", "test-crash"]], text
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    out = tmp_path_factory.mktemp("lanes") / "lanes.json"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--lanes-report={out}",
+            "tests",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report: dict[str, dict[str, object]] = json.loads(out.read_text())
+    # The report is the collection pytest printed: the same tests, no more, no fewer.
+    printed = {line for line in done.stdout.splitlines() if "::" in line}
+    assert printed == set(report)
+    return report
+
+
+def test_every_test_is_in_exactly_one_lane(lanes: dict[str, dict[str, object]]) -> None:
+    by_lane: dict[str, list[str]] = {}
+    for nodeid, info in lanes.items():
+        by_lane.setdefault(str(info["lane"]), []).append(nodeid)
+    assert set(by_lane) == {"test", "crash"}, {k: len(v) for k, v in by_lane.items()}
+    assert sum(len(v) for v in by_lane.values()) == len(lanes)
+
+
+def test_each_fault_pair_has_one_representative_in_make_test(
+    lanes: dict[str, dict[str, object]],
+) -> None:
+    found: dict[tuple[str, str], list[str]] = {}
+    for nodeid, info in lanes.items():
+        for family, kind in info["covers"]:  # type: ignore[attr-defined]
+            assert info["lane"] == "test", f"{nodeid} covers ({family}, {kind}) from the crash lane"
+            found.setdefault((family, kind), []).append(nodeid)
+    wanted = {(family, kind) for kind, families in FAULT_MATRIX.items() for family in families}
+    missing = sorted(wanted - set(found))
+    assert not missing, f"(family, kind) pairs with no make-test crash test: {missing}"
+    repeated = {pair: ids for pair, ids in found.items() if len(ids) > 1}
+    assert not repeated, f"one representative per pair, not several: {repeated}"
+
+
+def test_driver_tests_in_make_test_are_representatives(
+    lanes: dict[str, dict[str, object]],
+) -> None:
+    """A new test in tests/crash or tests/verify must choose its lane explicitly."""
+    stray = sorted(
+        nodeid
+        for nodeid, info in lanes.items()
+        if nodeid.startswith(DRIVER_DIRS)
+        and info["lane"] == "test"
+        and not info["covers"]
+        and nodeid not in ALSO_IN_MAKE_TEST
+    )
+    assert not stray, (
+        f"in make test, but neither covers(family, kind) nor in ALSO_IN_MAKE_TEST: {stray}; "
+        f"mark them {LANE_MARK} or say why they stay"
+    )
+    gone = sorted(n for n in ALSO_IN_MAKE_TEST if lanes.get(n, {}).get("lane") != "test")
+    assert not gone, f"ALSO_IN_MAKE_TEST names tests that are not in make test: {gone}"
