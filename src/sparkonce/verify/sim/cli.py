@@ -32,6 +32,8 @@ from sparkonce.verify.sim.runner import (
 from sparkonce.verify.sim.schedule import Schedule, generate
 from sparkonce.verify.sim.world import Failure
 
+LIVE_FAILURES = 20  # failing seeds printed while a campaign runs (all are counted)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -167,10 +169,16 @@ def _with_progress(c: Campaign, what: str) -> Summary:
             rate = f"{done / elapsed:,.0f}" if elapsed > 0 else "-"
             bar.update(task, completed=done, rate=rate, failed=failed)
 
+        shown = [0]
+
         def on_failure(seed: int, failures: list[Failure]) -> None:
-            bar.console.print(
-                f"[red]seed {seed}[/red]: {failures[0]}\n    replay: {c.replay_command(seed)}"
-            )
+            shown[0] += 1
+            if shown[0] <= LIVE_FAILURES:
+                bar.console.print(
+                    f"[red]seed {seed}[/red]: {failures[0]}\n    replay: {c.replay_command(seed)}"
+                )
+            elif shown[0] == LIVE_FAILURES + 1:
+                bar.console.print("[red]more failures[/red]: counted, listed at the end")
 
         return run_campaign(c, progress=progress, on_failure=on_failure)
 

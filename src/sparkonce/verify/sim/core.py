@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 TOPIC = "events"
 TIMER_PARTITION = -1  # a no-data batch's timer row: (-1, batch id, checkpoint id, epoch)
 _NO_FAULTS = FaultPlan(on_crash=crash)
+_PLAIN_STEP = Step()
 
 
 class Simulation(Observer):
@@ -234,7 +237,7 @@ class Simulation(Observer):
                 if self.t.tasks_commit_early:
                     self.partial = run.checkpoint.copy()
                 return
-            what = self._what(where, run, batch, ctx)
+            what = functools.partial(self._what, where, run, batch, ctx)
             self._outcome(run, batch, zombie.result, zombie.error, what, owner=True, ev=ev)
             return
         self.stats.drops += ev.drop + ev.lost_ack
@@ -267,7 +270,8 @@ class Simulation(Observer):
         if ev.fail and isinstance(error, InjectedFailure):
             self._die(run)
             return
-        self._outcome(run, batch, result, error, self._what(where, run, batch, ctx), True, ev)
+        what = functools.partial(self._what, where, run, batch, ctx)
+        self._outcome(run, batch, result, error, what, True, ev)
 
     @staticmethod
     def _what(where: str, run: Run, batch: Planned, ctx: BatchContext) -> str:
@@ -279,18 +283,22 @@ class Simulation(Observer):
         batch: Planned,
         result: CommitResult | None,
         error: BaseException | None,
-        what: str,
+        describe: str | Callable[[], str],
         owner: bool,
         ev: Step | None = None,
     ) -> None:
         """Judge a commit's outcome; mark the batch done or the run dead."""
+
+        def what() -> str:
+            return describe if isinstance(describe, str) else describe()
+
         if error is not None:
             if isinstance(error, SimCrash):
                 self.stats.crashes += 1
             elif isinstance(error, FencedError):
                 self.stats.fenced += 1
                 if owner:
-                    self.fail("owner-error", f"{what}: the owner's commit raised {short(error)}")
+                    self.fail("owner-error", f"{what()}: the owner's commit raised {short(error)}")
             elif isinstance(error, LedgerError) and self._may_refuse(run):
                 self.stats.refused += 1
                 if owner and self.partial is not None and not run.checkpoint.restored:
@@ -298,14 +306,14 @@ class Simulation(Observer):
             elif self._injected(ev, error):
                 pass  # the injected connection fault stops a run whose store does not retry
             elif owner:
-                self.fail("owner-error", f"{what}: the owner's commit raised {short(error)}")
+                self.fail("owner-error", f"{what()}: the owner's commit raised {short(error)}")
             elif not isinstance(error, LedgerError):
-                self.fail("fenced-error", f"{what}: a fenced run's commit raised {short(error)}")
+                self.fail("fenced-error", f"{what()}: a fenced run's commit raised {short(error)}")
             self._die(run)
             return
         assert result is not None
         if not owner and not result.skipped:
-            self.fail("fenced-commit", f"{what}: a fenced run committed ({result})")
+            self.fail("fenced-commit", f"{what()}: a fenced run committed ({result})")
         if result.skipped:
             self.stats.skips += 1
         else:
@@ -422,7 +430,7 @@ class Simulation(Observer):
                 return False
             if run.checkpoint.pending is None and self._plan(run, False) is None:
                 return True
-            self._step(run, Step(), "final")
+            self._step(run, _PLAIN_STEP, "final")
         self.fail("drain", f"the final run did not drain the log in {limit} batches")
         return True
 
