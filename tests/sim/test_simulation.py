@@ -187,3 +187,18 @@ def test_the_old_module_name_still_runs() -> None:
 
     assert simulation.main is main
     assert os.path.basename(simulation.__file__) == "simulation.py"
+
+
+@pytest.mark.parametrize("seed", [69325, 70873, 78288, 84171])
+def test_a_fenced_runs_skipped_no_data_batch_is_not_owed(
+    sqlite_target: SqlTarget, seed: int
+) -> None:
+    """A stale run's no-data batch lies behind a ledger a newer run moved on: the committer
+    skips it as a replay (nothing is written) and the run owes readers no timer row.
+
+    These seeds failed the first 100,000-schedule campaign ([loss] of the timer row) while
+    the simulator counted every skipped no-data batch as completed; only the owner's are.
+    """
+    failures, stats = run_schedule(generate(seed), sqlite_target)
+    assert failures == []
+    assert stats.nodata > 0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.commit import Committer, Staged
+from sparkonce.commit import Committer
 from sparkonce.errors import FencedError, LedgerError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
@@ -227,14 +227,19 @@ class Simulation(Observer):
         committer = self.committer_cls(run.endpoint.store, run.endpoint.stager, faults=plan)
         stage, attempts, failed = self.t.stage(run, ctx, batch, self._rows(run, batch), ev.fail)
         where = f"event {index}" if isinstance(index, int) else index
+        frame = getattr(stage, "frame", None)
+        before = len(self.stamps)
         if ev.freeze:
             zombie = Zombie(committer, ctx, stage, attempts)
+            zombie.frame = frame
+            if frame is not None and batch.batch_id % 2:
+                frame.before_tasks = zombie.freeze_here  # frozen before its tasks start
             zombie.start()
             self.failed_attempts += failed
             if zombie.froze:
                 run.state, run.zombie = "frozen", zombie
                 self.stats.zombies += 1
-                if self.t.tasks_commit_early:
+                if frame is not None and frame.wrote:
                     self.partial = run.checkpoint.copy()
                 return
             what = functools.partial(self._what, where, run, batch, ctx)
@@ -245,27 +250,16 @@ class Simulation(Observer):
         store.lose_ack = int(ev.lost_ack)
         result: CommitResult | None = None
         error: BaseException | None = None
-        staged = False
-
-        def staging(seq: int) -> Staged:
-            nonlocal staged
-            out = stage(seq)
-            staged = True
-            return out
-
         try:
-            result = committer.commit_with(ctx, staging)
+            result = committer.commit_with(ctx, stage)
         except (Exception, SimCrash) as exc:
             error = exc
         finally:
             store.lose_ack = 0
         self.failed_attempts += failed
-        landed = result is not None and not result.skipped
-        if isinstance(error, SimCrash) and crash_at == (CrashPoint.AFTER_LEDGER_COMMIT, 1):
-            landed = True  # (not for a skip, but a skip pre-commits nothing)
-        if not landed:
+        if len(self.stamps) == before:  # no ledger entry landed
             self.failed_attempts += attempts
-            if staged and self.t.tasks_commit_early and not ev.lost_ack:
+            if frame is not None and frame.wrote and self.t.tasks_commit_early:
                 self.partial = run.checkpoint.copy()
         if ev.fail and isinstance(error, InjectedFailure):
             self._die(run)
@@ -320,7 +314,9 @@ class Simulation(Observer):
             self.stats.commits += 1
         if batch.nodata:
             self.stats.nodata += 1
-            if not batch.quiet:
+            # Owed to readers: a no-data batch the owner completed. A fenced run's may be
+            # "skipped" (its offsets lie behind a ledger a newer run moved on): it owes nothing.
+            if owner and not batch.quiet:
                 self.completed_nodata.add((run.checkpoint.id, batch.batch_id))
         if run.checkpoint.pending == batch:
             run.checkpoint.done += 1
@@ -349,14 +345,23 @@ class Simulation(Observer):
         assert zombie is not None
         run.zombie = None
         run.state = "live"
+        before = len(self.stamps)
+        frame = zombie.frame
+        wrote_before = frame is not None and frame.wrote
         zombie.thaw(kill)
         batch = run.checkpoint.pending
         assert batch is not None
         fenced = run.epoch < self.acquired[-1][1]
-        if zombie.result is None or zombie.result.skipped:
+        if len(self.stamps) == before:  # no ledger entry landed
             self.failed_attempts += zombie.attempts
+            # Its tasks ran after the thaw (it froze before them) and wrote: partly committed.
+            if frame is not None and frame.wrote and not wrote_before:
+                self.partial = run.checkpoint.copy()
         what = f"{where}: zombie run {run.index} (epoch {run.epoch}) batch {batch.batch_id}"
-        if fenced and not kill and not isinstance(zombie.error, FencedError):
+        # Kafka: a zombie frozen before its tasks runs them first on thaw; a task refuses a
+        # batch its marker contradicts (LedgerError) before the driver's fence check.
+        refusals = (FencedError, LedgerError) if self.t.tasks_commit_early else FencedError
+        if fenced and not kill and not isinstance(zombie.error, refusals):
             got = short(zombie.error) if zombie.error else f"result {zombie.result}"
             self.fail("zombie-not-fenced", f"{what}: expected FencedError, got {got}")
             self._die(run)

@@ -33,7 +33,15 @@ from sparkonce.commit import Staged
 from sparkonce.kafka.client import KafkaConnection, KafkaUnavailableError
 from sparkonce.ledger.base import LedgerEntry
 from sparkonce.ledger.kafka_topic import KafkaLedgerStore
-from sparkonce.verify.sim.target import Endpoint, Entry, Observer, StageFn, Target, TaskFrame
+from sparkonce.verify.sim.target import (
+    Endpoint,
+    Entry,
+    FrameStage,
+    Observer,
+    StageFn,
+    Target,
+    TaskFrame,
+)
 from sparkonce.verify.sim.world import Row
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -261,7 +269,7 @@ class KafkaTarget(Target):
         def stage(seq: int) -> Staged:
             return sink.prepare(ctx, frame, seq)  # type: ignore[arg-type]
 
-        return stage, [], []
+        return FrameStage(stage, frame), [], []
 
     def close(self) -> None:
         if self._reader is not None:

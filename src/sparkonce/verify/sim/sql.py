@@ -222,20 +222,31 @@ class SqlTarget(Target):
     def reset(self) -> None:
         """Empty the output and the pipeline's owner and ledger rows."""
         conn = self._admin.store.conn
-        q = self.dialect.q
+        if self.dialect.name == "postgresql":
+            # One round trip (the pipeline name is the target's own, not user input).
+            conn.execute(self._reset_sql)
+            return
         with write_transaction(conn, self.dialect):
-            if self.sink == "twophase":
-                conn.execute(f'DELETE FROM "{self.precommit_table}"')
-                conn.execute(
-                    q("DELETE FROM sparkonce_attempts WHERE pipeline = %s"), (self.pipeline,)
-                )
-            else:
-                conn.execute(f'DELETE FROM "{self.table}"')
+            conn.execute(f'DELETE FROM "{self.table}"')
             for t in (LEDGER_TABLE, OWNER_TABLE):
                 if self.owns_store:
                     conn.execute(f"DELETE FROM {t}")  # SQLite truncates without a WHERE
                 else:
-                    conn.execute(q(f"DELETE FROM {t} WHERE pipeline = %s"), (self.pipeline,))
+                    conn.execute(f"DELETE FROM {t} WHERE pipeline = ?", (self.pipeline,))
+
+    @property
+    def _reset_sql(self) -> str:
+        p = self.pipeline.replace("'", "''")
+        first = (
+            f'DELETE FROM "{self.precommit_table}"; '
+            f"DELETE FROM sparkonce_attempts WHERE pipeline = '{p}'"
+            if self.sink == "twophase"
+            else f'DELETE FROM "{self.table}"'
+        )
+        return (
+            f"BEGIN; {first}; DELETE FROM {LEDGER_TABLE} WHERE pipeline = '{p}'; "
+            f"DELETE FROM {OWNER_TABLE} WHERE pipeline = '{p}'; COMMIT"
+        )
 
     def visible_rows(self) -> list[Row]:
         return self._admin.store.conn.execute(self._rows_sql).fetchall()

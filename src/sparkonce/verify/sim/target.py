@@ -66,6 +66,17 @@ class Entry(NamedTuple):
 StageFn = Callable[[int], "Staged"]
 
 
+class FrameStage:
+    """A stage function that runs the sink's ``prepare`` on a :class:`TaskFrame`."""
+
+    def __init__(self, fn: StageFn, frame: TaskFrame) -> None:
+        self._fn = fn
+        self.frame = frame
+
+    def __call__(self, seq: int) -> Staged:
+        return self._fn(seq)
+
+
 class Target(ABC):
     """One namespace in one store, used by one simulation lane (see the module docstring)."""
 
@@ -191,11 +202,19 @@ class TaskFrame:
         self.fail = fail
         self.outputs: list[dict[str, Any]] = []
         self.failed: list[dict[str, Any]] = []
+        self.before_tasks: Callable[[], None] | None = None  # runs before the first task
+
+    @property
+    def wrote(self) -> bool:
+        """Whether a task attempt committed records (Kafka: it did not find its marker)."""
+        return any(o.get("skipped") is False for o in (*self.outputs, *self.failed))
 
     def mapInArrow(self, func: Callable[[Iterator[Any]], Iterator[Any]], schema: Any) -> _Mapped:
         return _Mapped(self, func)
 
     def _run(self, func: Callable[[Iterator[Any]], Iterator[Any]]) -> list[dict[str, Any]]:
+        if self.before_tasks is not None:
+            self.before_tasks()
         for pid, batch in enumerate(self.tasks):
             data = [] if batch is None else [batch]
             attempt = 0

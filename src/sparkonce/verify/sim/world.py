@@ -158,7 +158,12 @@ def _run_in_worker(job: Callable[[], None]) -> None:
 
 
 class Zombie:
-    """A run frozen after staging, before its transaction: a thread blocked in ``stage``."""
+    """A run frozen after staging, before its transaction: a thread blocked in ``stage``.
+
+    Sinks whose tasks commit (Kafka) may freeze it earlier instead, before its tasks
+    start (:meth:`freeze_here` as the :class:`~sparkonce.verify.sim.target.TaskFrame`'s
+    ``before_tasks`` hook): the zombie's tasks then write after it was fenced.
+    """
 
     def __init__(
         self,
@@ -171,6 +176,7 @@ class Zombie:
         self.ctx = ctx
         self._stage = stage
         self.attempts = attempts  # two-phase: the task attempts its stage pre-committed
+        self.frame: Any = None  # the stage's TaskFrame, if its sink runs tasks
         self.paused = threading.Event()  # set when frozen, and when the commit ended
         self.ended = threading.Event()
         self.thawed = threading.Event()
@@ -183,12 +189,17 @@ class Zombie:
     def stage(self, seq: int) -> Staged:
         staged = self._stage(seq)
         self.staged = True
+        if not self.froze:
+            self.freeze_here()
+        return staged
+
+    def freeze_here(self) -> None:
+        """Freeze this thread until thawed (in ``stage``, or earlier: a sink's hook)."""
         self.froze = True
         self.paused.set()
         self.thawed.wait()
         if self.kill:
             raise SimCrash()
-        return staged
 
     def _main(self) -> None:
         try:
