@@ -58,7 +58,8 @@ log = logging.getLogger(__name__)
 # nothing is committed to it.
 READER_GROUP = "sparkonce-reader"
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
-POLL_S = 0.5  # longest wait of one consume() call
+POLL_S = 0.05  # longest wait of one consume() call: the end of a range is often a
+# transaction marker, which consume() never returns, so each read ends with one such wait
 CONSUME_MAX = 10_000  # messages per consume() call
 
 
