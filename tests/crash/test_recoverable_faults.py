@@ -66,7 +66,7 @@ def test_a_connection_dropped_mid_commit_is_retried_and_commits_once(
     fired = (
         [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
     )
-    assert [(e["fault"], e["point"], e["hit"]) for e in fired] == [
+    assert [(e["event"], e["point"], e["hit"]) for e in fired] == [
         ("drop-connection", "after-rows", 2)
     ], f"fault events {fired}:\n{run.log_tail()}"
     # The connection was gone inside batch 1's transaction: the run could only finish (exit
