@@ -58,6 +58,18 @@ bench: setup
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 
+# The protocol simulation at volume: SOAK_SCHEDULES seeded schedules (default 1,000,000)
+# against SQLite on SOAK_WORKERS processes (default 2), from seed SOAK_SEED, with a
+# progress bar; prints the rate and every failing seed with the command that replays
+# it (the first one shrunk). SOAK_ARGS passes more, e.g. --store postgres --url URL --lanes 8.
+SOAK_SCHEDULES ?= 1000000
+SOAK_WORKERS ?= 2
+SOAK_SEED ?= 0
+.PHONY: soak
+soak: setup
+	$(PY) -m sparkonce.verify.sim --progress --schedules $(SOAK_SCHEDULES) \
+		--workers $(SOAK_WORKERS) --seed $(SOAK_SEED) $(SOAK_ARGS)
+
 # Start / stop a PostgreSQL server by hand (same helper the tests use).
 pg-start: setup
 	bash scripts/ensure-postgres.sh

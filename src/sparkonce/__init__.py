@@ -8,12 +8,14 @@ from sparkonce.errors import (
     CheckpointLostError,
     ConfigError,
     FencedError,
+    KafkaUnavailableError,
     LedgerError,
     RunStopped,
     SinkError,
     SinkUnavailableError,
     SourceError,
     SparkOnceError,
+    StoreUnavailableError,
 )
 from sparkonce.kafka import KafkaProducer
 from sparkonce.log import IdempotentProducer, Topic
@@ -43,6 +45,7 @@ __all__ = [
     "KafkaProducer",
     "KafkaSink",
     "KafkaSource",
+    "KafkaUnavailableError",
     "LedgerError",
     "Pipeline",
     "PostgresSink",
@@ -56,6 +59,7 @@ __all__ = [
     "Source",
     "SourceError",
     "SparkOnceError",
+    "StoreUnavailableError",
     "Topic",
     "build_session",
     "sink_from_url",

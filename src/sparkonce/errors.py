@@ -36,6 +36,24 @@ class TopicNotFoundError(SourceError, LookupError):
     """The named topic does not exist in the log."""
 
 
+class OffsetOutOfRangeError(SourceError):
+    """A partition no longer holds (or never held) an offset that was asked for.
+
+    Retention or ``delete_records`` removed the records, or the topic was deleted
+    and created again. ``log_start`` is the partition's first offset when it could
+    be read (None otherwise). Nothing was skipped: the read stopped.
+    """
+
+    def __init__(
+        self, message: str, *, topic: str, partition: int, offset: int, log_start: int | None
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.log_start = log_start
+
+
 class SequenceError(SourceError):
     """An idempotent producer sent a sequence number that skips ahead.
 
@@ -45,11 +63,30 @@ class SequenceError(SourceError):
     """
 
 
+class StoreUnavailableError(SparkOnceError, ConnectionError):
+    """A store sparkonce reads or writes could not be reached in time.
+
+    The store is a sink's database or a Kafka cluster (source, sink or ledger
+    topic). The message names its address (never a secret). Retrying may help
+    once the store is back; the CLI exits with code 4.
+    """
+
+    retryable = True
+
+
+class KafkaUnavailableError(StoreUnavailableError):
+    """The Kafka cluster did not answer in time (metadata, offsets, reads or writes).
+
+    Raised for the Kafka source, the Kafka sink and its ledger topic, and the
+    ``sparkonce kafka`` commands alike; the message names the bootstrap servers.
+    """
+
+
 class SinkError(SparkOnceError):
     """A sink refused a write (schema mismatch, constraint violation, bad rows)."""
 
 
-class SinkUnavailableError(SinkError, ConnectionError):
+class SinkUnavailableError(SinkError, StoreUnavailableError):
     """The sink's store could not be reached after bounded retries."""
 
     retryable = True

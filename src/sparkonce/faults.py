@@ -2,16 +2,54 @@
 
 The crash tests and ``sparkonce verify`` inject faults into real driver processes
 through the environment (see :mod:`sparkonce.protocol` for the variables and
-their ``NAME[@N]`` form). :meth:`FaultPlan.from_env` parses them once; code that
-has a fault hook takes the plan as an argument, and the default plan (no
-variables set) does nothing.
+their ``NAME[@N]`` form). Who reads them, and when:
 
+* **The driver.** ``sparkonce run`` parses them once, when it starts
+  (:meth:`FaultPlan.from_env`; a bad value stops the run with exit 2 before
+  anything happens), and hands the plan to ``Pipeline.run``. The runner gives it to
+  the sink (:meth:`~sparkonce.sinks.base.Sink.use_faults`), and the sink to its
+  :class:`~sparkonce.commit.Committer`, which marks the crash points. Nothing
+  else on the driver reads the environment. A run, sink or committer that is
+  given no plan uses :data:`NO_FAULTS`, which injects nothing.
+* **Spark's Python workers.** Task hooks (a read task failing halfway, a
+  two-phase pre-commit task failing after its pre-commit) call
+  :func:`worker_faults`: one plan per worker process, parsed from the worker's
+  environment (inherited from the driver through Spark's JVM) the first time a
+  task asks, then cached.
+
+With no variable set, every hook returns at its first test: the no-op plan costs
+one attribute check per crash point and one cached call per task.
+
+Fault events
+------------
 A fault that fires is written as one JSON line to the file named by
-``SPARKONCE_FAULT_EVENTS`` (when set), *before* it takes effect::
+``SPARKONCE_FAULT_EVENTS`` (when set), *before* it takes effect. So is a run
+that ends fenced, which is how a zombie run's end is recognised. Every line is
+one object with these keys:
 
-    {"fault": "crash", "point": "after-rows", "hit": 2, "pid": 4242, "at": 1795367650.4}
+``event``
+    ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"`` or ``"fenced"``.
+``pid``, ``at``
+    The process that wrote the line, and when (Unix time, seconds).
+``point``, ``hit`` (crash, pause, drop-connection)
+    The crash point, and which time this process reached it (1 = first).
+``stage``, ``task``, ``attempt`` (task-failure)
+    ``"read"`` or ``"write"``, the task's data (``topic:partition:start:end``
+    for a read, ``pipeline:seq:partition`` for a write), and Spark's attempt number.
+``pipeline``, ``epoch``, ``owner_epoch`` (fenced)
+    The fenced run's pipeline and epoch, and the newer owner's epoch (``null``
+    when the fencing was reported by a Spark task, whose error carries only text).
 
-The verifier reads these events instead of matching log text.
+For example::
+
+    {"event": "crash", "point": "after-rows", "hit": 2, "pid": 4242, "at": 1795367650.4}
+    {"event": "task-failure", "stage": "read", "task": "events:1:0:200", "attempt": 0, ...}
+    {"event": "fenced", "pipeline": "sums", "epoch": 1, "owner_epoch": 2, ...}
+
+Several processes append to the same file (the driver, and each Python worker
+for task failures): each line is written with one ``write`` to a file opened
+with ``O_APPEND``, so lines never interleave. The verifier and the crash tests
+read these events (:func:`read_events`) instead of matching log text.
 """
 
 from __future__ import annotations
@@ -21,9 +59,11 @@ import os
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sparkonce.errors import ConfigError
 from sparkonce.protocol import (
@@ -37,12 +77,17 @@ from sparkonce.protocol import (
 )
 
 EVENTS_ENV = "SPARKONCE_FAULT_EVENTS"
+EVENT_KINDS = ("crash", "pause", "drop-connection", "task-failure", "fenced")
 _TASK_STAGES = ("read", "write")
 
 Spec = tuple[CrashPoint, int]
 
 
-@dataclass
+class InjectedTaskFailure(RuntimeError):
+    """A task failure the fault plan asked for; Spark retries the task."""
+
+
+@dataclass(frozen=True)
 class FaultPlan:
     """What to inject in this process; the empty plan injects nothing."""
 
@@ -54,19 +99,18 @@ class FaultPlan:
     # What a crash does: SIGKILL this process (and its group) in real runs. The protocol
     # simulation raises an exception instead, so one process can play many runs.
     on_crash: Callable[[], None] = kill_self
-    _hits: dict[CrashPoint, int] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _hits: dict[CrashPoint, int] = field(default_factory=dict, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> FaultPlan:
         """Parse the fault variables; a bad value raises ``ConfigError`` naming it."""
         env = os.environ if env is None else env
         specs: dict[str, Spec | None] = {}
-        for name, var in (("crash", CRASH_ENV), ("pause", PAUSE_ENV)):
+        variables = (("crash", CRASH_ENV), ("pause", PAUSE_ENV), ("drop", DROP_CONNECTION_ENV))
+        for name, var in variables:
             raw = env.get(var, "").strip()
             specs[name] = parse_crash_spec(raw, var) if raw else None
-        raw_drop = env.get(DROP_CONNECTION_ENV, "").strip()
-        drop = parse_crash_spec(raw_drop, DROP_CONNECTION_ENV) if raw_drop else None
         stages = frozenset(s.strip() for s in env.get(FAIL_TASKS_ENV, "").split(",") if s.strip())
         unknown = stages - set(_TASK_STAGES)
         if unknown:
@@ -78,15 +122,17 @@ class FaultPlan:
         return cls(
             crash=specs["crash"],
             pause=specs["pause"],
-            drop_connection=drop,
+            drop_connection=specs["drop"],
             fail_tasks=stages,
             events=Path(events) if events else None,
         )
 
     @property
     def empty(self) -> bool:
+        """Whether this plan injects nothing (it may still record a fencing)."""
         return not (self.crash or self.pause or self.drop_connection or self.fail_tasks)
 
+    # -- driver hooks -------------------------------------------------------------------
     def crash_point(self, point: CrashPoint) -> bool:
         """Mark ``point``: SIGKILL or SIGSTOP this process if the plan says so here.
 
@@ -97,51 +143,94 @@ class FaultPlan:
         with self._lock:
             self._hits[point] = hit = self._hits.get(point, 0) + 1
         if self.pause == (point, hit):
-            self._event("pause", point, hit)
-            # Stop via this thread: it takes effect before the thread runs another line.
+            self.record("pause", point=point.value, hit=hit)
+            # Stop via this thread: the stop takes effect before it runs another line (a
+            # process-directed SIGSTOP may first be taken by another thread).
             signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         if self.crash == (point, hit):
-            self._event("crash", point, hit)
+            self.record("crash", point=point.value, hit=hit)
             self.on_crash()
         if self.drop_connection == (point, hit):
-            self._event("drop-connection", point, hit)
+            self.record("drop-connection", point=point.value, hit=hit)
             return True
         return False
 
-    def fail_task(self, stage: str, key: str, attempt: int) -> bool:
-        """Whether a task of ``stage`` with data ``key`` fails now (first attempts only).
+    def fenced(self, pipeline: str, epoch: int | None, owner_epoch: int | None) -> None:
+        """Record that this run ended fenced (a newer run owns ``pipeline``)."""
+        self.record("fenced", pipeline=pipeline, epoch=epoch, owner_epoch=owner_epoch)
 
-        The choice depends only on ``key``, so it is the same on every retry: about
-        half of the tasks fail once, then succeed.
+    # -- task hooks (Spark's Python workers) --------------------------------------------
+    def fail_task(self, stage: str, key: str, attempt: int) -> bool:
+        """Whether a task of ``stage`` with data ``key`` fails on this attempt.
+
+        Only first attempts fail. The choice depends only on ``key``, so it is the
+        same on every retry: about half of the tasks fail once, then succeed.
         """
         if stage not in self.fail_tasks or attempt > 0:
             return False
-        import zlib
-
         return zlib.crc32(key.encode()) % 2 == 0
 
-    def _event(self, fault: str, point: CrashPoint, hit: int) -> None:
+    def task_failure(self, stage: str, key: str, attempt: int, message: str) -> InjectedTaskFailure:
+        """Record a task failure the plan asked for; returns the error for the task to raise."""
+        self.record("task-failure", stage=stage, task=key, attempt=attempt)
+        return InjectedTaskFailure(message)
+
+    # -- events -------------------------------------------------------------------------
+    def record(self, event: str, **fields: Any) -> None:
+        """Append one event line to the events file (nothing when there is none)."""
         if self.events is None:
             return
-        record = {
-            "fault": fault,
-            "point": point.value,
-            "hit": hit,
-            "pid": os.getpid(),
-            "at": time.time(),
-        }
-        with open(self.events, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = {"event": event, **fields, "pid": os.getpid(), "at": time.time()}
+        data = (json.dumps(line) + "\n").encode()
+        fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)  # one write of one line: appenders never interleave
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
-def read_events(path: Path) -> list[dict[str, object]]:
-    """The fault events written to ``path`` (none if the file does not exist)."""
-    if not path.exists():
+NO_FAULTS = FaultPlan()
+"""The plan of runs, sinks and committers that are given none: it injects nothing."""
+
+_worker_plan: FaultPlan | None = None
+
+
+def worker_faults() -> FaultPlan:
+    """This worker process's plan: parsed from its environment on first use, then cached.
+
+    For task hooks, which run in Spark's Python workers and cannot be handed the
+    driver's plan object.
+    """
+    global _worker_plan
+    plan = _worker_plan
+    if plan is None:
+        plan = _worker_plan = FaultPlan.from_env()
+    return plan
+
+
+def reset_worker_faults() -> None:
+    """Forget the cached worker plan, so the next task hook parses the environment again
+    (for tests that change the environment within one process)."""
+    global _worker_plan
+    _worker_plan = None
+
+
+def read_events(path: str | Path, event: str | None = None) -> list[dict[str, Any]]:
+    """The events in ``path``, oldest first (none if the file does not exist);
+    with ``event``, only those of that kind. A torn last line is skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            out.append(json.loads(line))
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # only a writer killed mid-write leaves one; it recorded nothing
+        if isinstance(record, dict) and (event is None or record.get("event") == event):
+            out.append(record)
     return out

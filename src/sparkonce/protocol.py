@@ -22,9 +22,10 @@ for progress.
 Crash points
 ------------
 :class:`CrashPoint` names the moments the crash tests and ``sparkonce verify``
-kill a driver at. They are named after the steps above. Code marks them with
-:func:`crash_point`, which does nothing unless the environment variable
-``SPARKONCE_CRASH_AT`` asks for a crash there::
+kill a driver at. They are named after the steps above, and the committer marks
+them with :meth:`sparkonce.faults.FaultPlan.crash_point`. The plan comes from
+these environment variables, parsed once when ``sparkonce run`` starts and
+handed to the run (see :mod:`sparkonce.faults`); with none set, nothing happens::
 
     SPARKONCE_CRASH_AT=after-ledger-commit        # first time the point is reached
     SPARKONCE_CRASH_AT=after-ledger-commit@3      # third time, in this process
@@ -42,19 +43,22 @@ halfway on their first attempt, so Spark retries them (run with a master that
 allows task retries, such as ``local[2,4]``). ``write`` does the same to the
 two-phase sink's pre-commit tasks, *after* their pre-commit is durable: the
 failed attempt's rows exist, and only the retry's may become visible. The two
-combine: ``SPARKONCE_FAIL_TASKS=read,write``.
+combine: ``SPARKONCE_FAIL_TASKS=read,write``. Spark's Python workers read this
+variable themselves, once per worker process.
 
 ``SPARKONCE_PAUSE_AT`` takes the same ``NAME[@N]`` form but SIGSTOPs this
 process instead: a driver that looks dead but is not. Sent SIGCONT later, it
 carries on from that point: this is how the zombie tests make an old run
 resume after a newer one has taken over.
+
+``SPARKONCE_FAULT_EVENTS`` names a file that records each fault as it fires
+(JSON lines; see :mod:`sparkonce.faults`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 from enum import StrEnum
 
 from sparkonce.errors import ConfigError
@@ -86,10 +90,6 @@ class CrashPoint(StrEnum):
     """Step 5 done: committed in the sink, Spark's commit log not yet written."""
 
 
-_lock = threading.Lock()
-_hits: dict[str, int] = {}
-
-
 def parse_crash_spec(spec: str, env: str = CRASH_ENV) -> tuple[CrashPoint, int]:
     """Parse ``NAME`` or ``NAME@N`` into a crash point and the hit number."""
     name, _, nth = spec.strip().partition("@")
@@ -107,42 +107,6 @@ def parse_crash_spec(spec: str, env: str = CRASH_ENV) -> tuple[CrashPoint, int]:
     if hit < 1:
         raise ConfigError(f"{env}={spec!r}: the hit number must be >= 1")
     return point, hit
-
-
-def crash_point(point: CrashPoint) -> bool:
-    """Mark ``point``: SIGKILL (``SPARKONCE_CRASH_AT``) or SIGSTOP (``SPARKONCE_PAUSE_AT``).
-
-    Returns True when ``SPARKONCE_DROP_CONNECTION_AT`` asks the caller to drop its
-    database connection here (only SQL sinks act on it).
-    """
-    crash = os.environ.get(CRASH_ENV)
-    pause = os.environ.get(PAUSE_ENV)
-    drop = os.environ.get(DROP_CONNECTION_ENV)
-    if not crash and not pause and not drop:
-        return False
-    with _lock:
-        _hits[point.value] = hit = _hits.get(point.value, 0) + 1
-    if pause and parse_crash_spec(pause, PAUSE_ENV) == (point, hit):
-        # Stop via this thread: the stop takes effect before it runs another line
-        # (a process-directed SIGSTOP may first be taken by another thread).
-        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-    if crash and parse_crash_spec(crash, CRASH_ENV) == (point, hit):
-        kill_self()
-    return bool(drop and parse_crash_spec(drop, DROP_CONNECTION_ENV) == (point, hit))
-
-
-def task_failure_requested(stage: str, key: str, attempt: int) -> bool:
-    """Whether a task of ``stage`` ("read") should fail now (first attempts only).
-
-    ``key`` identifies the task's data (a partition and range) so the choice is
-    stable across retries: about half of the tasks fail once, then succeed.
-    """
-    wanted = os.environ.get(FAIL_TASKS_ENV, "")
-    if stage not in {s.strip() for s in wanted.split(",") if s.strip()} or attempt > 0:
-        return False
-    import zlib
-
-    return zlib.crc32(key.encode()) % 2 == 0
 
 
 def kill_self() -> None:

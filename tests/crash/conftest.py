@@ -24,6 +24,7 @@ import pytest
 
 from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.sinks import sink_from_url
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.verify.driver import Driver
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def read_sink(sink_url: str, table: str, pipeline: str = "crash-test") -> SinkSt
     """The table's rows, the pipeline's ledger entries and its owner, read in one go."""
     sink = sink_from_url(sink_url, table)
     try:
-        return SinkState(sink.rows(), sink.ledger(pipeline), sink.owner(pipeline))
+        return SinkState(inspector_for(sink).rows(), sink.ledger(pipeline), sink.owner(pipeline))
     finally:
         sink.close()
 

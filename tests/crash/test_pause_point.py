@@ -34,7 +34,9 @@ from pathlib import Path
 
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU, inherited by the worker
 os.environ["SPARKONCE_PAUSE_AT"] = "before-commit"
-from sparkonce.protocol import CrashPoint, crash_point
+from sparkonce.faults import FaultPlan
+from sparkonce.protocol import CrashPoint
+crash_point = FaultPlan.from_env().crash_point
 
 marker = Path(sys.argv[1])
 go = threading.Event()

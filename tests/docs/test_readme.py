@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from sparkonce.sinks.inspect import inspector_for
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -315,6 +317,6 @@ def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkS
     report = pipeline.run(spark)
 
     assert report.rows_committed >= len(sent)
-    rows = pipeline.sink.fresh().rows()
+    rows = inspector_for(pipeline.sink, fresh=True).rows()
     ours = Counter((r["key"], r["value"]) for r in rows if str(r["value"]).endswith(tag))
     assert ours == Counter((k, v) for v, k in sent.items())

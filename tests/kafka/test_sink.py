@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from sparkonce import ConfigError, EmbeddedLogSource, FencedError, Pipeline
 from sparkonce.offsets import check_chain
 from sparkonce.pipeline.runner import run_pipeline
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.sinks.kafka import KafkaSink, _transactional_id
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -48,11 +49,11 @@ def test_log_to_kafka_writes_every_record_once(
     sink = KafkaSink(kafka_broker.bootstrap, out_topic)
     report = run_pipeline(pipeline(tmp_path, log_dir, sink), spark)
     assert report.batches_committed >= 2 and report.rows_committed == 600
-    rows = sink.fresh().rows()
+    rows = inspector_for(sink, fresh=True).rows()
     values = Counter(r["value"].split(":")[0] for r in rows)
     assert sorted(int(v) for v in values) == list(range(1, 601))
     assert set(values.values()) == {1}
-    entries = sink.fresh().ledger("k1")
+    entries = inspector_for(sink).fresh().ledger("k1")
     assert [e.seq for e in entries] == list(range(report.batches_committed))
     assert not check_chain(e.ranges for e in entries)
     assert sum(e.row_count for e in entries) == 600
@@ -84,7 +85,7 @@ def test_replayed_batch_skips_committed_tasks(
 
     again = sink2.commit(ctx, df)
     assert again.skipped  # step 2: the ledger covers it
-    assert len(sink2.rows()) == 300
+    assert len(inspector_for(sink2).rows()) == 300
 
 
 def test_zombie_producer_is_fenced(kafka_broker, out_topic) -> None:
@@ -109,7 +110,7 @@ def test_zombie_producer_is_fenced(kafka_broker, out_topic) -> None:
         old.commit_transaction(30)
     assert err.value.args[0].fatal() or "fenced" in str(err.value).lower()
     sink = KafkaSink(kafka_broker.bootstrap, out_topic)
-    assert [r["value"] for r in sink.rows()] == ["successor"]
+    assert [r["value"] for r in inspector_for(sink).rows()] == ["successor"]
 
 
 def test_new_run_fences_old_driver(kafka_broker, out_topic) -> None:
@@ -182,5 +183,5 @@ def test_checkpoint_deleted_resumes_from_ledger(
         pipeline(tmp_path, log_dir, KafkaSink(kafka_broker.bootstrap, out_topic)), spark
     )
     assert report.resumed_from == "ledger"
-    values = Counter(int(r["value"].split(":")[0]) for r in sink.fresh().rows())
+    values = Counter(int(r["value"].split(":")[0]) for r in inspector_for(sink, fresh=True).rows())
     assert sorted(values) == list(range(1, 601)) and set(values.values()) == {1}

@@ -19,11 +19,13 @@ from confluent_kafka import TopicPartition as KTP
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from sparkonce import KafkaSource, SourceError
+from sparkonce import KafkaSource, SourceError, faults
 from sparkonce.errors import TopicNotFoundError
+from sparkonce.faults import FaultPlan
 from sparkonce.kafka import KafkaUnavailableError
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
-from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
+from sparkonce.protocol import FAIL_TASKS_ENV
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.sources import source_from_uri
 from sparkonce.sources.kafka import (
     RECORD_ID_HEADER,
@@ -205,7 +207,7 @@ def test_pipeline_runner_commits_every_record_once(
     assert report.rows_committed == 30
     p.sink.open()
     try:
-        rows = p.sink.rows()
+        rows = inspector_for(p.sink).rows()
         entries = p.sink.ledger(p.name)
     finally:
         p.sink.close()
@@ -431,15 +433,13 @@ def test_injected_read_failure_fails_half_the_ranges_once(
     produce(kafka_broker.bootstrap, topic, [(0, None, str(i).encode()) for i in range(40)])
     source = KafkaSource(kafka_broker.bootstrap, topic)
     monkeypatch.setenv(FAIL_TASKS_ENV, "read")
+    monkeypatch.setattr(faults, "_worker_plan", None)  # this process's worker plan: parse again
+    plan = FaultPlan(fail_tasks=frozenset({"read"}))
     failing = next(
-        (s, s + 10)
-        for s in range(30)
-        if task_failure_requested("read", f"{topic}:0:{s}:{s + 10}", 0)
+        (s, s + 10) for s in range(30) if plan.fail_task("read", f"{topic}:0:{s}:{s + 10}", 0)
     )
     passing = next(
-        (s, s + 10)
-        for s in range(30)
-        if not task_failure_requested("read", f"{topic}:0:{s}:{s + 10}", 0)
+        (s, s + 10) for s in range(30) if not plan.fail_task("read", f"{topic}:0:{s}:{s + 10}", 0)
     )
     reader = KafkaStreamReader(source.options())
     got: list[int] = []

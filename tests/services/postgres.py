@@ -57,7 +57,7 @@ _SETTINGS = f"""
 {_SETTINGS_MARKER}
 listen_addresses = '{HOST}'
 unix_socket_directories = ''
-max_connections = 100
+max_connections = 300
 fsync = off
 synchronous_commit = off
 full_page_writes = off

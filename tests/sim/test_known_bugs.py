@@ -2,7 +2,7 @@
 
 Found 2026-11-22 with ``python -m sparkonce.verify.simulation --schedules 8000 --restore``
 (8 of 8,000 schedules fail; none fail without ``--restore``). Replay one with
-``python -m sparkonce.verify.simulation --replay SEED --restore``, which shrinks it.
+``python -m sparkonce.verify.sim --replay SEED`` (restores are on by default now).
 
 A run whose checkpoint is **older than the ledger by more than one batch** (restored
 from a backup, DESIGN.md section 2: a process's local disk may be lost with it) makes
@@ -20,24 +20,25 @@ the real protocol lose or duplicate:
   rows (a timer, a closed window) are never written.
 
 Both are fixed (``classify`` counts an empty range behind the ledger as old;
-``find_no_data_batch`` matches only entries with empty ranges). Next: turn ``--restore``
-on in the default schedules (``generate(with_restore=...)``).
+``find_no_data_batch`` matches only entries with empty ranges), and restored checkpoints
+are now part of every schedule by default (``generate(seed)``; ``--no-restore`` and
+``generate(seed, with_restore=False)`` leave them out).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sparkonce.verify.simulation import Target, generate, run_schedule
+from sparkonce.verify.sim import SqlTarget, generate, run_schedule
 
 
 @pytest.mark.parametrize(("seed", "kind"), [(606, "duplicate"), (2124, "loss")])
-def test_restored_checkpoint(sqlite_target: Target, seed: int, kind: str) -> None:
-    failures, _ = run_schedule(generate(seed, with_restore=True), sqlite_target)
+def test_restored_checkpoint(sqlite_target: SqlTarget, seed: int, kind: str) -> None:
+    failures, _ = run_schedule(generate(seed), sqlite_target)
     assert not failures, "\n".join(map(str, failures))
 
 
 @pytest.mark.parametrize("seed", [606, 2124])
-def test_the_same_seeds_pass_without_the_restore(sqlite_target: Target, seed: int) -> None:
-    failures, _ = run_schedule(generate(seed), sqlite_target)
+def test_the_same_seeds_pass_without_the_restore(sqlite_target: SqlTarget, seed: int) -> None:
+    failures, _ = run_schedule(generate(seed, with_restore=False), sqlite_target)
     assert failures == []

@@ -1,110 +1,170 @@
 """The protocol simulation against the real committer and real stores (no Spark).
 
-How many schedules run comes from the environment, so that ``make test`` can ask for
-many while a developer's run stays short:
+How many schedules each campaign runs comes from the environment; the defaults are
+what ``make test`` checks:
 
-* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 2,000);
-* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 300);
-* ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 40);
-* ``SPARKONCE_SIM_WORKERS``: processes for the SQLite schedules (default 1);
-* ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i);
-* ``SPARKONCE_SIM_RESTORE=1``: also restore old checkpoint backups (SQLite; it finds the
-  bugs pinned in ``test_known_bugs.py``, so it is off until they are fixed).
+* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 100,000), on
+  ``SPARKONCE_SIM_WORKERS`` processes (default 2);
+* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 10,000);
+* ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
+* ``SPARKONCE_SIM_KAFKA_SCHEDULES``: Kafka schedules, Kafka sink (default 150);
+* ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i).
 
-Each test prints how many schedules it ran and how fast. A failure names the seed;
-``python -m sparkonce.verify.simulation --replay SEED`` replays, shrinks and prints it.
+Server stores run several schedules at once, each in its own namespace (lanes), so
+that round trips overlap. Every count printed at the end of the run (see
+``conftest.py``) is of schedules fully run and checked. A failure names its seed, is
+shrunk, and is printed with the command that replays it.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
-from sparkonce.verify.simulation import (
+from sparkonce.verify.sim import (
     Campaign,
     Schedule,
+    SqlTarget,
     Summary,
-    Target,
+    TargetSpec,
+    close_target,
     generate,
-    main,
-    run_parallel,
+    run_campaign,
     run_schedule,
-    run_schedules,
+    shrink,
 )
+from sparkonce.verify.sim.cli import main
+from tests.sim.conftest import env_int, record
+from tests.sim.test_kafka_findings import is_orphan_timer_row
+
+SEED = env_int("SPARKONCE_SIM_SEED", 0)
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, "") or default)
-
-
-SEED = _env_int("SPARKONCE_SIM_SEED", 0)
-
-
-def _report(
-    capsys: pytest.CaptureFixture[str], what: str, summary: Summary, campaign: Campaign
-) -> None:
-    with capsys.disabled():
-        print(
-            f"\nsimulation ({what}): {summary.schedules} schedules in {summary.seconds:.1f} s, "
-            f"{summary.rate:.0f} schedules/s, {len(summary.failed)} failed\n  {summary.stats}"
-        )
-    if summary.failed:
-        lines = [f"seed {seed}: {failures[0]}" for seed, failures in summary.failed[:10]]
-        pytest.fail(
-            f"{len(summary.failed)} of {summary.schedules} schedules broke an invariant:\n"
-            + "\n".join(lines)
-            + f"\nreplay and shrink: {campaign.replay_command(summary.failed[0][0])}"
-        )
-
-
-def test_sqlite_schedules(capsys: pytest.CaptureFixture[str]) -> None:
-    n = _env_int("SPARKONCE_SIM_SCHEDULES", 2_000)
-    workers = _env_int("SPARKONCE_SIM_WORKERS", 1)
-    restore = os.environ.get("SPARKONCE_SIM_RESTORE", "") == "1"
-    campaign = Campaign(seed=SEED, schedules=n, workers=workers, with_restore=restore)
-    summary = run_parallel(campaign)
-    assert summary.schedules == n
-    _report(capsys, f"SQLite, {workers} worker(s)", summary, campaign)
-    # The faults were reached, not just planned.
-    s = summary.stats
-    if n >= 200:
-        assert min(s.crashes, s.drops, s.fenced, s.zombies, s.nodata, s.skips) > 0, s
-
-
-@pytest.mark.postgres
-def test_postgres_schedules(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    n = _env_int("SPARKONCE_SIM_PG_SCHEDULES", 300)
-    target = Target(pg_url)
+def _check(summary: Summary, c: Campaign) -> None:
+    """Fail with every failing seed, the first one shrunk, and the commands to replay."""
+    if not summary.failed:
+        return
+    lines = [f"seed {seed}: {failures[0]}" for seed, failures in summary.failed[:10]]
+    seed = summary.failed[0][0]
+    target = c.target.build()
     try:
-        summary = run_schedules(target, range(SEED, SEED + n))
+        small, failures = shrink(generate(seed, with_restore=c.with_restore), target, seconds=60)
     finally:
-        target.close()
-    _report(capsys, "PostgreSQL, SQL sink", summary, Campaign(store="postgres"))
-
-
-@pytest.mark.postgres
-def test_postgres_twophase_schedules(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    n = _env_int("SPARKONCE_SIM_2PC_SCHEDULES", 40)
-    target = Target(pg_url, sink="twophase")
-    try:
-        summary = run_schedules(target, range(SEED, SEED + n))
-    finally:
-        target.close()
-    _report(
-        capsys, "PostgreSQL, two-phase sink", summary, Campaign(store="postgres", sink="twophase")
+        close_target(target)
+    shrunk = (
+        f"\nseed {seed} shrunk to {len(small.events)} events:\n{small.describe()}\n"
+        + "\n".join(map(str, failures))
+        + f"\nreplay exactly: {c.replay_command(seed)} --events '{small.events_json()}'"
+        if failures
+        else ""
+    )
+    pytest.fail(
+        f"{summary.failed_count} of {summary.schedules} schedules broke an invariant:\n"
+        + "\n".join(lines)
+        + f"\nreplay and shrink: {c.replay_command(seed)}"
+        + shrunk
     )
 
 
-def test_a_seed_replays_identically(sqlite_target: Target) -> None:
+def _faults_reached(summary: Summary, *, zombies: bool = True) -> None:
+    s = summary.stats
+    reached = [s.crashes, s.fenced, s.nodata, s.skips, s.refused] + ([s.zombies] if zombies else [])
+    assert min(reached) > 0, s
+
+
+def test_sqlite_schedules() -> None:
+    n = env_int("SPARKONCE_SIM_SCHEDULES", 100_000)
+    workers = env_int("SPARKONCE_SIM_WORKERS", 2)
+    c = Campaign(TargetSpec("sqlite"), seed=SEED, schedules=n, workers=workers)
+    summary = run_campaign(c)
+    record("SQLite, SQL sink", summary, workers, 1)
+    _check(summary, c)
+    assert summary.schedules == n
+    if n >= 1000:
+        _faults_reached(summary)
+        assert summary.stats.drops > 0
+
+
+@pytest.mark.postgres
+def test_postgres_schedules(pg_url: str) -> None:
+    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 10_000)
+    workers, lanes = env_int("SPARKONCE_SIM_PG_WORKERS", 2), env_int("SPARKONCE_SIM_PG_LANES", 8)
+    c = Campaign(
+        TargetSpec("postgres", pg_url, namespace=uuid.uuid4().hex[:6]),
+        seed=SEED,
+        schedules=n,
+        workers=workers,
+        lanes=lanes,
+    )
+    summary = run_campaign(c)
+    record("PostgreSQL, SQL sink", summary, workers, lanes)
+    _check(summary, c)
+    assert summary.schedules == n
+    if n >= 1000:
+        _faults_reached(summary)
+
+
+@pytest.mark.postgres
+def test_postgres_twophase_schedules(pg_url: str) -> None:
+    n = env_int("SPARKONCE_SIM_2PC_SCHEDULES", 300)
+    lanes = env_int("SPARKONCE_SIM_PG_LANES", 8)
+    c = Campaign(
+        TargetSpec("postgres", pg_url, sink="twophase", namespace=uuid.uuid4().hex[:6]),
+        seed=SEED,
+        schedules=n,
+        lanes=lanes,
+    )
+    summary = run_campaign(c)
+    record("PostgreSQL, two-phase sink", summary, 1, lanes)
+    _check(summary, c)
+    assert summary.schedules == n
+
+
+@pytest.mark.kafka
+def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+    n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 150)
+    workers = env_int("SPARKONCE_SIM_KAFKA_WORKERS", 1)
+    lanes = env_int("SPARKONCE_SIM_KAFKA_LANES", 16)
+    c = Campaign(
+        TargetSpec("kafka", kafka_broker.bootstrap, sink="kafka", namespace=uuid.uuid4().hex[:6]),
+        seed=SEED,
+        schedules=n,
+        workers=workers,
+        lanes=lanes,
+    )
+    summary = run_campaign(c)
+    # A known bug of the Kafka sink, pinned in test_kafka_findings.py: not counted here.
+    known = [seed for seed, f in summary.failed if is_orphan_timer_row(f)]
+    if known and len(summary.failed) == summary.failed_count:
+        summary.failed = [(seed, f) for seed, f in summary.failed if seed not in known]
+        summary.failed_count -= len(known)
+    record(f"Kafka, Kafka sink ({len(known)} known bug)", summary, workers, lanes)
+    _check(summary, c)
+    assert summary.schedules == n
+    if n >= 100:
+        _faults_reached(summary)
+
+
+def test_a_seed_replays_identically(sqlite_target: SqlTarget) -> None:
     """Same seed, same schedule, same outcome: what a replay relies on."""
-    for seed in (3, 17, 29):
+    for seed in (3, 17, 29, 606):
         assert generate(seed) == generate(seed)
         first = run_schedule(generate(seed), sqlite_target)
-        ledger = [(e.seq, e.ranges, e.epoch, e.row_count) for e in sqlite_target.entries()]
+        ledger = sqlite_target.ledger()
         second = run_schedule(generate(seed), sqlite_target)
         assert first == second
-        assert ledger == [(e.seq, e.ranges, e.epoch, e.row_count) for e in sqlite_target.entries()]
+        assert sqlite_target.ledger() == ledger
+
+
+def test_restores_are_on_by_default() -> None:
+    """``--restore`` is the default: some schedules start runs from old checkpoint backups."""
+    restores = [e for s in range(200) for e in generate(s).events if getattr(e, "restore", 0)]
+    assert restores
+    for seed in range(200):  # the draws are the same: only the restores differ
+        plain = generate(seed, with_restore=False)
+        assert [type(e) for e in plain.events] == [type(e) for e in generate(seed).events]
 
 
 def test_events_round_trip_through_json() -> None:
@@ -115,6 +175,30 @@ def test_events_round_trip_through_json() -> None:
 
 def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--store", "sqlite", "--schedules", "20", "--seed", "7"]) == 0
-    assert "20 schedules" in capsys.readouterr().out
+    assert "20 schedules checked" in capsys.readouterr().out
     assert main(["--store", "sqlite", "--replay", "7"]) == 0
     assert "passed" in capsys.readouterr().out
+    assert main(["--store", "sqlite", "--schedules", "40", "--workers", "2"]) == 0
+    assert "40 schedules checked" in capsys.readouterr().out
+
+
+def test_the_old_module_name_still_runs() -> None:
+    from sparkonce.verify import simulation
+
+    assert simulation.main is main
+    assert os.path.basename(simulation.__file__) == "simulation.py"
+
+
+@pytest.mark.parametrize("seed", [69325, 70873, 78288, 84171])
+def test_a_fenced_runs_skipped_no_data_batch_is_not_owed(
+    sqlite_target: SqlTarget, seed: int
+) -> None:
+    """A stale run's no-data batch lies behind a ledger a newer run moved on: the committer
+    skips it as a replay (nothing is written) and the run owes readers no timer row.
+
+    These seeds failed the first 100,000-schedule campaign ([loss] of the timer row) while
+    the simulator counted every skipped no-data batch as completed; only the owner's are.
+    """
+    failures, stats = run_schedule(generate(seed), sqlite_target)
+    assert failures == []
+    assert stats.nodata > 0

@@ -21,6 +21,7 @@ from tests.conftest import FAMILY_SINKS
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 from sparkonce.offsets import check_chain
+from sparkonce.sinks.inspect import inspector_for
 
 RECORDS = 600  # event times 0..599 s after BASE, one partition, so no record is late
 LIMIT = 150  # 4 data batches, then the no-data batch that closes the last windows
@@ -86,7 +87,7 @@ def _rows_as_windows(rows: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
 def _read(sink: Any, pipeline: str) -> tuple[list[dict[str, Any]], list[Any]]:
     sink.open()
     try:
-        return sink.rows(), sink.ledger(pipeline)
+        return inspector_for(sink).rows(), sink.ledger(pipeline)
     finally:
         sink.close()
 

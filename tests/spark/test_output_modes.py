@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+from sparkonce.sinks.inspect import inspector_for
 
 RECORDS = 60
 KEYS = 4
@@ -68,7 +69,7 @@ def run(
     )
     report = pipeline.run(spark)
     with sink:
-        return sink.rows(), report.batches_committed
+        return inspector_for(sink).rows(), report.batches_committed
 
 
 @pytest.mark.parametrize("sink_mode", ["append", "upsert"])

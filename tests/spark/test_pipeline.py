@@ -24,6 +24,7 @@ from sparkonce import (
     sink_from_url,
 )
 from sparkonce.offsets import check_chain
+from sparkonce.sinks.inspect import inspector_for
 
 
 def values(df: DataFrame) -> DataFrame:
@@ -76,7 +77,7 @@ def partition_sizes(log_dir: Path) -> dict[int, int]:
 def table_rows(p: Pipeline) -> list[dict[str, Any]]:
     p.sink.open()
     try:
-        return p.sink.rows()
+        return inspector_for(p.sink).rows()
     finally:
         p.sink.close()
 

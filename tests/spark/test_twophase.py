@@ -21,6 +21,7 @@ from sparkonce import (
 )
 from sparkonce.ledger import BatchContext
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
+from sparkonce.sinks.inspect import inspector_for, relocate
 from sparkonce.sinks.twophase import _precommit_task, _TaskPlan
 
 pytestmark = pytest.mark.postgres
@@ -59,9 +60,9 @@ def test_append_commits_each_batch_once_through_the_view(
     p = pipeline(tmp_path, log_dir, sink)
     report = p.run(spark)
     with sink:
-        rows = sink.rows()
+        rows = inspector_for(sink).rows()
         entries = sink.ledger("p2")
-        assert sink.pending("p2") == 0
+        assert inspector_for(sink).pending("p2") == 0
     assert sorted(r["value"] for r in rows) == list(range(1, 901))
     assert set(rows[0]) == {"record_id", "key", "value"}  # the view hides the attempt column
     assert report.batches_committed == len(entries) >= 3
@@ -93,8 +94,8 @@ def test_upsert_merges_by_key_at_commit(
     report = p.run(spark)
     assert report.batches_committed >= 2
     with sink:
-        rows = {r["key"]: r["latest"] for r in sink.rows()}
-        assert sink.pending("p2") == 0
+        rows = {r["key"]: r["latest"] for r in inspector_for(sink).rows()}
+        assert inspector_for(sink).pending("p2") == 0
     # Each key holds the value of the last batch that touched it: the overall maximum.
     assert rows == {f"k{k}": max(i for i in range(1, 601) if i % 7 == k) for k in range(7)}
     assert scalar(pg_url, "SELECT count(*) FROM latest__sparkonce_stage") == 0
@@ -115,9 +116,10 @@ def test_a_batch_with_a_duplicate_key_fails_clearly_and_leaves_nothing(
             sink.commit(BatchContext("p", epoch, batch, 0), df)
         assert "the batch holds 2 rows for key {'k': 'a'}" in str(info.value)
         assert "set latest_by=[...]" in str(info.value)
-        assert sink.rows() == []
+        assert inspector_for(sink).rows() == []
         assert sink.ledger("p") == []
-        assert sink.pending("p") == 0  # the aborted batch's pre-commits were collected
+        # the aborted batch's pre-commits were collected
+        assert inspector_for(sink).pending("p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM u__sparkonce_stage") == 0
 
 
@@ -139,7 +141,7 @@ def test_replayed_commit_is_a_no_op_and_fenced_runs_write_nothing(
         with pytest.raises(FencedError):
             sink.commit(BatchContext("p", epoch, nxt, 1), df)
         assert newer == epoch + 1
-        assert len(sink.rows()) == 50
+        assert len(inspector_for(sink).rows()) == 50
 
 
 def test_a_zombie_task_finishing_after_its_batch_was_aborted_stays_invisible(
@@ -158,10 +160,11 @@ def test_a_zombie_task_finishing_after_its_batch_was_aborted_stays_invisible(
         late = pa.RecordBatch.from_pylist([{"id": 99, "s": "zombie"}])
         [out] = list(_precommit_task(plan, iter([late])))
         assert out.to_pylist()[0]["rows"] == 1 and not out.to_pylist()[0]["fenced"]
-        assert sink.pending("p") == 1
-        assert sorted(r["id"] for r in sink.rows()) == [1, 2]  # durable, but invisible
+        assert inspector_for(sink).pending("p") == 1
+        visible = inspector_for(sink).rows()
+        assert sorted(r["id"] for r in visible) == [1, 2]  # durable, but invisible
         assert sink.collect("p", epoch) == 1
-        assert sink.pending("p") == 0
+        assert inspector_for(sink).pending("p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM z__sparkonce_data") == 2
         # A task of a fenced run writes nothing at all.
         sink.acquire("p")
@@ -185,7 +188,7 @@ def test_a_zombie_run_never_collects_a_newer_runs_batch_in_flight(
         plan = _TaskPlan(new.url, new.precommit_table, ("id", "s"), "p", "w", e2, 1)
         list(_precommit_task(plan, iter([pa.RecordBatch.from_pylist([{"id": 2, "s": "b"}])])))
         assert old.collect("p", e1) == 0  # fenced: collects nothing
-        assert new.pending("p") == 1
+        assert inspector_for(new).pending("p") == 1
 
 
 def test_types_survive_the_csv_copy_and_binary_goes_row_by_row(
@@ -215,7 +218,7 @@ def test_types_survive_the_csv_copy_and_binary_goes_row_by_row(
     with sink:
         epoch = sink.acquire("p").epoch
         sink.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 2),)), 0), df)
-        got = sorted(sink.rows(), key=lambda r: r["s"])
+        got = sorted(inspector_for(sink).rows(), key=lambda r: r["s"])
     assert got[0]["s"] == "" and got[0]["i"] == 7 and got[0]["b"] is None
     assert got[1]["s"] == 'a,b\n"q"' and got[1]["i"] is None and got[1]["b"] is True
     assert got[1]["ts"] == datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -234,7 +237,7 @@ def test_bad_configuration_is_refused_before_anything_is_written(pg_url: str) ->
     with pytest.raises(ConfigError, match="too long"):
         PostgresTwoPhaseSink(pg_url, "x" * 50)
     with pytest.raises(ConfigError, match="postgresql://"):
-        sink.relocated("sqlite:///x.db")
+        relocate(sink, "sqlite:///x.db")
 
 
 def test_upsert_latest_by_keeps_each_keys_latest_row_in_the_merge(
@@ -252,7 +255,7 @@ def test_upsert_latest_by_keeps_each_keys_latest_row_in_the_merge(
         batch = BatchRanges((OffsetRange("t", 0, 0, 20), OffsetRange("t", 1, 0, 20)))
         res = sink.commit(BatchContext("p", epoch, batch, 0), df.repartition(3))
         assert (res.skipped, res.row_count) == (False, 40)
-        got = {r["k"]: (r["v"], r["partition"], r["offset"]) for r in sink.rows()}
+        got = {r["k"]: (r["v"], r["partition"], r["offset"]) for r in inspector_for(sink).rows()}
         # k0 and k2 only ever come from partition 0, k1 and k3 from partition 1
         assert got == {
             "k0": ("v36", 0, 36),
@@ -260,7 +263,7 @@ def test_upsert_latest_by_keeps_each_keys_latest_row_in_the_merge(
             "k2": ("v38", 0, 38),
             "k3": ("v39", 1, 39),
         }
-        assert sink.pending("p") == 0
+        assert inspector_for(sink).pending("p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM cdc__sparkonce_stage") == 0
 
 
@@ -278,8 +281,8 @@ def test_upsert_latest_by_tie_is_refused_naming_the_key(spark: SparkSession, pg_
         assert "several rows for key {'k': 'k1'} with the same latest_by values {'offset': 5}" in (
             str(info.value)
         )
-        assert sink.rows() == [] and sink.ledger("p") == []
-        assert sink.pending("p") == 0
+        assert inspector_for(sink).rows() == [] and sink.ledger("p") == []
+        assert inspector_for(sink).pending("p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM cdc__sparkonce_stage") == 0
 
 
@@ -305,4 +308,4 @@ def test_complete_output_mode_is_refused_before_the_epoch(
     assert "Use PostgresSink, which supports 'complete'" in msg
     with sink:
         assert sink.owner("p2") is None  # refused before the run took an epoch
-        assert sink.rows() == []
+        assert inspector_for(sink).rows() == []

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkonce.cli import EXIT_USAGE, build_parser, main
+from sparkonce.cli import main
+from sparkonce.cli.common import EXIT_USAGE
 from sparkonce.ledger import BatchContext
 from sparkonce.log import Topic
 from sparkonce.offsets import BatchRanges, OffsetRange
@@ -165,87 +164,6 @@ def test_verify_refuses_a_negative_replay_trial(
     assert main(args) == EXIT_USAGE
     assert "--replay takes a trial number" in capsys.readouterr().err
     assert not out.exists()
-
-
-# -- environment-variable fallbacks go through argparse's type= ------------------------------
-# Every int/float option with an environment-variable fallback: (argv before it, flag, variable).
-ENV_NUMBER_OPTIONS = [
-    (["log", "create", "LOGDIR", "t"], "--partitions", "SPARKONCE_PARTITIONS"),
-    (["kafka", "create", "127.0.0.1:9", "t"], "--partitions", "SPARKONCE_PARTITIONS"),
-    (["verify", "p.py"], "--trials", "SPARKONCE_VERIFY_TRIALS"),
-    (["verify", "p.py"], "--seed", "SPARKONCE_VERIFY_SEED"),
-    (["demo"], "--records", "SPARKONCE_DEMO_RECORDS"),
-]
-ALL_ENV_VARS = sorted({env for _, _, env in ENV_NUMBER_OPTIONS})
-
-
-@pytest.mark.parametrize(("argv", "flag", "env"), ENV_NUMBER_OPTIONS)
-@pytest.mark.parametrize("bad", ["abc", "1.5x"])
-def test_a_bad_number_in_the_environment_is_a_usage_error_naming_the_variable(
-    argv: list[str],
-    flag: str,
-    env: str,
-    bad: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setenv(env, bad)
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == EXIT_USAGE
-    err = capsys.readouterr().err
-    assert f"invalid value {bad!r} for {flag} from {env}" in err
-    assert err.startswith("usage: sparkonce") and "Traceback" not in err
-
-
-def test_the_parametrized_list_covers_every_number_option_with_an_env_fallback() -> None:
-    """A new int/float option with an env fallback must join ENV_NUMBER_OPTIONS."""
-    found = set()
-
-    def walk(parser: argparse.ArgumentParser) -> None:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    walk(sub)
-                continue
-            env = re.search(r"\(env: (SPARKONCE_\w+)", action.help or "")
-            if env and getattr(action.type, "__name__", None) in ("int", "float"):
-                found.add((action.option_strings[0], env.group(1)))
-
-    walk(build_parser())
-    assert found == {(flag, env) for _, flag, env in ENV_NUMBER_OPTIONS}
-
-
-def test_the_command_line_wins_over_a_bad_environment_value(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("SPARKONCE_PARTITIONS", "abc")
-    assert main(["log", "create", str(tmp_path / "log"), "t", "--partitions", "3"]) == 0
-    assert "3 partitions" in capsys.readouterr().out
-    monkeypatch.setenv("SPARKONCE_PARTITIONS", "2")
-    assert main(["log", "create", str(tmp_path / "log"), "u"]) == 0
-    assert "2 partitions" in capsys.readouterr().out
-    # A bad value of another command's variable is never read.
-    monkeypatch.setenv("SPARKONCE_VERIFY_TRIALS", "abc")
-    assert main(["log", "describe", str(tmp_path / "log")]) == 0
-
-
-def test_help_works_whatever_the_environment_holds(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    for env in ALL_ENV_VARS:
-        monkeypatch.setenv(env, "abc")
-    for argv in (
-        ["--help"],
-        ["log", "create", "--help"],
-        ["kafka", "create", "--help"],
-        ["verify", "--help"],
-        ["demo", "--help"],
-    ):
-        with pytest.raises(SystemExit) as exit_:
-            main(argv)
-        assert exit_.value.code == 0, argv
-        assert "usage: sparkonce" in capsys.readouterr().out
 
 
 # -- bad input is exit 2, with a message naming the thing -----------------------------------
@@ -439,7 +357,7 @@ import sys
 from pathlib import Path
 if sys.argv[2] == "hide":
     sys.modules["matplotlib"] = None  # as if the verify extra were not installed
-from sparkonce.cli import _write_chart
+from sparkonce.cli.verify import _write_chart
 from sparkonce.verify import Fault, TrialOutcome
 outcomes = [TrialOutcome(n, "s", Fault("kill", delay_s=1.0), True, True, recovery_s=2.0 + n)
             for n in range(3)]
@@ -469,3 +387,42 @@ def test_the_chart_step_without_matplotlib_warns_in_one_line(tmp_path: Path) -> 
     )
     assert done.stdout == "True\n" and done.stderr == "", done.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+# -- verify plans from its report before any driver starts ----------------------------------
+VERIFY_PIPELINE = """
+from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
+
+pipeline = Pipeline(
+    name="planned",
+    source=EmbeddedLogSource({log!r}, "ev"),
+    transform=lambda df: df,
+    sink=SQLiteSink({sink!r}, "out"),
+    checkpoint={checkpoint!r},
+)
+"""
+
+
+def test_verify_resume_refuses_the_report_of_another_campaign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "p.py"
+    f.write_text(
+        VERIFY_PIPELINE.format(
+            log=str(tmp_path / "log"),
+            sink=f"sqlite:///{tmp_path / 'sink.db'}",
+            checkpoint=str(tmp_path / "checkpoint"),
+        )
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    report = out / "verify.json"
+    report.write_text('{"seed": 1, "faults": ["kill"], "trials": []}')
+    argv = ["verify", str(f), "--seed", "2", "--faults", "kill", "--out", str(out), "--resume"]
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sparkonce: bad input: {report} holds a campaign with seed 1 and faults ['kill']; "
+        "--resume and --replay need the same --seed and --faults (or another --out)"
+    )
+    assert not (out / "work").exists()  # no oracle run: its work directory was never made

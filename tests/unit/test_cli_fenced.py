@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkonce.cli import EXIT_FENCED, main
+from sparkonce.cli import main
+from sparkonce.cli.common import EXIT_FENCED
 
 PIPELINE = textwrap.dedent(
     """

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sparkonce.cli import EXIT_USAGE, main
+from sparkonce.cli import main
+from sparkonce.cli.common import EXIT_USAGE
 from sparkonce.log import Topic
 
 if TYPE_CHECKING:
     from tests.services.kafka import KafkaBroker
 
-CHUNK = 10_000  # PRODUCE_CHUNK_LINES in sparkonce.cli
+CHUNK = 10_000  # PRODUCE_CHUNK_LINES in sparkonce.cli.records
 
 
 def _all_values(log_dir: Path, topic: str) -> list[bytes]:

@@ -195,3 +195,30 @@ def test_waiting_for_a_new_topic_keeps_to_its_deadline() -> None:
     with pytest.raises(KafkaUnavailableError, match="partition leaders"):
         conn._wait_for_topic("nowhere", timeout=1.0)
     assert time.monotonic() - started < TIMEOUT_S / 2
+
+
+def test_kafka_unavailable_is_one_store_unavailable_error_of_the_hierarchy() -> None:
+    """One hierarchy: a Kafka or database store that cannot be reached is a
+    StoreUnavailableError (retryable; the CLI's exit code 4), importable from its old
+    places too."""
+    import sparkonce
+    import sparkonce.kafka
+    import sparkonce.kafka.client
+    from sparkonce.errors import (
+        KafkaUnavailableError,
+        SinkUnavailableError,
+        SparkOnceError,
+        StoreUnavailableError,
+    )
+    from sparkonce.pipeline.failure import find_cause
+
+    assert sparkonce.KafkaUnavailableError is KafkaUnavailableError
+    assert sparkonce.kafka.KafkaUnavailableError is KafkaUnavailableError
+    assert sparkonce.kafka.client.KafkaUnavailableError is KafkaUnavailableError
+    for cls in (KafkaUnavailableError, SinkUnavailableError):
+        assert issubclass(cls, StoreUnavailableError) and issubclass(cls, ConnectionError)
+        assert issubclass(cls, SparkOnceError) and cls.retryable
+    # A task's traceback names the class by its module: rebuilt on the driver as the same class.
+    line = "sparkonce.errors.KafkaUnavailableError: Kafka at b:9092 did not answer"
+    cause = find_cause(f"Traceback (most recent call last):\n{line}\n")
+    assert cause.error is KafkaUnavailableError

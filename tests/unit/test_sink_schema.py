@@ -20,6 +20,7 @@ from sparkonce.errors import ConfigError
 from sparkonce.ledger.base import BatchContext
 from sparkonce.offsets import BatchRanges, OffsetRange
 from sparkonce.sinks import PostgresSink, PostgresTwoPhaseSink, SQLiteSink, SqlSink
+from sparkonce.sinks.inspect import inspector_for
 
 LONG_V = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.LongType())])
 STRING_V = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
@@ -77,7 +78,7 @@ def test_a_changed_column_type_is_refused_naming_table_column_and_types(url: str
         assert "output has 'v' as string" in msg
         assert "alter the table's column to TEXT" in msg
         assert "F.col('v').cast('long')" in msg
-        assert sorted((r["id"], r["v"]) for r in sink.rows()) == [(1, 11), (2, 12)]
+        assert sorted((r["id"], r["v"]) for r in inspector_for(sink).rows()) == [(1, 11), (2, 12)]
         assert len(sink.ledger("p")) == 1
     finally:
         sink.close()

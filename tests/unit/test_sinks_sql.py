@@ -27,6 +27,7 @@ from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.offsets import BatchRanges, OffsetRange
 from sparkonce.protocol import CRASH_ENV
 from sparkonce.sinks import PostgresSink, SQLiteSink, sink_from_url
+from sparkonce.sinks.inspect import inspector_for, relocate
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
 COLS = ["id", "v"]
@@ -66,7 +67,7 @@ def _commit(
 
 
 def _rows(sink: SQLiteSink) -> list[tuple[Any, ...]]:
-    return sorted((r["id"], r["v"]) for r in sink.rows())
+    return sorted((r["id"], r["v"]) for r in inspector_for(sink).rows())
 
 
 # -- the commit protocol ------------------------------------------------------------------
@@ -120,7 +121,7 @@ def test_fenced_epoch_raises_and_writes_nothing(sink: SQLiteSink) -> None:
         _commit(sink, old, _b(("t", 0, 0, 2)), [(1, "a")], pipeline="orders")
     assert (info.value.pipeline, info.value.epoch, info.value.owner_epoch) == ("orders", old, new)
     assert "sparkonce status" in str(info.value)
-    assert sink.rows() == []
+    assert inspector_for(sink).rows() == []
     assert sink.ledger("orders") == []
     # the connection is not left inside a transaction: the owner can still commit
     assert not sink.conn.in_transaction
@@ -231,7 +232,7 @@ def _commit_cdc(
 
 
 def _latest(sink: SQLiteSink) -> dict[str, str]:
-    return {r["k"]: r["v"] for r in sink.rows()}
+    return {r["k"]: r["v"] for r in inspector_for(sink).rows()}
 
 
 def test_a_key_repeated_in_a_batch_without_latest_by_is_refused_naming_it(
@@ -271,7 +272,7 @@ def test_latest_by_keeps_the_row_with_the_greatest_tuple(store_url: StoreURL) ->
         assert (res.skipped, res.row_count, res.seq) == (False, 7, 0)
         assert _latest(sink) == {"k1": "c", "k2": "x", "k3": "p1"}
         # The latest_by columns are output columns: written like any other.
-        assert {(r["k"], r["partition"], r["offset"]) for r in sink.rows()} == {
+        assert {(r["k"], r["partition"], r["offset"]) for r in inspector_for(sink).rows()} == {
             ("k1", 0, 12),
             ("k2", 1, 0),
             ("k3", 1, 3),
@@ -297,7 +298,7 @@ def test_latest_by_tie_is_refused_naming_the_key(store_url: StoreURL) -> None:
             msg
         )
         assert "Nothing of this batch was committed" in msg
-        assert sink.rows() == [] and sink.ledger("p") == []
+        assert inspector_for(sink).rows() == [] and sink.ledger("p") == []
     finally:
         sink.close()
 
@@ -336,7 +337,7 @@ def test_latest_by_null_is_lowest_and_typed_values_compare_as_values(
         rows = sink._rows_from_arrow(table, schema)
         ctx = BatchContext("p", epoch, _b(("t", 0, 0, 5)), 0, "cp")
         sink.commit_rows(ctx, schema, ["k", "version", "at"], rows)
-        got = {r["k"]: (r["version"], r["at"]) for r in sink.rows()}
+        got = {r["k"]: (r["version"], r["at"]) for r in inspector_for(sink).rows()}
         assert got == {
             "a": ("10.00", "2024-01-01T00:00:00+00:00"),
             "b": (None, "2024-01-01T00:00:00.500000+00:00"),
@@ -366,7 +367,7 @@ def test_latest_by_must_name_output_columns(store_url: StoreURL) -> None:
         with pytest.raises(ConfigError, match=r"latest_by columns \['offset'\] are not columns"):
             sink.validate(T.StructType(CDC.fields[:3]))
         assert "latest_by=['partition', 'offset']" in sink.describe()
-        moved = sink.relocated(store_url)
+        moved = relocate(sink, store_url)
         assert moved.latest_by == ("partition", "offset")
     finally:
         sink.close()
@@ -402,7 +403,7 @@ def test_complete_mode_replaces_the_table_in_the_batch_transaction(
         # an empty result is a result: the table becomes empty, and the ledger moves on
         res = _commit(sink, epoch, _b(("t", 0, 3, 5)), [], batch_id=3)
         assert (res.skipped, res.seq) == (False, 2)
-        assert sink.rows() == []
+        assert inspector_for(sink).rows() == []
     finally:
         sink.close()
 
@@ -440,7 +441,7 @@ def test_constraint_violation_rolls_back_everything(
     ranges = _b(("t", 0, 0, 2))
     with pytest.raises(SinkError, match="constraint failed"):
         _commit(sink, epoch, ranges, rows)
-    assert sink.rows() == []
+    assert inspector_for(sink).rows() == []
     assert sink.ledger("p") == []
     assert sink.end_offsets("p") == {}
     assert not sink.conn.in_transaction
@@ -455,7 +456,7 @@ def test_first_batch_failure_also_rolls_back_the_table(upsert_sink: SQLiteSink) 
     epoch = s.acquire("p").epoch
     with pytest.raises(SinkError):
         _commit(s, epoch, _b(("t", 0, 0, 2)), [(1, "a"), (1, "b")])
-    assert s._existing_columns() == set()  # the CREATE TABLE was rolled back too
+    assert s._declared_types(s.table) == {}  # the CREATE TABLE was rolled back too
     assert s.ledger("p") == []
 
 
@@ -485,7 +486,7 @@ def test_empty_data_batch_records_the_offsets(sink: SQLiteSink) -> None:
     res = _commit(sink, epoch, _b(("t", 0, 0, 4)), [])
     assert (res.skipped, res.row_count, res.seq) == (False, 0, 0)
     assert sink.end_offsets("p") == {("t", 0): 4}
-    assert sink.rows() == []
+    assert inspector_for(sink).rows() == []
 
 
 # -- crash atomicity (a real SIGKILL inside the open transaction) ---------------------------
@@ -496,9 +497,11 @@ _CRASH_CHILD = textwrap.dedent(
     from pyspark.sql import types as T
     from sparkonce.ledger.base import BatchContext
     from sparkonce.offsets import BatchRanges, OffsetRange
+    from sparkonce.faults import FaultPlan
     from sparkonce.sinks import SQLiteSink
     sink = SQLiteSink(sys.argv[1], "out")
     epoch = sink.acquire("p").epoch
+    sink.use_faults(FaultPlan.from_env())  # after open(): the committer gets it too
     schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
     ctx = BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 3),)), 0, "cp")
     sink.commit_rows(ctx, schema, ["id", "v"], [(1, "a"), (2, "b"), (3, "c")])
@@ -525,13 +528,13 @@ def test_crash_inside_the_transaction_leaves_nothing_visible(
     s = SQLiteSink(store_url, "out")
     try:
         assert s.owner("p") is not None and s.owner("p").epoch == 1  # type: ignore[union-attr]
-        assert s.rows() == []
+        assert inspector_for(s).rows() == []
         assert s.ledger("p") == []
         # the next run commits the batch once
         epoch = s.acquire("p").epoch
         res = _commit(s, epoch, _b(("t", 0, 0, 3)), [(1, "a"), (2, "b"), (3, "c")])
         assert (res.skipped, res.seq) == (False, 0)
-        assert len(s.rows()) == 3
+        assert len(inspector_for(s).rows()) == 3
     finally:
         s.close()
 

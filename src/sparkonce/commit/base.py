@@ -61,6 +61,17 @@ class Stager(ABC):
     def after_commit(self, ctx: BatchContext) -> None:  # noqa: B027
         """After step 5 (for example, collect aborted pre-commits)."""
 
+    def after_failed_commit(self) -> str:
+        """What readers can see after the commit transaction failed (for the error message).
+
+        The default fits stagers whose rows become visible only in step 3, inside the
+        transaction. A stager whose tasks commit before the transaction says so.
+        """
+        return (
+            "The transaction was rolled back; nothing of the batch is visible and the ledger "
+            "is unchanged."
+        )
+
     def keeps_empty_no_data_batches(self) -> bool:
         """Whether a no-data batch with no rows still commits (complete mode empties)."""
         return False

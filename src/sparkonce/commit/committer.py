@@ -2,8 +2,10 @@
 
 :meth:`Committer.commit` runs, for one micro-batch, on the driver:
 
-0. A cheap look at the ledger, outside any transaction: a replay of a committed
-   batch is skipped before any rows are staged (no task runs for it).
+0. A cheap look at the ledger, outside any transaction, in the order of steps 1
+   and 2: a fenced run raises ``FencedError`` and a replay of a committed batch is
+   skipped, both before any rows are staged (no task runs for them; a stateful
+   query's replay runs once into Spark's no-op sink, so its state stores commit).
    The batch's rows are then staged (:meth:`Stager.prepare`): collected on the
    driver, or pre-committed by Spark's tasks. Crash point ``before-commit`` comes
    first.
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.errors import LedgerError, SinkError, SparkOnceError
-from sparkonce.faults import FaultPlan
+from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, LedgerStore
 from sparkonce.offsets import Coverage, classify
 from sparkonce.protocol import CrashPoint
@@ -63,13 +65,28 @@ class Committer:
             raise ValueError("attempts must be >= 1")
         self.store = store
         self.stager = stager
-        self.faults = faults if faults is not None else FaultPlan.from_env()
+        # The run's fault plan (its crash points), handed down by the sink; none: no faults.
+        self.faults = faults if faults is not None else NO_FAULTS
         self.attempts = attempts
 
     # -- the protocol -------------------------------------------------------------------
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Commit one micro-batch; calling it again for a committed batch is a no-op."""
-        return self.commit_with(ctx, lambda seq: self.stager.prepare(ctx, df, seq))
+        """Commit one micro-batch; calling it again for a committed batch is a no-op.
+
+        A stateful query's replay is still computed, once, with nothing written: Spark
+        commits the state stores of a batch only when its DataFrame runs in full, and
+        refuses the batch otherwise (``STATE_STORE_COMMIT_VALIDATION_FAILED``).
+        """
+        staged: list[bool] = []
+
+        def stage(seq: int) -> Staged:
+            staged.append(True)
+            return self.stager.prepare(ctx, df, seq)
+
+        result = self.commit_with(ctx, stage)
+        if not staged and ctx.stateful:
+            df.write.format("noop").mode("overwrite").save()
+        return result
 
     def commit_with(self, ctx: BatchContext, stage: Callable[[int], Staged]) -> CommitResult:
         """:meth:`commit`, with ``stage(seq)`` in place of the stager's ``prepare``.
@@ -77,7 +94,10 @@ class Committer:
         For callers that stage a batch without Spark (the protocol simulation, unit
         tests): the steps, retries and crash points are the same.
         """
-        # Step 0: skip a replay before anything is staged.
+        # Step 0, a cheap look outside the transaction, in the order of steps 1-2: a
+        # fenced run stops before it stages anything (no task starts), and a replay of
+        # a committed batch is skipped before anything is staged.
+        self.store.check_owner(None, ctx.pipeline, ctx.epoch)
         last = self.store.last(ctx.pipeline)
         skipped = self._replay(ctx, last, None)
         if skipped is not None:
@@ -107,7 +127,7 @@ class Committer:
                 raise  # explains itself: fenced, ledger conflict, bad rows...
             except Exception as exc:
                 if not self.store.is_connection_error(exc) or attempt == self.attempts:
-                    raise _write_error(ctx, self.store, exc) from exc
+                    raise _write_error(ctx, self.store, self.stager, exc) from exc
                 log.warning(
                     "pipeline %r batch %s: connection to %s lost during commit (%s); "
                     "retrying on a new connection (attempt %d/%d)",
@@ -214,9 +234,11 @@ def _entry(ctx: BatchContext, seq: int, staged: Staged) -> LedgerEntry:
     )
 
 
-def _write_error(ctx: BatchContext, store: LedgerStore, exc: Exception) -> SinkError:
+def _write_error(
+    ctx: BatchContext, store: LedgerStore, stager: Stager, exc: Exception
+) -> SinkError:
     return SinkError(
         f"pipeline {ctx.pipeline!r}: committing batch {ctx.ranges} to {store.describe()} "
-        f"failed: {exc}. The transaction was rolled back; nothing of the batch is visible and "
-        "the ledger is unchanged. Fix the cause and restart the run; the batch will be replayed."
+        f"failed: {exc}. {stager.after_failed_commit()} Fix the cause and restart the run; "
+        "the batch will be replayed."
     )

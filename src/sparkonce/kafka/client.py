@@ -14,19 +14,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkonce.errors import ConfigError, SparkOnceError, TopicNotFoundError
+from sparkonce.errors import ConfigError, KafkaUnavailableError, TopicNotFoundError
+
+# KafkaUnavailableError lives in sparkonce.errors; it is importable from here too for
+# code written before it moved (`from sparkonce.kafka.client import KafkaUnavailableError`).
+__all__ = [
+    "TIMEOUT_S",
+    "KafkaConnection",
+    "KafkaUnavailableError",
+    "masked",
+    "parse_bootstrap",
+    "scrub",
+]
 
 # Client settings whose values are never printed.
 _SECRET = re.compile(r"(password|secret|token|credentials|\.key$|\.pem$)", re.IGNORECASE)
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 TIMEOUT_S = 10.0
 _RDKAFKA_LOG = logging.getLogger("sparkonce.kafka.librdkafka")
-
-
-class KafkaUnavailableError(SparkOnceError, ConnectionError):
-    """The Kafka cluster did not answer in time. Retrying may help."""
-
-    retryable = True
 
 
 def parse_bootstrap(value: str) -> str:
@@ -49,6 +54,15 @@ def parse_bootstrap(value: str) -> str:
 def masked(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with secret values replaced by ``***`` (safe for logs and reprs)."""
     return {k: ("***" if _SECRET.search(k) else v) for k, v in config.items()}
+
+
+def scrub(text: str, config: Mapping[str, Any]) -> str:
+    """``text`` with the values of secret settings in ``config`` replaced by ``***``."""
+    shown = masked(config)
+    for key, value in config.items():
+        if shown[key] == "***" and str(value):
+            text = text.replace(str(value), "***")
+    return text
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,8 @@ class KafkaConnection:
         return AdminClient(self.client_config())
 
     def unavailable(self, what: str, exc: BaseException | None = None) -> KafkaUnavailableError:
-        detail = f": {exc}" if exc is not None else ""
+        """The error for a cluster that did not answer; ``exc``'s text has secrets masked."""
+        detail = f": {scrub(str(exc), self.config)}" if exc is not None else ""
         return KafkaUnavailableError(
             f"Kafka at bootstrap servers {self.bootstrap} did not answer while {what}{detail}. "
             "Check the address and that the brokers are running and reachable from this host."

@@ -7,13 +7,12 @@ records of aborted transactions are never shown.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from sparkonce.errors import ConfigError
 from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection
+from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.kafka.producer import RECORD_ID_HEADER, require_confluent_kafka
 
 
@@ -86,64 +85,17 @@ def tail(
                 f"(0..{len(offsets) - 1})"
             )
         offsets = [offsets[partition]]
-    consumer: Any = ck.Consumer(
-        conn.client_config(
-            group_id="sparkonce-tail",  # never joined or committed: partitions are assigned
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            enable_partition_eof=True,
-        )
-    )
-    try:
+    with KafkaReader(conn, timeout=timeout) as reader:
         for po in offsets:
             first = max(po.start, po.end - limit)
-            if first >= po.end:
-                continue
-            yield from _read_range(consumer, conn, topic, po.partition, first, po.end, timeout)
-    finally:
-        consumer.close()
-
-
-def _read_range(
-    consumer: Any,
-    conn: KafkaConnection,
-    topic: str,
-    partition: int,
-    first: int,
-    end: int,
-    timeout: float,
-) -> Iterator[KafkaRecord]:
-    ck = require_confluent_kafka()
-    consumer.assign([ck.TopicPartition(topic, partition, first)])
-    deadline = time.monotonic() + timeout
-    got: list[KafkaRecord] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise conn.unavailable(f"reading {topic}[{partition}] offsets {first}..{end - 1}")
-        msg = consumer.poll(min(remaining, 1.0))
-        if msg is None or msg.partition() != partition:
-            continue
-        err = msg.error()
-        if err is not None:
-            if err.code() == ck.KafkaError._PARTITION_EOF:
-                break
-            raise conn.unavailable(f"reading {topic}[{partition}]", ck.KafkaException(err))
-        if msg.offset() >= end:
-            break
-        rid = next((v for k, v in msg.headers() or [] if k == RECORD_ID_HEADER), None)
-        ts_type, ts = msg.timestamp()
-        got.append(
-            KafkaRecord(
-                partition,
-                int(msg.offset()),
-                msg.key(),
-                msg.value(),
-                rid.decode("utf-8", errors="replace") if rid is not None else None,
-                ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
-            )
-        )
-        if msg.offset() >= end - 1:
-            break
-    consumer.unassign()
-    yield from got
+            for m in reader.read(topic, po.partition, first, max(first, po.end)):
+                rid = next((v for k, v in m.headers() or [] if k == RECORD_ID_HEADER), None)
+                ts_type, ts = m.timestamp()
+                yield KafkaRecord(
+                    po.partition,
+                    int(m.offset()),
+                    m.key(),
+                    m.value(),
+                    rid.decode("utf-8", errors="replace") if rid is not None else None,
+                    ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else None,
+                )

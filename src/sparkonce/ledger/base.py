@@ -103,7 +103,8 @@ class LedgerStore(ABC):
 
         Must lock what it reads until the transaction ends (``SELECT ... FOR UPDATE``,
         SQLite's write lock, Kafka's producer epoch), so no newer run can take over
-        between this check and the commit.
+        between this check and the commit. With ``txn`` None (the committer's early
+        look, step 0) it reads outside any transaction and keeps no lock.
         """
 
     @abstractmethod

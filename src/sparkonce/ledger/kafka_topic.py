@@ -19,7 +19,7 @@ commit therefore fails at step 5 even if its step 1 passed: that is the "lock" t
 step 1 holds until the transaction ends.
 
 Errors: a fenced producer raises :class:`~sparkonce.errors.FencedError`; any other
-Kafka failure raises :class:`~sparkonce.kafka.client.KafkaUnavailableError`, which
+Kafka failure raises :class:`~sparkonce.errors.KafkaUnavailableError`, which
 explains itself and is not retried by the committer (``is_connection_error`` is
 False). A retry would need a new driver producer, and its ``init_transactions()``
 would fence whichever producer holds the id now, perhaps a newer run's: the run
@@ -39,8 +39,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkonce.config import check_pipeline_name
-from sparkonce.errors import FencedError, SinkError, SparkOnceError
-from sparkonce.kafka.client import KafkaConnection, KafkaUnavailableError
+from sparkonce.errors import FencedError, SparkOnceError
+from sparkonce.kafka.client import KafkaConnection
+from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
 from sparkonce.offsets import BatchRanges
 
@@ -96,57 +97,21 @@ class LedgerTopic:
         self.topic = topic
 
     def read(self, start: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """Committed ledger records from ``start`` to the last stable offset, and that offset."""
-        from confluent_kafka import Consumer, TopicPartition
+        """Committed ledger records from ``start`` to the last stable offset, and that offset.
 
-        consumer = Consumer(
-            self.conn.client_config(
-                group_id="sparkonce-ledger-reader",
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                enable_partition_eof=True,
-            )
-        )
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, 0), timeout=TIMEOUT_S, cached=False
-            )
+        Reads with the shared loop (:meth:`~sparkonce.kafka.consumer.KafkaReader.read`):
+        ``read_committed``, so records of aborted transactions never appear, and the read
+        ends at the last stable offset even though the last offsets are commit markers.
+        """
+        with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
+            low, high = reader.watermarks(self.topic, 0)
             pos = max(start, low)
             records: list[dict[str, Any]] = []
-            if pos >= high:
-                return records, max(pos, high)
-            consumer.assign([TopicPartition(self.topic, 0, pos)])
-            deadline = time.monotonic() + TIMEOUT_S
-            while True:
-                msgs = consumer.consume(num_messages=1000, timeout=1.0)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == -191:  # _PARTITION_EOF
-                            continue
-                        raise SinkError(f"reading ledger topic {self.topic!r}: {err}")
-                    offset = m.offset() or 0
-                    if offset < high:
-                        record = json.loads(m.value() or b"{}")
-                        record["_offset"] = offset
-                        records.append(record)
-                now = consumer.position([TopicPartition(self.topic, 0)])[0].offset
-                if now >= high:
-                    return records, high
-                if time.monotonic() > deadline:
-                    raise self.conn.unavailable(
-                        f"reading ledger topic {self.topic!r} up to offset {high}"
-                    )
-        except KafkaUnavailableError:
-            raise
-        except Exception as exc:
-            from confluent_kafka import KafkaException
-
-            if isinstance(exc, KafkaException):
-                raise self.conn.unavailable(f"reading ledger topic {self.topic!r}", exc) from None
-            raise
-        finally:
-            consumer.close()
+            for m in reader.read(self.topic, 0, pos, max(pos, high)):
+                record = json.loads(m.value() or b"{}")
+                record["_offset"] = m.offset()
+                records.append(record)
+            return records, max(pos, high)
 
     @staticmethod
     def fold(state: LedgerState, pipeline: str, records: list[dict[str, Any]]) -> LedgerState:

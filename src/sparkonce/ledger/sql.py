@@ -322,7 +322,8 @@ class SqlLedgerStore(LedgerStore):
             yield conn
 
     def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
-        self.ledger.check_owner(txn, pipeline, epoch)
+        # txn None: the committer's early look, on the autocommit connection (no lock kept).
+        self.ledger.check_owner(self.conn if txn is None else txn, pipeline, epoch)
 
     def last_in(self, txn: Any, pipeline: str) -> LedgerEntry | None:
         return self.ledger.last(txn, pipeline)

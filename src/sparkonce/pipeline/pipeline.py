@@ -16,6 +16,7 @@ from sparkonce.sources.base import Source
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
+    from sparkonce.faults import FaultPlan
     from sparkonce.pipeline.runner import BatchReport, RunReport
 
 
@@ -100,12 +101,17 @@ class Pipeline:
     def with_overrides(
         self, *, sink_url: str | None = None, checkpoint: str | Path | None = None
     ) -> Pipeline:
-        """A copy writing to another sink store and/or checkpoint (same table, mode, keys)."""
+        """A copy writing to another sink store and/or checkpoint (same table, mode, keys).
+
+        The sink is moved by its inspector (:func:`sparkonce.sinks.inspect.relocate`).
+        """
         import dataclasses
+
+        from sparkonce.sinks.inspect import relocate
 
         changes: dict[str, object] = {}
         if sink_url:
-            changes["sink"] = self.sink.relocated(sink_url)
+            changes["sink"] = relocate(self.sink, sink_url)
         if checkpoint:
             changes["checkpoint"] = checkpoint
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
@@ -122,6 +128,7 @@ class Pipeline:
         timeout: float | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
         stop: threading.Event | None = None,
+        faults: FaultPlan | None = None,
     ) -> RunReport:
         """Run until the trigger completes (``availableNow``) or ``timeout`` seconds pass.
 
@@ -130,7 +137,11 @@ class Pipeline:
         pipeline lost its checkpoint, and other :class:`SparkOnceError` subclasses
         for bad configuration or unreachable stores. Setting ``stop`` stops the run
         cleanly between commits and raises :class:`~sparkonce.errors.RunStopped`.
+        ``faults`` is the run's fault plan (:mod:`sparkonce.faults`; ``sparkonce run``
+        parses it from the environment); the default injects nothing.
         """
         from sparkonce.pipeline.runner import run_pipeline
 
-        return run_pipeline(self, spark, timeout=timeout, on_batch=on_batch, stop=stop)
+        return run_pipeline(
+            self, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=faults
+        )

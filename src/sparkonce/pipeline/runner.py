@@ -32,10 +32,12 @@ from sparkonce.errors import (
     CheckpointError,
     CheckpointLostError,
     ConfigError,
+    FencedError,
     PipelineError,
     RunStopped,
     SparkOnceError,
 )
+from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.pipeline.checkpoint import Checkpoint
@@ -255,6 +257,7 @@ def run_pipeline(
     timeout: float | None = None,
     on_batch: Callable[[BatchReport], None] | None = None,
     stop: threading.Event | None = None,
+    faults: FaultPlan | None = None,
 ) -> RunReport:
     """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps.
 
@@ -262,7 +265,32 @@ def run_pipeline(
     new commit starts, the one in flight finishes, the query stops, and
     :class:`~sparkonce.errors.RunStopped` is raised. ``stop.signal_number`` (an int
     attribute, if the setter adds one) names the signal in the message.
+
+    ``faults``: the fault plan of this run (``sparkonce run`` parses it from the
+    environment once); it goes to the sink, whose commit marks the crash points, and
+    records a fencing. None injects nothing.
     """
+    plan = NO_FAULTS if faults is None else faults
+    try:
+        return _run(pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan)
+    except FencedError as exc:
+        plan.fenced(
+            getattr(exc, "pipeline", pipeline.name),
+            getattr(exc, "epoch", None),  # a FencedError rebuilt from a task's text has none
+            getattr(exc, "owner_epoch", None),
+        )
+        raise
+
+
+def _run(
+    pipeline: Pipeline,
+    spark: SparkSession,
+    *,
+    timeout: float | None,
+    on_batch: Callable[[BatchReport], None] | None,
+    stop: threading.Event | None,
+    faults: FaultPlan,
+) -> RunReport:
     from pyspark.errors import StreamingQueryException
 
     from sparkonce.config import Trigger
@@ -275,6 +303,7 @@ def run_pipeline(
             sink.describe(),
             sink.guarantee,
         )
+    sink.use_faults(faults)
     sink.open()
     try:
         # 1. Checks, before any epoch is taken: reading the ledger changes nothing.

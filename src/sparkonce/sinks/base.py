@@ -5,6 +5,7 @@ one entry per committed batch, inside the sink's own store), and commits each
 micro-batch following :mod:`sparkonce.protocol`. The pipeline runner calls the
 hooks below in this order::
 
+    use_faults(plan)             driver, once per run, before open(): the run's fault plan
     open()                       driver, once per run
     validate(schema)             driver, once per run, *before* acquire: every check that
                                  can fail on configuration runs before a new epoch is taken
@@ -15,15 +16,21 @@ hooks below in this order::
 
 ``commit`` may be called again for a batch it already committed (a crash
 after step 5 and before Spark's commit log); it must then do nothing and
-return ``CommitResult(skipped=True, ...)``.
+return ``CommitResult(skipped=True, ...)``. ``owner``, ``ledger`` and
+``last_entry`` read the sink's metadata (status, and the runner's checks).
+
+The contract holds only what a run needs. Reading every row of the output,
+wiping a store and moving a sink to another store are for ``sparkonce verify``,
+``sparkonce run --sink`` and the tests: see :mod:`sparkonce.sinks.inspect`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from sparkonce.config import Guarantee, OutputMode, StoreURL
+from sparkonce.config import Guarantee, OutputMode
+from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.offsets import TopicPartition
 
@@ -39,6 +46,13 @@ class Sink(ABC):
     # Whether SPARKONCE_DROP_CONNECTION_AT makes this sink lose its store connection
     # (the verifier's db-drop fault).
     supports_connection_drop: ClassVar[bool] = False
+    # The run's fault plan (crash points of the commit); the no-op plan until use_faults().
+    faults: FaultPlan = NO_FAULTS
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        """Take the run's fault plan, for the commit's crash, pause and connection-drop
+        points. The runner calls this before :meth:`open`; without it nothing is injected."""
+        self.faults = faults
 
     @abstractmethod
     def open(self) -> None:
@@ -79,22 +93,6 @@ class Sink(ABC):
         """The newest ledger entry of ``pipeline`` (None when nothing is committed)."""
         entries = self.ledger(pipeline)
         return entries[-1] if entries else None
-
-    @abstractmethod
-    def rows(self) -> list[dict[str, Any]]:
-        """What readers of the output see now (for status and verification)."""
-
-    def relocated(self, url: str | StoreURL) -> Sink:
-        """The same sink in another store (``sparkonce run --sink``, ``verify``)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot be relocated")
-
-    def fresh(self) -> Sink:
-        """A new, unopened instance of the same sink (its own connections)."""
-        return self.relocated(getattr(self, "url"))  # noqa: B009
-
-    def reset(self, pipeline: str) -> None:
-        """Drop the output and ``pipeline``'s ledger: a clean sink for a verify trial."""
-        raise NotImplementedError(f"{type(self).__name__} cannot be reset")
 
     @abstractmethod
     def describe(self) -> str:

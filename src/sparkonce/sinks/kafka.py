@@ -12,10 +12,10 @@ How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
 stager. Because Kafka commits per task, step 3 runs in the stager's
 ``prepare``, before the driver's transaction opens::
 
-    driver   committer  step 2 (early look): a batch the ledger already covers is a
-                        replay: nothing runs
-    driver   stager     the run's epoch is still the owner's (checked early, so a fenced
-                        run starts no task); a partly committed batch must be this one
+    driver   committer  steps 1-2 (early look): the run's epoch is still the owner's (so
+                        a fenced run starts no task); a batch the ledger already covers
+                        is a replay: nothing runs
+    driver   stager     a partly committed batch must be this one
     tasks    stager     step 3, each Spark task p: init_transactions() with transactional.id
                         "sparkonce.<pipeline>.<topic>.<p>" (bumps the producer epoch, which
                         fences and aborts any zombie attempt of the same task), then reads
@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -288,35 +287,23 @@ class KafkaSink(Sink, Stager):
         self._check_output_topic()  # ConfigError / KafkaUnavailableError
         self._store.open()
         if self._committer is None:
-            self._committer = Committer(self._store, self, faults=FaultPlan.from_env())
+            self._committer = Committer(self._store, self, faults=self.faults)
         self._opened = True
 
     def close(self) -> None:
         self._store.close()
         self._opened = False
 
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
+
     def describe(self) -> str:
         return f"KafkaSink({self.conn.bootstrap} topic={self.topic})"
 
     def __repr__(self) -> str:
         return self.describe()
-
-    def relocated(self, url: str | Any) -> KafkaSink:
-        """The same sink on another cluster or topic: ``kafka://HOST:PORT[,...]/TOPIC``."""
-        return kafka_sink_from_uri(
-            str(url),
-            client_config=self.conn.config,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-        )
-
-    def fresh(self) -> KafkaSink:
-        return KafkaSink(
-            self.conn.bootstrap,
-            self.topic,
-            client_config=self.conn.config,
-            ledger_topic=self.ledger_topic,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-        )
 
     def _status_hint(self, pipeline: str) -> str:
         return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
@@ -405,13 +392,12 @@ class KafkaSink(Sink, Stager):
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Step 3, in Spark tasks: each task commits its records and marker (driver starts them).
 
-        First, on the driver: the run must still own the pipeline (so a fenced run
-        starts no task), and a partly committed batch must be this one. Returns the
-        batch's row count; the payload is the tasks' stats.
+        First, on the driver: a partly committed batch must be this one (the committer
+        has already checked that the run still owns the pipeline, so a fenced run starts
+        no task). Returns the batch's row count; the payload is the tasks' stats.
         """
         from pyspark.sql.types import BinaryType
 
-        self._store.check_owner(None, ctx.pipeline, ctx.epoch)  # reads the ledger topic
         state = self._store.folded(ctx.pipeline)
         self._check_pending(ctx, state, state.entries[-1] if state.entries else None)
 
@@ -442,6 +428,14 @@ class KafkaSink(Sink, Stager):
         )
         return Staged(rows=sum(int(s["rows"]) for s in stats), payload=stats)
 
+    def after_failed_commit(self) -> str:
+        return (
+            "The ledger is unchanged, but tasks of the batch may already have committed their "
+            "Kafka transactions: read_committed readers can see some of its output partitions. "
+            "The replay writes only the partitions whose marker is missing, so nothing is "
+            "duplicated."
+        )
+
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         """Nothing to make visible: the tasks' transactions already did, per output partition.
 
@@ -469,78 +463,9 @@ class KafkaSink(Sink, Stager):
                     "directory, or re-run with the same read limits so the same batch is planned."
                 )
 
-    # -- administration ----------------------------------------------------------------------
-    def reset(self, pipeline: str) -> None:
-        """Make the output and ledger topics look empty (``delete_records`` up to their end).
-
-        Destructive, for ``sparkonce verify`` trials only: it drops every record of
-        both topics, whichever pipeline wrote them.
-        """
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.open()
-        consumer = Consumer(
-            self.conn.client_config(group_id="sparkonce-reset", isolation_level="read_uncommitted")
-        )
-        try:
-            targets = []
-            for topic in (self.topic, self.ledger_topic):
-                for p in range(self.conn.partitions(topic)):
-                    _low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, p), timeout=TIMEOUT_S
-                    )
-                    if high > 0:
-                        targets.append(TopicPartition(topic, p, high))
-        finally:
-            consumer.close()
-        if targets:
-            admin = self.conn.admin()
-            futures = admin.delete_records(
-                targets, request_timeout=TIMEOUT_S, operation_timeout=TIMEOUT_S
-            )
-            for f in futures.values():
-                f.result(timeout=TIMEOUT_S)
+    def _output_dropped(self) -> None:
+        """Both topics were emptied (an inspector's reset): forget what was read of them."""
         self._store.forget()
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Every record ``read_committed`` consumers see in the output topic: key, value."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.open()
-        out: list[dict[str, Any]] = []
-        consumer = Consumer(
-            self.conn.client_config(
-                group_id="sparkonce-rows",
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-            )
-        )
-        try:
-            for p in range(self.conn.partitions(self.topic)):
-                tp = TopicPartition(self.topic, p)
-                low, high = consumer.get_watermark_offsets(tp, timeout=TIMEOUT_S, cached=False)
-                if low >= high:
-                    continue
-                consumer.assign([TopicPartition(self.topic, p, low)])
-                deadline = time.monotonic() + TIMEOUT_S
-                while consumer.position([tp])[0].offset < high:
-                    for m in consumer.consume(num_messages=1000, timeout=0.5):
-                        if m.error() is None and (m.offset() or 0) < high:
-                            out.append({"key": _text(m.key()), "value": _text(m.value())})
-                    if time.monotonic() > deadline:
-                        raise self.conn.unavailable(f"reading topic {self.topic!r}")
-        finally:
-            consumer.close()
-        return out
-
-
-def _text(b: bytes | None) -> str | bytes | None:
-    if b is None:
-        return None
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return b
 
 
 def kafka_sink_from_uri(uri: str, **kwargs: Any) -> KafkaSink:

@@ -55,9 +55,9 @@ from sparkonce.db import (
     fetchall,
     qi,
     qlist,
-    write_transaction,
 )
 from sparkonce.errors import ConfigError, SinkError
+from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.ledger.sql import SqlLedgerStore
 from sparkonce.offsets import TopicPartition
@@ -334,10 +334,15 @@ class SqlSink(Sink, Stager):
     def open(self) -> None:
         self._store.conn  # noqa: B018 - connects and creates the metadata tables
         if self._committer is None:
-            self._committer = Committer(self._store, self)
+            self._committer = Committer(self._store, self, faults=self.faults)
 
     def close(self) -> None:
         self._store.close()
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
 
     def describe(self) -> str:
         keys = f" keys={list(self.keys)}" if self.keys else ""
@@ -471,9 +476,6 @@ class SqlSink(Sink, Stager):
         )
         return {str(r[0]): str(r[1]) for r in rows}
 
-    def _existing_columns(self) -> set[str]:
-        return set(self._declared_types(self.table))
-
     def _create_table(self, conn: Any, schema: StructType) -> None:
         cols = []
         for f in schema.fields:
@@ -602,52 +604,12 @@ class SqlSink(Sink, Stager):
         return list(zip(*cols, strict=True)) if cols else []
 
     # -- errors ----------------------------------------------------------------
-    def _is_connection_error(self, exc: Exception) -> bool:
-        return self._store.is_connection_error(exc)
-
     def _drop_connection(self) -> None:
         self._store.reconnect()
 
-    def _lose_connection(self, conn: Any) -> None:
-        self._store.lose_connection(conn)
-
-    def _wrap_write_error(self, exc: Exception, ctx: BatchContext) -> SinkError:
-        return SinkError(
-            f"pipeline {ctx.pipeline!r}: writing batch {ctx.ranges} to {self.table!r} in "
-            f"{self.url} failed: {exc}. The transaction was rolled back; nothing of the batch "
-            "is visible and the ledger is unchanged. Fix the cause and restart the run; the "
-            "batch will be replayed."
-        )
-
-    # -- administration -------------------------------------------------------------
-    def relocated(self, url: str | StoreURL) -> SqlSink:
-        """The same sink (table, mode, keys) in another store, e.g. a test database."""
-        parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
-        cls: type[SqlSink] = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
-        return cls(parsed, self.table, mode=self.mode, keys=self.keys, latest_by=self.latest_by)
-
-    def reset(self, pipeline: str) -> None:
-        """Drop the output table and ``pipeline``'s owner and ledger rows. Destructive.
-
-        Used by ``sparkonce verify`` to start each trial from a clean sink; never
-        called by a pipeline run.
-        """
-        from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
-
-        conn = self.conn
-        with write_transaction(conn, self.dialect):
-            conn.execute(f"DROP TABLE IF EXISTS {qi(self.table)}")
-            for t in (LEDGER_TABLE, OWNER_TABLE):
-                conn.execute(self.dialect.q(f"DELETE FROM {t} WHERE pipeline = %s"), (pipeline,))
+    def _output_dropped(self) -> None:
+        """The output table was dropped (an inspector's reset): create it again when needed."""
         self._table_checked = False
-
-    # -- reading ----------------------------------------------------------------------
-    def rows(self) -> list[dict[str, Any]]:
-        if not self._existing_columns():
-            return []
-        cur = self.conn.execute(f"SELECT * FROM {qi(self.table)}")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 class SQLiteSink(SqlSink):

@@ -74,8 +74,8 @@ from sparkonce.commit import Staged
 from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
+from sparkonce.faults import worker_faults
 from sparkonce.ledger.base import BatchContext, CommitResult, Owner
-from sparkonce.protocol import task_failure_requested
 from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -234,8 +234,7 @@ class PostgresTwoPhaseSink(PostgresSink):
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """The tasks pre-commit their rows, each under a fresh attempt id (executors)."""
-        # A cheap fence first: a fenced run does not even start its tasks.
-        self._ledger.check_owner(self.conn, ctx.pipeline, ctx.epoch)
+        # (The committer has checked the owner already: a fenced run starts no task.)
         self._ensure_tables(df.schema)
         plan = _TaskPlan(
             url=self.url,
@@ -418,41 +417,9 @@ class PostgresTwoPhaseSink(PostgresSink):
         row = self.conn.execute("SELECT to_regclass(%s)", (qi(name),)).fetchone()
         return row is not None and row[0] is not None
 
-    def pending(self, pipeline: str) -> int:
-        """How many pre-committed, not yet committed or collected attempts ``pipeline`` has."""
-        row = self.conn.execute(
-            f"SELECT count(*) FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s "
-            "AND state = 'precommitted'",
-            (pipeline, self.table),
-        ).fetchone()
-        return int(row[0])
-
-    # -- administration ----------------------------------------------------------------
-    def relocated(self, url: str | StoreURL) -> PostgresTwoPhaseSink:
-        parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
-        if parsed.scheme != "postgresql":
-            raise ConfigError(f"the two-phase sink needs a postgresql:// URL, got {str(parsed)!r}")
-        return PostgresTwoPhaseSink(
-            parsed, self.table, mode=self.mode, keys=self.keys, latest_by=self.latest_by
-        )
-
-    def reset(self, pipeline: str) -> None:
-        """Drop the output (view, data, stage, table) and ``pipeline``'s metadata. Destructive."""
-        from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
-
-        conn = self.conn
-        with write_transaction(conn, self.dialect):
-            conn.execute(f"DROP VIEW IF EXISTS {qi(self.table)}")
-            for t in (self.table, self.table + DATA_SUFFIX, self.table + STAGE_SUFFIX):
-                conn.execute(f"DROP TABLE IF EXISTS {qi(t)}")
-            conn.execute(
-                f"DELETE FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s",
-                (pipeline, self.table),
-            )
-            for t in (LEDGER_TABLE, OWNER_TABLE):
-                conn.execute(f"DELETE FROM {t} WHERE pipeline = %s", (pipeline,))
+    def _output_dropped(self) -> None:
+        super()._output_dropped()
         self._ready = False
-        self._table_checked = False
 
 
 # --- the task side (runs in Spark's Python workers) -----------------------------------------
@@ -524,10 +491,16 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         if conn is not None:
             conn.close()
     key = f"{plan.pipeline}:{plan.seq}:{partition}"
-    if rows and task_failure_requested("write", key, spark_attempt):
+    faults = worker_faults()  # this worker's plan, parsed once
+    if rows and faults.fail_task("write", key, spark_attempt):
         # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows
         # exist but Spark retries the task; only the retry's attempt may become visible.
-        raise RuntimeError(f"injected task failure after the pre-commit of write task {key}")
+        raise faults.task_failure(
+            "write",
+            key,
+            spark_attempt,
+            f"injected task failure after the pre-commit of write task {key}",
+        )
     yield pa.RecordBatch.from_pylist(
         [
             {

@@ -33,7 +33,12 @@ from sparkonce.log.storage import Topic, validate_topic_name
 from sparkonce.offsets import OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source
-from sparkonce.sources.reader import RangeStreamReader, injected_failure_offset, parse_starting
+from sparkonce.sources.reader import (
+    RangeStreamReader,
+    injected_failure_offset,
+    injected_read_failure,
+    parse_starting,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -173,9 +178,13 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
         lo = part.start
         while lo < part.end:
             if fail_at is not None and lo >= fail_at:
-                raise RuntimeError(
+                raise injected_read_failure(
+                    part.topic,
+                    part.partition,
+                    part.start,
+                    part.end,
                     f"injected task failure while reading {part.topic}[{part.partition}] "
-                    f"{part.start}..{part.end} ({FAIL_TASKS_ENV}); Spark retries the task"
+                    f"{part.start}..{part.end} ({FAIL_TASKS_ENV}); Spark retries the task",
                 )
             hi = min(part.end, lo + chunk)
             if fail_at is not None and lo < fail_at:

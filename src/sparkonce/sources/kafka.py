@@ -51,16 +51,21 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import ConfigError, SourceError, TopicNotFoundError
+from sparkonce.errors import ConfigError, OffsetOutOfRangeError, SourceError
 from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
+from sparkonce.kafka.consumer import KafkaReader, new_consumer
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source
-from sparkonce.sources.reader import RangeStreamReader, injected_failure_offset, parse_starting
+from sparkonce.sources.reader import (
+    RangeStreamReader,
+    injected_failure_offset,
+    injected_read_failure,
+    parse_starting,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -71,13 +76,9 @@ FORMAT = "sparkonce_kafka"
 URI_SCHEME = "kafka"
 RECORD_ID_HEADER = "sparkonce-record-id"
 VALUE_FORMATS = ("binary", "utf8")
-# librdkafka wants a group.id even for an assign()-only consumer; readers never commit to it.
-READER_GROUP = "sparkonce-reader"
 # A read task that makes no progress for this long fails (Spark may retry it).
 READ_STALL_TIMEOUT_S = 120.0
 _CHUNK = 50_000  # rows per Arrow batch
-_CONSUME_MAX = 10_000  # messages per consume() call
-_POLL_S = 0.5
 _LEGAL_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 # Settings sparkonce controls itself; a client_config may not change them.
@@ -147,15 +148,6 @@ def _positive_int(name: str, value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return value
-
-
-def _scrub(text: str, config: Mapping[str, Any]) -> str:
-    """``text`` with the values of secret settings in ``config`` replaced by ``***``."""
-    shown = masked(config)
-    for key, value in config.items():
-        if shown[key] == "***" and str(value):
-            text = text.replace(str(value), "***")
-    return text
 
 
 class KafkaSource(Source):
@@ -322,7 +314,7 @@ class KafkaSource(Source):
         group = self.group_id or f"sparkonce-{pipeline}"
         if self._committer is None or self._committer_group != group:
             self.close()
-            self._committer = _new_consumer(self.connection, group)
+            self._committer = new_consumer(self.connection, group=group)
             self._committer_group = group
         try:
             results = self._committer.commit(offsets=offsets, asynchronous=False)
@@ -373,52 +365,23 @@ _COMMIT_NOTE = "sparkonce: monitoring only; the sink ledger holds progress"
 # --- confluent-kafka helpers (driver and executors) ---------------------------------------
 
 
-def _new_consumer(connection: KafkaConnection, group: str = READER_GROUP) -> Any:
-    """A consumer that never commits on its own and reads with read_committed."""
-    from confluent_kafka import Consumer, KafkaException
-
-    conf = connection.client_config()
-    conf.update(
-        {
-            "group.id": group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "error",
-            "enable.partition.eof": False,
-        }
-    )
-    try:
-        return Consumer(conf)
-    except KafkaException as exc:
-        raise ConfigError(
-            f"the Kafka client configuration is not valid: {_scrub(str(exc), connection.config)}"
-        ) from None
-
-
-def _kafka_error_code(exc: BaseException) -> int | None:
-    err = exc.args[0] if exc.args else None
-    code = getattr(err, "code", None)
-    return code() if callable(code) else None
-
-
 class _OffsetClient:
-    """Partition list and read_committed watermarks of one topic, over one consumer."""
+    """Partition list and read_committed watermarks of one topic, over one reader."""
 
     def __init__(self, connection: KafkaConnection, topic: str, timeout: float) -> None:
         self.connection = connection
         self.topic = topic
         self.timeout = timeout
-        self.consumer = _new_consumer(connection)
+        self.reader = KafkaReader(connection, timeout=timeout)
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
     def partitions(self) -> list[int]:
         from confluent_kafka import KafkaException
 
         try:
-            meta = self.consumer.list_topics(self.topic, timeout=self.timeout)
+            meta = self.reader.consumer.list_topics(self.topic, timeout=self.timeout)
         except KafkaException as exc:
             raise self.connection.unavailable(
                 f"fetching metadata of topic {self.topic!r}", exc
@@ -433,23 +396,7 @@ class _OffsetClient:
 
     def watermarks(self, partition: int) -> tuple[int, int]:
         """(log start offset, last stable offset) of ``partition``."""
-        from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka import TopicPartition as KafkaTopicPartition
-
-        try:
-            low, high = self.consumer.get_watermark_offsets(
-                KafkaTopicPartition(self.topic, partition), timeout=self.timeout, cached=False
-            )
-        except KafkaException as exc:
-            if _kafka_error_code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise TopicNotFoundError(
-                    f"Kafka topic {self.topic!r} partition {partition} does not exist at "
-                    f"{self.connection.bootstrap} (was the topic deleted?)"
-                ) from None
-            raise self.connection.unavailable(
-                f"querying offsets of {self.topic}[{partition}]", exc
-            ) from None
-        return int(low), int(high)
+        return self.reader.watermarks(self.topic, partition)
 
     def ends(self) -> dict[int, int]:
         return {p: self.watermarks(p)[1] for p in self.partitions()}
@@ -604,16 +551,12 @@ def read_range(
 ) -> Iterator[Any]:
     """The records of ``part`` as pyarrow RecordBatches (runs on executors).
 
-    Stops when the consumer's position reaches the range end, not after a count of
-    messages: transactional topics have offsets without records (markers, aborted
-    records).
+    Reads with the shared loop (:meth:`~sparkonce.kafka.consumer.KafkaReader.read_batches`),
+    which stops when the consumer's position reaches the range end, not after a count of
+    messages: transactional topics have offsets without records (markers, aborted records).
     """
-    from confluent_kafka import KafkaError
-    from confluent_kafka import TopicPartition as KafkaTopicPartition
-
     fail_at = injected_failure_offset(part.topic, part.partition, part.start, part.end)
     offsets = _OffsetClient(connection, part.topic, timeout)
-    consumer = offsets.consumer
     try:
         log_start, stable_end = offsets.watermarks(part.partition)
         if part.start < log_start:
@@ -627,62 +570,42 @@ def read_range(
             )
         if part.start == part.end:
             return
-        tp = KafkaTopicPartition(part.topic, part.partition)
-        consumer.assign([KafkaTopicPartition(part.topic, part.partition, part.start)])
         cols = _Columns(part, value_format)
-        pos = part.start
-        progress_at = time.monotonic()
-        while pos < part.end:
-            # consume() waits for num_messages or the timeout: ask for no more than the range
-            # can still hold, so a range without transaction markers returns without waiting.
-            wanted = min(_CONSUME_MAX, part.end - pos)
-            messages = consumer.consume(num_messages=wanted, timeout=_POLL_S)
-            records = []
-            for m in messages:
-                err = m.error()
-                if err is None:
-                    records.append(m)
-                elif err.code() in (
-                    KafkaError._AUTO_OFFSET_RESET,
-                    KafkaError.OFFSET_OUT_OF_RANGE,
-                ):
-                    low, _ = offsets.watermarks(part.partition)
-                    if pos < low:
-                        raise _retention_error(part, low)
-                    raise SourceError(f"cannot read {part} at offset {pos}: {err.str()}")
-                elif err.fatal():
-                    raise SourceError(f"cannot read {part}: fatal Kafka client error {err.str()}")
-                else:  # transient (broker down, leader moved): librdkafka retries
-                    log.debug("reading %s: %s", part, err.str())
-            if fail_at is not None and any(m.offset() >= fail_at for m in records):
-                cols.add([m for m in records if m.offset() < fail_at], part.end)
-                if len(cols):
+        batches = offsets.reader.read_batches(
+            part.topic, part.partition, part.start, part.end, timeout=READ_STALL_TIMEOUT_S
+        )
+        try:
+            for records in batches:
+                if fail_at is not None and any(m.offset() >= fail_at for m in records):
+                    cols.add([m for m in records if m.offset() < fail_at], part.end)
+                    if len(cols):
+                        yield cols.flush()
+                    raise injected_read_failure(
+                        part.topic,
+                        part.partition,
+                        part.start,
+                        part.end,
+                        f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
+                        "Spark retries the task",
+                    )
+                cols.add(records, part.end)
+                if len(cols) >= chunk:
                     yield cols.flush()
-                raise RuntimeError(
-                    f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                    "Spark retries the task"
-                )
-            reached_end = cols.add(records, part.end)
-            position = consumer.position([tp])[0].offset
-            new_pos = max(pos, position, records[-1].offset() + 1 if records else pos)
-            if reached_end:
-                new_pos = max(new_pos, part.end)
-            if new_pos > pos:
-                pos = new_pos
-                progress_at = time.monotonic()
-            elif time.monotonic() - progress_at > READ_STALL_TIMEOUT_S:
-                raise connection.unavailable(
-                    f"reading {part}: no progress past offset {pos} for "
-                    f"{READ_STALL_TIMEOUT_S:.0f} s"
-                )
-            if len(cols) >= chunk:
-                yield cols.flush()
+        except OffsetOutOfRangeError as exc:
+            # Retention (or delete_records) removed records of the range while it was read.
+            if exc.log_start is not None and exc.offset < exc.log_start:
+                raise _retention_error(part, exc.log_start) from None
+            raise
         if len(cols):
             yield cols.flush()
         if fail_at is not None:  # no record at or after fail_at (markers only): fail anyway
-            raise RuntimeError(
+            raise injected_read_failure(
+                part.topic,
+                part.partition,
+                part.start,
+                part.end,
                 f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                "Spark retries the task"
+                "Spark retries the task",
             )
         if cols.bad:
             raise SourceError(

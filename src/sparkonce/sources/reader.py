@@ -13,7 +13,6 @@ Spark's Python workers import this module; it imports pyspark at the top.
 from __future__ import annotations
 
 import json
-import os
 from abc import abstractmethod
 from collections.abc import Mapping
 
@@ -26,8 +25,8 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from sparkonce.errors import ConfigError
+from sparkonce.faults import InjectedTaskFailure, worker_faults
 from sparkonce.offsets import BatchRanges, OffsetRange, plan_batch
-from sparkonce.protocol import FAIL_TASKS_ENV, task_failure_requested
 
 
 def parse_starting(value: str, topic: str) -> dict[int, int] | str:
@@ -63,19 +62,32 @@ def opt_int(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
-def injected_failure_offset(topic: str, partition: int, start: int, end: int) -> int | None:
-    """Where a read task of ``start..end`` fails halfway, when fault injection
-    (``FAIL_TASKS_ENV``) asks for it on this attempt; None otherwise."""
-    if not os.environ.get(FAIL_TASKS_ENV):
-        return None
+def _read_task_key(topic: str, partition: int, start: int, end: int) -> tuple[str, int]:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    attempt = ctx.attemptNumber() if ctx is not None else 0
-    key = f"{topic}:{partition}:{start}:{end}"
-    if end - start < 2 or not task_failure_requested("read", key, attempt):
+    return f"{topic}:{partition}:{start}:{end}", ctx.attemptNumber() if ctx is not None else 0
+
+
+def injected_failure_offset(topic: str, partition: int, start: int, end: int) -> int | None:
+    """Where a read task of ``start..end`` fails halfway, when this worker's fault plan
+    (:func:`~sparkonce.faults.worker_faults`) asks for it on this attempt; None otherwise."""
+    plan = worker_faults()
+    if "read" not in plan.fail_tasks or end - start < 2:
+        return None
+    key, attempt = _read_task_key(topic, partition, start, end)
+    if not plan.fail_task("read", key, attempt):
         return None
     return start + (end - start) // 2
+
+
+def injected_read_failure(
+    topic: str, partition: int, start: int, end: int, message: str
+) -> InjectedTaskFailure:
+    """The error a read task raises where :func:`injected_failure_offset` said; the
+    failure is recorded as a fault event first."""
+    key, attempt = _read_task_key(topic, partition, start, end)
+    return worker_faults().task_failure("read", key, attempt, message)
 
 
 class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -10,7 +10,7 @@ oracle and in every trial. The reference assumes a deterministic transform;
 ``reference=False`` skips it. Rows are matched on ``key_columns`` (default: the
 sink's upsert keys), or compared as multisets when there are none.
 
-Each trial then starts from a clean sink (``Sink.reset``) and an empty
+Each trial then starts from a clean sink (``Inspector.reset``) and an empty
 checkpoint, injects one fault, restarts the pipeline until its input is
 consumed, and compares the sink with the oracle (proven equal to the reference,
 and read back in the sink's own representation). Drivers start with
@@ -37,17 +37,21 @@ the oracle (aggregates), the zombie's commits refused, and a ledger that is
 gap-free and monotonic.
 
 The campaign only uses the public API (a pipeline file, ``sparkonce run``, and
-the sink's ``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline
-as a black box. Each trial's fault schedule derives from ``(seed, trial)``. A
-kill's delay is a fraction of the oracle's run time, so ``--resume`` plans on the
-oracle time recorded in ``verify.json`` rather than a new measurement that a busy
-machine would skew. ``--replay TRIAL`` takes the fault recorded for that trial
+the sink's inspector, :func:`sparkonce.sinks.inspect.inspector_for`:
+``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline as a black
+box. Each trial's fault schedule derives from ``(seed, trial)``. A kill's delay
+is a fraction of the oracle's run time, so ``--resume`` plans on the oracle time
+recorded in ``verify.json`` rather than a new measurement that a busy machine
+would skew. ``--replay TRIAL`` takes the fault recorded for that trial
 (a kill lands at the same delay, though not necessarily at the same instruction),
 and plans it from the seed only if the report does not hold the trial.
 
 A fault that did not fire (a kill planned after the driver had already
 finished, say) tested nothing: the report counts it under ``fired``, and
-``--resume`` runs such trials again. A failed trial is always kept.
+``--resume`` runs such trials again. A failed trial is always kept. Whether an
+injected fault fired, and whether a zombie was fenced, is read from the fault
+events each driver run writes (:meth:`Driver.events`, schema in
+:mod:`sparkonce.faults`), never from log text; a kill is the campaign's own act.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from sparkonce.protocol import (
     PAUSE_ENV,
     CrashPoint,
 )
+from sparkonce.sinks.inspect import inspector_for
 from sparkonce.verify.compare import diff_rows
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from sparkonce.verify.reference import ENTRY as REFERENCE_ENTRY
@@ -245,8 +250,9 @@ class Campaign:
         self.reference: ReferenceCheck | None = None
         self._drivers: list[Driver] = []  # started by this campaign, for abort()
         self._aborted = threading.Event()
-        # One long-lived connection for polling the ledger while drivers run.
-        self._inspector = self.pipeline.sink.fresh()
+        # One long-lived connection (its own) for polling the ledger while drivers run,
+        # resetting the store and reading its rows.
+        self._inspector = inspector_for(self.pipeline.sink, fresh=True)
 
     def close(self) -> None:
         self._inspector.close()
@@ -467,7 +473,7 @@ class Campaign:
             d = self._driver(logs / "fault.log", crash=fault).start()
             out.driver_runs += 1
             code = d.wait(DRIVER_TIMEOUT_S)
-            out.fault_fired = code == SIGKILL_EXIT
+            out.fault_fired = code == SIGKILL_EXIT and bool(d.events("crash"))
             if code not in (0, SIGKILL_EXIT):
                 raise VerificationError(f"faulty run exited with {code}: {d.log_tail(8)}")
             return code == 0
@@ -480,9 +486,9 @@ class Campaign:
             d = self._driver(logs / "fault.log", env=env, master=RETRY_MASTER).start()
             out.driver_runs += 1
             code = d.wait(DRIVER_TIMEOUT_S)
-            text = d.full_log()  # a task failure is logged by Spark's executor
-            marker = "injected task failure" if fault.kind == "task-failure" else "fault injection"
-            out.fault_fired = marker in text
+            # Spark's Python workers record their task failures in the same events file.
+            event = "task-failure" if fault.kind == "task-failure" else "drop-connection"
+            out.fault_fired = bool(d.events(event))
             if code != 0:
                 raise VerificationError(
                     f"{fault.kind}: the run should have recovered by itself but exited with "
@@ -503,7 +509,7 @@ class Campaign:
                 out.zombie_fenced = None  # finished before the pause point: no zombie
                 return True
             raise VerificationError(f"zombie-to-be exited with {code}: {old.log_tail(8)}")
-        out.fault_fired = True
+        out.fault_fired = bool(old.events("pause"))
         try:
             before = self._ledger_len()
             new = self._driver(logs / "newer.log").start()
@@ -516,8 +522,7 @@ class Campaign:
         finally:
             old.resume()
         code = old.wait(DRIVER_TIMEOUT_S)
-        text = old.log_path.read_text(errors="replace")
-        out.zombie_fenced = code == EXIT_FENCED and "fenced" in text
+        out.zombie_fenced = code == EXIT_FENCED and bool(old.events("fenced"))
         if not out.zombie_fenced:
             raise VerificationError(
                 f"the zombie run was not fenced: it exited with {code}: {old.log_tail(8)}"

@@ -3,6 +3,10 @@
 Each driver runs in a new session (its own process group), so a SIGKILL of the
 group takes the Python driver, its JVM and its Python workers down together, as
 a machine failure would.
+
+Each driver run records the faults that fired in it, and whether it ended fenced,
+in its own events file beside its log (``SPARKONCE_FAULT_EVENTS``; the schema is in
+:mod:`sparkonce.faults`): :meth:`Driver.events` reads them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from sparkonce.faults import EVENTS_ENV, read_events
 from sparkonce.protocol import CRASH_ENV, CrashPoint
 
 SIGKILL_EXIT = -signal.SIGKILL
@@ -60,6 +66,10 @@ class Driver:
         if self.crash_at is not None:
             env[CRASH_ENV] = f"{self.crash_at.value}@{self.crash_hit}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if EVENTS_ENV not in self.env:
+            # This run's events only: the driver and its Python workers append to this file.
+            self.events_path.unlink(missing_ok=True)
+            env[EVENTS_ENV] = str(self.events_path)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in wait()
         self._log = log
         extra = self.extra_args
@@ -133,6 +143,19 @@ class Driver:
     def spark_log_path(self) -> Path:
         """Where ``sparkonce run`` writes Spark's and py4j's full log for this driver."""
         return self.log_path.with_name(self.log_path.name + ".spark.log")
+
+    @property
+    def events_path(self) -> Path:
+        """Where this driver run's fault events go (``SPARKONCE_FAULT_EVENTS``), unless
+        ``env`` names another file."""
+        given = self.env.get(EVENTS_ENV)
+        return Path(given) if given else self.log_path.with_suffix(".events.jsonl")
+
+    def events(self, event: str | None = None) -> list[dict[str, Any]]:
+        """The events this run wrote so far (see :mod:`sparkonce.faults`); with ``event``,
+        only that kind (``"crash"``, ``"pause"``, ``"drop-connection"``,
+        ``"task-failure"``, ``"fenced"``)."""
+        return read_events(self.events_path, event)
 
     def full_log(self) -> str:
         """The driver's output and its Spark log, as one text."""

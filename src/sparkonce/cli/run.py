@@ -1,0 +1,127 @@
+"""``sparkonce run``: run a pipeline file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.cli.common import (
+    FILE_EXPECTED,
+    MASTER_EXPECTED,
+    SINK_URL_EXPECTED,
+    _add_env_switch,
+    _check_checkpoint,
+    _check_file,
+    _check_master,
+    _check_sink_url,
+    _env,
+    _env_checked,
+    _help,
+)
+from sparkonce.cli.logs import _LOGGED_TO_FILE, _default_log_file, _log_to_file
+from sparkonce.errors import SparkOnceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkonce.cli.common import SubParsers
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a pipeline file. SIGTERM and SIGINT stop it cleanly between commits (exit
+    143 and 130); Spark's and py4j's logs, with their stacks, go to the run's log file."""
+    import signal
+    import threading
+
+    from sparkonce.faults import FaultPlan
+    from sparkonce.pipeline.loader import load_pipeline
+    from sparkonce.pipeline.spark import build_session
+
+    faults = FaultPlan.from_env()  # the run's fault plan, parsed once (none set: no faults)
+    pipeline = load_pipeline(args.pipeline_file).with_overrides(
+        sink_url=args.sink, checkpoint=args.checkpoint
+    )
+    log_file = Path(args.log_file) if args.log_file else _default_log_file(pipeline.name)
+    file_handler = _log_to_file(log_file)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop.signal_number = signum  # type: ignore[attr-defined]
+        stop.set()
+
+    previous: dict[int, Any] = {}
+    try:
+        spark = build_session(
+            master=args.master,
+            app_name=f"sparkonce:{pipeline.name}",
+            quick_start=args.quick_start,
+            log_file=log_file,
+        )
+        # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            report = pipeline.run(spark, timeout=args.timeout, stop=stop, faults=faults)
+        finally:
+            spark.stop()
+    except SparkOnceError as exc:
+        exc.log_file = log_file  # type: ignore[attr-defined]
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for name in _LOGGED_TO_FILE:
+            logging.getLogger(name).removeHandler(file_handler)
+        file_handler.close()
+    print(
+        f"pipeline {report.pipeline}: epoch {report.epoch}, resumed from {report.resumed_from}; "
+        f"committed {report.batches_committed} batches ({report.rows_committed} rows), "
+        f"skipped {report.batches_skipped} replayed batches"
+    )
+    return 0
+
+
+def add_parser(sub: SubParsers) -> None:
+    p = sub.add_parser("run", help="run a pipeline file (defines `pipeline = Pipeline(...)`)")
+    p.add_argument("pipeline_file")
+    p.add_argument(
+        "--master",
+        type=_env_checked("--master", MASTER_EXPECTED, _check_master),
+        default=_env("SPARKONCE_MASTER", "local[2]"),
+        help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop after this many seconds (for processingTime triggers)",
+    )
+    p.add_argument(
+        "--sink",
+        type=_env_checked("--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True),
+        default=_env("SPARKONCE_RUN_SINK"),
+        help=_help("write to this store instead of the file's sink URL", "SPARKONCE_RUN_SINK"),
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=_env_checked("--checkpoint", "a local directory path", _check_checkpoint),
+        default=_env("SPARKONCE_RUN_CHECKPOINT"),
+        help=_help("use this checkpoint directory instead", "SPARKONCE_RUN_CHECKPOINT"),
+    )
+    _add_env_switch(
+        p,
+        "--quick-start",
+        env="SPARKONCE_QUICK_START",
+        help="start Spark's JVM for a short run (C1 JIT, serial GC): about a quarter less "
+        "CPU for runs of a minute; keep it off for long-running jobs",
+    )
+    p.add_argument(
+        "--log-file",
+        type=_env_checked("--log-file", FILE_EXPECTED, _check_file),
+        default=_env("SPARKONCE_LOG_FILE"),
+        help=_help(
+            "write Spark's and the run's full log, stacks included, here (default: a new file "
+            "under the temp directory's sparkonce/, named in every error)",
+            "SPARKONCE_LOG_FILE",
+        ),
+    )
+    p.set_defaults(func=cmd_run)

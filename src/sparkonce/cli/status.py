@@ -1,0 +1,110 @@
+"""``sparkonce status``: a pipeline's owner epoch, committed offsets, lag and rows, read
+from its sink's ledger."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from sparkonce.cli.common import (
+    EXIT_FAIL,
+    PIPELINE_NAME_EXPECTED,
+    SINK_URL_EXPECTED,
+    _check_pipeline_name,
+    _check_sink_url,
+    _env,
+    _env_checked,
+    _help,
+)
+from sparkonce.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkonce.cli.common import SubParsers
+    from sparkonce.sinks.base import Sink
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sparkonce.pipeline.status import pipeline_status
+
+    if not args.pipeline:
+        raise ConfigError("--pipeline is required (or set SPARKONCE_PIPELINE)")
+    if not args.sink:
+        raise ConfigError("--sink is required (or set SPARKONCE_SINK)")
+    sink, label = _open_sink_for_status(args.sink)
+    try:
+        st = pipeline_status(sink, args.pipeline)
+    finally:
+        sink.close()
+    console = Console()
+    if st.owner is None:
+        console.print(f"pipeline {args.pipeline!r} has never run against {label}")
+        return EXIT_FAIL
+    console.print(f"[bold]pipeline[/] {st.pipeline}   [bold]sink[/] {label}")
+    console.print(
+        f"owner epoch {st.owner.epoch} (taken {st.owner.acquired_at:%Y-%m-%d %H:%M:%S %Z} by "
+        f"{st.owner.holder})"
+    )
+    last = f"{st.last_commit_at:%Y-%m-%d %H:%M:%S %Z}" if st.last_commit_at else "never"
+    console.print(
+        f"ledger: {st.batches} batches, {st.rows_committed} rows committed, last commit {last}"
+    )
+    table = Table(title="committed offsets and lag")
+    for col in ("topic", "partition", "committed", "latest", "lag"):
+        table.add_column(col, justify="right" if col != "topic" else "left")
+    for p in st.partitions:
+        table.add_row(
+            p.topic,
+            str(p.partition),
+            str(p.committed),
+            "?" if p.latest is None else str(p.latest),
+            "?" if p.lag is None else str(p.lag),
+        )
+    console.print(table)
+    if st.source_note:
+        console.print(f"[yellow]{st.source_note}[/]")
+    for problem in st.ledger_problems:
+        console.print(f"[red]ledger problem:[/] {problem}")
+    return EXIT_FAIL if st.ledger_problems else 0
+
+
+def _open_sink_for_status(url: str) -> tuple[Sink, str]:
+    """The sink whose ledger ``status`` reads, and how to name it: the URL the user gave
+    (password masked), not the sink object, whose output table status never touches."""
+    from sparkonce.config import StoreURL, mask_url
+    from sparkonce.sinks.sql import PostgresSink, SQLiteSink
+
+    if url.startswith("kafka://"):
+        from sparkonce.sinks.kafka import kafka_sink_from_uri
+
+        kafka = kafka_sink_from_uri(url)
+        kafka.open()
+        return kafka, mask_url(url)
+
+    parsed = StoreURL.parse(url)
+    if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
+        raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
+    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
+    # The table is irrelevant for status; the ledger lives beside it.
+    sink = cls(parsed, "sparkonce_status_probe")
+    sink.open()
+    return sink, str(parsed)
+
+
+def add_parser(sub: SubParsers) -> None:
+    p = sub.add_parser("status", help="owner epoch, committed offsets, lag, rows committed")
+    p.add_argument(
+        "--pipeline",
+        type=_env_checked("--pipeline", PIPELINE_NAME_EXPECTED, _check_pipeline_name),
+        default=_env("SPARKONCE_PIPELINE"),
+        help=_help("pipeline name", "SPARKONCE_PIPELINE"),
+    )
+    p.add_argument(
+        "--sink",
+        type=_env_checked("--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True),
+        default=_env("SPARKONCE_SINK"),
+        help=_help("sink URL", "SPARKONCE_SINK"),
+    )
+    p.set_defaults(func=cmd_status)

@@ -1,0 +1,282 @@
+"""Reading Kafka partitions: the one consumer factory and the one read loop.
+
+Everything in sparkonce that reads Kafka goes through this module: the source
+(its offset queries on the driver, its range reads in Spark tasks, its monitoring
+commits), the Kafka sink's ledger topic (driver and tasks) and output topic, and
+``sparkonce kafka tail``.
+
+:func:`new_consumer` builds every consumer: it never joins a group or commits on
+its own (partitions are assigned, ``enable.auto.commit`` is off), reads with
+``read_committed`` unless told otherwise, never resets an offset it cannot find
+(``auto.offset.reset=error``), and turns a bad client configuration into a
+:class:`~sparkonce.errors.ConfigError` whose text has secrets masked.
+
+:meth:`KafkaReader.read` is the read loop. It reads ``[start, end)`` of one
+partition and stops when the consumer's **position** reaches ``end``, never after
+a count of messages: transaction markers and the records of aborted transactions
+take offsets but are never delivered under ``read_committed``, so the last offsets
+of a range may never arrive as messages. Errors:
+
+- the cluster does not answer, or the read makes no progress for ``timeout``
+  seconds: :class:`~sparkonce.errors.KafkaUnavailableError` naming the bootstrap
+  servers, the partition, the range and the last client error (secrets masked);
+- the partition no longer holds the offset being read (retention,
+  ``delete_records``): :class:`~sparkonce.errors.OffsetOutOfRangeError` with the
+  partition's log start offset; nothing is skipped;
+- a missing topic or partition (offset queries): :class:`~sparkonce.errors.TopicNotFoundError`.
+
+Transient client errors (a broker restarting, a leader moving) are retried by
+librdkafka; the loop logs them at debug level and keeps reading until the timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from sparkonce.errors import (
+    ConfigError,
+    KafkaUnavailableError,
+    OffsetOutOfRangeError,
+    TopicNotFoundError,
+)
+from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, scrub
+from sparkonce.kafka.producer import require_confluent_kafka
+
+__all__ = [
+    "ISOLATION_LEVELS",
+    "READER_GROUP",
+    "KafkaReader",
+    "new_consumer",
+]
+
+log = logging.getLogger(__name__)
+
+# librdkafka wants a group.id even for an assign()-only consumer; it is never joined, and
+# nothing is committed to it.
+READER_GROUP = "sparkonce-reader"
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+POLL_S = 0.05  # longest wait of one consume() call: the end of a range is often a
+# transaction marker, which consume() never returns, so each read ends with one such wait
+CONSUME_MAX = 10_000  # messages per consume() call
+
+
+def new_consumer(
+    conn: KafkaConnection,
+    *,
+    group: str = READER_GROUP,
+    isolation_level: str = "read_committed",
+) -> Any:
+    """A confluent-kafka consumer for ``conn`` that never commits on its own.
+
+    ``group`` is only used by callers that commit offsets explicitly (the source's
+    lag monitoring); readers assign partitions and never join it. The connection's
+    client config (security settings...) applies; the settings below override it.
+    """
+    if isolation_level not in ISOLATION_LEVELS:
+        raise ConfigError(
+            f"Kafka isolation level {isolation_level!r} is not one of {', '.join(ISOLATION_LEVELS)}"
+        )
+    ck = require_confluent_kafka()
+    conf = conn.client_config()
+    conf.update(
+        {
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": isolation_level,
+            "auto.offset.reset": "error",
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        return ck.Consumer(conf)
+    except (ck.KafkaException, ValueError) as exc:
+        raise ConfigError(
+            f"the Kafka client configuration for {conn.bootstrap} is not valid: "
+            f"{scrub(str(exc), conn.config)}"
+        ) from None
+
+
+def _error_code(exc: BaseException) -> int | None:
+    err = exc.args[0] if exc.args else None
+    code = getattr(err, "code", None)
+    return code() if callable(code) else None
+
+
+class KafkaReader:
+    """One consumer (from :func:`new_consumer`) and what sparkonce does with it.
+
+    :meth:`watermarks` asks for a partition's offsets; :meth:`read` and
+    :meth:`read_batches` read a range (see the module docstring). ``timeout`` (seconds)
+    bounds each offset query and is the default stall timeout of reads. Use it as a
+    context manager, or call :meth:`close`. Not thread-safe; never pickled.
+    """
+
+    def __init__(
+        self,
+        conn: KafkaConnection,
+        *,
+        timeout: float = TIMEOUT_S,
+        isolation_level: str = "read_committed",
+    ) -> None:
+        self.conn = conn
+        self.timeout = timeout
+        self.isolation_level = isolation_level
+        self.consumer: Any = new_consumer(conn, isolation_level=isolation_level)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"KafkaReader({self.conn!r}, isolation_level={self.isolation_level})"
+
+    def __enter__(self) -> KafkaReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.consumer.close()
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start offset, end offset) of ``topic[partition]``, asked of the broker now.
+
+        The end is the last stable offset under ``read_committed`` (records of open
+        transactions are not counted), the high watermark under ``read_uncommitted``.
+        """
+        ck = require_confluent_kafka()
+        try:
+            low, high = self.consumer.get_watermark_offsets(
+                ck.TopicPartition(topic, partition), timeout=self.timeout, cached=False
+            )
+        except ck.KafkaException as exc:
+            if _error_code(exc) in (
+                ck.KafkaError.UNKNOWN_TOPIC_OR_PART,
+                ck.KafkaError._UNKNOWN_TOPIC,
+                ck.KafkaError._UNKNOWN_PARTITION,
+            ):
+                raise TopicNotFoundError(
+                    f"Kafka topic {topic!r} partition {partition} does not exist at "
+                    f"{self.conn.bootstrap} (was the topic deleted?)"
+                ) from None
+            raise self.conn.unavailable(f"querying offsets of {topic}[{partition}]", exc) from None
+        return int(low), int(high)
+
+    def read(
+        self, topic: str, partition: int, start: int, end: int, *, timeout: float | None = None
+    ) -> Iterator[Any]:
+        """The records of ``topic[partition]`` offsets ``start..end`` (end excluded), in order.
+
+        Yields confluent-kafka ``Message`` objects; see :meth:`read_batches`.
+        """
+        for batch in self.read_batches(topic, partition, start, end, timeout=timeout):
+            yield from batch
+
+    def read_batches(
+        self, topic: str, partition: int, start: int, end: int, *, timeout: float | None = None
+    ) -> Iterator[list[Any]]:
+        """The records of ``topic[partition]`` offsets ``start..end`` in lists, as fetched.
+
+        Stops once the consumer's position reaches ``end`` (records at or past ``end``
+        are not yielded). ``end`` must not exceed the partition's end offset (its last
+        stable offset under ``read_committed``), or the read stalls until ``timeout``:
+        the seconds without progress before :class:`KafkaUnavailableError` (default:
+        this reader's timeout). An empty range reads nothing and asks the broker nothing.
+        """
+        if start < 0 or end < start:
+            raise ConfigError(
+                f"cannot read {topic}[{partition}] offsets {start}..{end}: "
+                "the range must satisfy 0 <= start <= end"
+            )
+        if start == end:
+            return
+        ck = require_confluent_kafka()
+        stall_s = self.timeout if timeout is None else timeout
+        where = f"{topic}[{partition}] offsets {start}..{end}"
+        tp = ck.TopicPartition(topic, partition)
+        consumer = self.consumer
+        pos = start
+        last_error: str | None = None
+        try:
+            consumer.assign([ck.TopicPartition(topic, partition, start)])
+        except ck.KafkaException as exc:
+            raise self.conn.unavailable(f"reading {where}", exc) from None
+        progress_at = time.monotonic()
+        while pos < end:
+            try:
+                # consume() waits for num_messages or the timeout: ask for no more than the
+                # range can still hold, so a range without markers returns without waiting.
+                messages = consumer.consume(
+                    num_messages=min(CONSUME_MAX, end - pos), timeout=POLL_S
+                )
+                records: list[Any] = []
+                seen = pos
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        last_error = self._check(err, topic, partition, where, pos) or last_error
+                        continue
+                    if m.topic() != topic or m.partition() != partition:
+                        continue  # left over from an earlier assignment
+                    offset = m.offset()
+                    seen = max(seen, offset + 1)
+                    if start <= offset < end:
+                        records.append(m)
+                # Offsets without records (markers, aborted records) move only the position.
+                position = consumer.position([tp])[0].offset
+            except ck.KafkaException as exc:
+                raise self.conn.unavailable(f"reading {where}", exc) from None
+            new_pos = max(pos, seen, position)
+            if new_pos > pos:
+                pos = new_pos
+                progress_at = time.monotonic()
+            elif time.monotonic() - progress_at > stall_s:
+                detail = f" (last client error: {last_error})" if last_error else ""
+                raise self.conn.unavailable(
+                    f"reading {where}: no progress past offset {pos} for {stall_s:g} s{detail}"
+                )
+            if records:
+                yield records
+                progress_at = time.monotonic()  # the caller's time is not a stall
+
+    def _check(self, err: Any, topic: str, partition: int, where: str, pos: int) -> str | None:
+        """Raise for an error event that ends the read; return the text of a transient one."""
+        ck = require_confluent_kafka()
+        code = err.code()
+        if code == ck.KafkaError._PARTITION_EOF:
+            return None  # not an error (and off in new_consumer): the position tells the end
+        text = scrub(err.str(), self.conn.config)
+        if code in (ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE):
+            raise self._out_of_range(topic, partition, where, pos, text)
+        if err.fatal():
+            raise self.conn.unavailable(f"reading {where}: fatal Kafka client error {text}")
+        # Transient (broker restarting, leader moved): librdkafka retries; the stall timeout
+        # ends the read if it never recovers.
+        log.debug("reading %s at offset %d: %s", where, pos, text)
+        return text
+
+    def _out_of_range(
+        self, topic: str, partition: int, where: str, pos: int, text: str
+    ) -> OffsetOutOfRangeError:
+        try:
+            log_start: int | None = self.watermarks(topic, partition)[0]
+        except (KafkaUnavailableError, TopicNotFoundError):
+            log_start = None
+        if log_start is not None and pos < log_start:
+            why = (
+                f"the partition's log now starts at offset {log_start}: retention (or "
+                "delete_records) removed the records before they were read"
+            )
+        else:
+            why = text
+        return OffsetOutOfRangeError(
+            f"cannot read {where} at offset {pos} from Kafka at {self.conn.bootstrap}: {why}",
+            topic=topic,
+            partition=partition,
+            offset=pos,
+            log_start=log_start,
+        )

@@ -1,0 +1,344 @@
+"""The committer's protocol, once, against every real ledger store (SQLite, PostgreSQL, Kafka).
+
+The stager here only records what the committer asks of it, so each test sees the order of
+the hooks and what reached the store's ledger. The sinks' own stagers are tested with their
+sinks (tests/unit/test_sinks_sql.py, tests/kafka/test_sink.py, tests/spark/test_twophase.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkonce.commit import Committer, Staged, Stager
+from sparkonce.config import StoreURL
+from sparkonce.db import dialect_for
+from sparkonce.errors import FencedError, LedgerError, SinkError
+from sparkonce.faults import FaultPlan
+from sparkonce.kafka.client import KafkaConnection
+from sparkonce.ledger.base import BatchContext, LedgerStore
+from sparkonce.ledger.kafka_topic import KafkaLedgerStore
+from sparkonce.ledger.sql import SqlLedgerStore
+from sparkonce.offsets import BatchRanges, OffsetRange
+from sparkonce.protocol import CrashPoint
+
+P = "committer-test"
+_names = itertools.count()
+
+
+def ranges(start: int, end: int, partitions: int = 2) -> BatchRanges:
+    return BatchRanges(tuple(OffsetRange("events", p, start, end) for p in range(partitions)))
+
+
+class Crash(BaseException):
+    """A simulated crash (a real one SIGKILLs the process): no ``except Exception`` sees it."""
+
+
+def _crash() -> None:
+    raise Crash
+
+
+class RecordingStager(Stager):
+    """Stages ``rows`` rows; records every hook the committer calls."""
+
+    def __init__(self, rows: int = 3, *, fail_publish: Exception | None = None) -> None:
+        self.rows = rows
+        self.fail_publish = fail_publish
+        self.calls: list[str] = []
+
+    def prepare(self, ctx: BatchContext, df: Any, seq: int) -> Staged:
+        self.calls.append(f"prepare:{seq}")
+        return Staged(self.rows)
+
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        self.calls.append("publish")
+        if self.fail_publish is not None:
+            raise self.fail_publish
+
+    def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
+        self.calls.append("abort")
+
+    def after_commit(self, ctx: BatchContext) -> None:
+        self.calls.append("after_commit")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "kafka"])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+    """``new_store()``: a new store object (its own connection) on one fresh ledger."""
+    made: list[Any] = []
+    if request.param == "kafka":
+        broker = request.getfixturevalue("kafka_broker")
+        topic = request.getfixturevalue("kafka_topic")("committer", partitions=1)
+
+        def make() -> Any:
+            store = KafkaLedgerStore(
+                KafkaConnection(broker.bootstrap, {}), f"{topic}.sparkonce-ledger", topic=topic
+            )
+            store.open()
+            made.append(store)
+            return store
+
+    else:
+        if request.param == "sqlite":
+            url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+        else:
+            url = StoreURL.parse(request.getfixturevalue("pg_url"))
+
+        def make() -> Any:
+            store = SqlLedgerStore(url, dialect_for(url))
+            made.append(store)
+            return store
+
+    yield make
+    for store in made:
+        with contextlib.suppress(Exception):  # teardown only
+            store.close()
+
+
+@pytest.fixture
+def pipeline() -> str:
+    # PostgreSQL is shared by the whole test run: every test takes its own pipeline name.
+    return f"{P}-{next(_names)}"
+
+
+def ctx(pipeline: str, epoch: int, batch: BatchRanges, spark_batch_id: int = 0) -> BatchContext:
+    return BatchContext(pipeline, epoch, batch, spark_batch_id, checkpoint_id="q1")
+
+
+def seqs(store: LedgerStore, pipeline: str) -> list[tuple[int, str, int]]:
+    return [(e.seq, str(e.ranges), e.epoch) for e in store.entries(pipeline)]
+
+
+def test_a_new_batch_commits_once_and_its_replay_stages_nothing(new_store, pipeline) -> None:
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager(rows=4)
+    committer = Committer(store, stager, faults=FaultPlan())
+
+    result = committer.commit(ctx(pipeline, epoch, ranges(0, 10)), None)
+    assert (result.skipped, result.row_count, result.seq) == (False, 4, 0)
+    assert stager.calls == ["prepare:0", "publish", "after_commit"]
+    entry = new_store().entries(pipeline)[0]
+    assert (entry.seq, entry.ranges, entry.epoch, entry.row_count) == (
+        0,
+        ranges(0, 10),
+        epoch,
+        4,
+    )
+
+    # The same batch again (a crash after step 5, before Spark's commit log): a no-op.
+    stager.calls.clear()
+    again = committer.commit(ctx(pipeline, epoch, ranges(0, 10), spark_batch_id=7), None)
+    assert again.skipped and again.seq == 0
+    assert stager.calls == []  # nothing staged, no task would have run
+    # The next batch follows; a batch planned differently (a lost checkpoint) is refused.
+    assert committer.commit(ctx(pipeline, epoch, ranges(10, 15), 1), None).seq == 1
+    with pytest.raises(LedgerError, match="only in part"):
+        committer.commit(ctx(pipeline, epoch, ranges(12, 20), 2), None)
+    with pytest.raises(LedgerError):
+        committer.commit(ctx(pipeline, epoch, ranges(16, 20), 2), None)  # a gap
+    assert [s for s, _, _ in seqs(new_store(), pipeline)] == [0, 1]
+
+
+def test_a_fenced_run_stages_nothing_and_commits_nothing(new_store, pipeline) -> None:
+    old, new = new_store(), new_store()
+    old_epoch = old.acquire(pipeline).epoch
+    new_epoch = new.acquire(pipeline).epoch
+    stager = RecordingStager()
+    with pytest.raises(FencedError) as info:
+        Committer(old, stager, faults=FaultPlan()).commit(
+            ctx(pipeline, old_epoch, ranges(0, 5)), None
+        )
+    assert info.value.owner_epoch == new_epoch
+    assert stager.calls == []  # step 0: fenced before any task would start
+    # The newer run commits as usual.
+    Committer(new, RecordingStager(), faults=FaultPlan()).commit(
+        ctx(pipeline, new_epoch, ranges(0, 5)), None
+    )
+    assert [e for _, _, e in seqs(new_store(), pipeline)] == [new_epoch]
+
+
+def test_a_run_fenced_while_staging_is_refused_at_step_1(new_store, pipeline) -> None:
+    old, new = new_store(), new_store()
+    old_epoch = old.acquire(pipeline).epoch
+    committer = Committer(old, RecordingStager(), faults=FaultPlan())
+
+    def stage_then_lose_ownership(seq: int) -> Staged:
+        new.acquire(pipeline)  # a newer run starts while this one's tasks run
+        return Staged(3)
+
+    with pytest.raises(FencedError):
+        committer.commit_with(ctx(pipeline, old_epoch, ranges(0, 5)), stage_then_lose_ownership)
+    assert committer.stager.calls == ["abort"]  # type: ignore[attr-defined]
+    assert new_store().entries(pipeline) == []
+
+
+def test_a_ledger_moved_by_another_writer_while_staging_is_refused(new_store, pipeline) -> None:
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    other = Committer(new_store(), RecordingStager(), faults=FaultPlan())
+    committer = Committer(store, RecordingStager(), faults=FaultPlan())
+
+    def stage_while_another_writer_commits(seq: int) -> Staged:
+        other.commit(ctx(pipeline, epoch, ranges(0, 5)), None)  # same epoch: a second writer
+        return Staged(3)
+
+    # The other writer's batch covers ours, so ours is now a replay: skipped, not doubled.
+    result = committer.commit_with(
+        ctx(pipeline, epoch, ranges(0, 5)), stage_while_another_writer_commits
+    )
+    assert result.skipped
+    assert len(new_store().entries(pipeline)) == 1
+
+    def stage_while_another_writer_commits_next(seq: int) -> Staged:
+        # A no-data batch with rows (say, a window the watermark closed): a new entry that
+        # leaves the ledger's end offsets where they were.
+        other.commit(ctx(pipeline, epoch, ranges(5, 5), 1), None)
+        return Staged(3)
+
+    # Our batch is still new, but the entry this run expected to write was taken.
+    with pytest.raises(LedgerError, match="moved"):
+        committer.commit_with(
+            ctx(pipeline, epoch, ranges(5, 9), 2), stage_while_another_writer_commits_next
+        )
+    assert [s for s, _, _ in seqs(new_store(), pipeline)] == [0, 1]
+
+
+def test_no_data_batches_commit_only_with_rows_and_replay_by_spark_identity(
+    new_store, pipeline
+) -> None:
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    Committer(store, RecordingStager(), faults=FaultPlan()).commit(
+        ctx(pipeline, epoch, ranges(0, 5)), None
+    )
+    at_end = ranges(5, 5)
+    # No rows (nothing moved): nothing committed, no entry.
+    empty = Committer(store, RecordingStager(rows=0), faults=FaultPlan())
+    assert empty.commit(ctx(pipeline, epoch, at_end, 1), None).skipped
+    assert len(new_store().entries(pipeline)) == 1
+    # Rows (a window closed by the watermark): an entry with empty ranges.
+    emitting = Committer(store, RecordingStager(rows=2), faults=FaultPlan())
+    assert emitting.commit(ctx(pipeline, epoch, at_end, 2), None).seq == 1
+    # Its replay (same query and batch id) is skipped; the next no-data batch is not.
+    stager = RecordingStager(rows=1)
+    assert (
+        Committer(store, stager, faults=FaultPlan())
+        .commit(ctx(pipeline, epoch, at_end, 2), None)
+        .skipped
+    )
+    assert stager.calls == []
+    assert (
+        Committer(store, stager, faults=FaultPlan())
+        .commit(ctx(pipeline, epoch, at_end, 3), None)
+        .seq
+        == 2
+    )
+
+
+@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
+def test_a_crash_at_each_step_then_a_new_run_gives_one_entry(new_store, pipeline, point) -> None:
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    crashing = Committer(
+        store, RecordingStager(), faults=FaultPlan(crash=(point, 1), on_crash=_crash)
+    )
+    with pytest.raises(Crash):
+        crashing.commit(ctx(pipeline, epoch, ranges(0, 5)), None)
+    # The crashed process's connection dies with it.
+    store.reconnect() if not isinstance(store, KafkaLedgerStore) else store.close()
+    landed = len(new_store().entries(pipeline))
+    assert landed == (1 if point is CrashPoint.AFTER_LEDGER_COMMIT else 0)
+
+    # The restarted run replays the batch: committed now, or skipped if it had landed.
+    fresh = new_store()
+    new_epoch = fresh.acquire(pipeline).epoch
+    stager = RecordingStager()
+    result = Committer(fresh, stager, faults=FaultPlan()).commit(
+        ctx(pipeline, new_epoch, ranges(0, 5), 0), None
+    )
+    assert result.skipped == (landed == 1)
+    assert [(s, r) for s, r, _ in seqs(new_store(), pipeline)] == [(0, str(ranges(0, 5)))]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_connection_lost_inside_the_commit_is_retried_once_on_a_new_one(
+    store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, pipeline: str
+) -> None:
+    url = StoreURL.parse(
+        f"sqlite:///{tmp_path / 'out.db'}"
+        if store_kind == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    store = SqlLedgerStore(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager()
+    plan = FaultPlan(drop_connection=(CrashPoint.AFTER_ROWS, 1))
+    result = Committer(store, stager, faults=plan).commit(ctx(pipeline, epoch, ranges(0, 5)), None)
+    assert (result.skipped, result.seq) == (False, 0)
+    assert stager.calls == ["prepare:0", "publish", "publish", "after_commit"]
+    assert len(SqlLedgerStore(url, dialect_for(url)).entries(pipeline)) == 1
+    store.close()
+
+
+def test_a_lost_commit_that_went_through_is_reported_as_committed(
+    pg_url: str, pipeline: str
+) -> None:
+    """The COMMIT reached the server but its reply was lost: the retry finds our own entry."""
+    import psycopg
+
+    url = StoreURL.parse(pg_url)
+
+    class ReplyLost(SqlLedgerStore):
+        lost = False
+
+        @contextmanager
+        def transaction(self) -> Iterator[Any]:
+            with super().transaction() as txn:
+                yield txn
+            if not self.lost:
+                self.lost = True
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    store = ReplyLost(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager(rows=5)
+    result = Committer(store, stager, faults=FaultPlan()).commit(
+        ctx(pipeline, epoch, ranges(0, 5)), None
+    )
+    assert (result.skipped, result.row_count, result.seq) == (False, 5, 0)  # ours, not a replay
+    assert stager.calls == ["prepare:0", "publish", "after_commit"]  # published once
+    assert len(SqlLedgerStore(url, dialect_for(url)).entries(pipeline)) == 1
+    store.close()
+
+
+def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
+    new_store, pipeline
+) -> None:
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager(fail_publish=RuntimeError("disk full"))
+    with pytest.raises(SinkError) as info:
+        Committer(store, stager, faults=FaultPlan()).commit(
+            ctx(pipeline, epoch, ranges(0, 5)), None
+        )
+    text = str(info.value)
+    assert "disk full" in text and "events[0]:0..5" in text
+    assert "nothing of the batch is visible" in text  # the default stager's own words
+    assert stager.calls == ["prepare:0", "publish", "abort"]
+    assert new_store().entries(pipeline) == []
+
+    class TasksCommitFirst(RecordingStager):
+        def after_failed_commit(self) -> str:
+            return "Some tasks' rows are visible already."
+
+    with pytest.raises(SinkError, match="Some tasks' rows are visible already"):
+        Committer(
+            store, TasksCommitFirst(fail_publish=RuntimeError("x")), faults=FaultPlan()
+        ).commit(ctx(pipeline, epoch, ranges(0, 5)), None)
