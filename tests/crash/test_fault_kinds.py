@@ -9,14 +9,15 @@ three drivers share one pipeline and one store, and each fault has its own run a
 checks:
 
 1. **task-failure, then zombie-to-be.** Run A (``local[2,4]``, so Spark retries tasks)
-   commits batch 0 while about half of its read tasks fail halfway on their first attempt
-   (two-phase: its write tasks too, after their pre-commit is durable). It then stops itself
-   (SIGSTOP) inside its 2nd commit, before the sink transaction opens. Batch 0 must be
-   exactly 600 rows, once.
+   commits batches 0 and 1 while about half of its read tasks fail halfway on their first
+   attempt (two-phase: its write tasks too, after their pre-commit is durable; the choice
+   depends on the task's data, and batch 1's write tasks are chosen). It then stops itself
+   (SIGSTOP) inside its 3rd commit, before the sink transaction opens. Each batch must be
+   exactly its 600 rows, once.
 2. **crash-point.** Run B, the same pipeline from a new machine (its own empty checkpoint),
    takes epoch 2, which fences A, resumes from the ledger, and is SIGKILLed at the family's
-   crash point in its first commit (batch 1). The store must hold what the protocol promises
-   at that point: batch 1 committed in full, or not at all.
+   crash point in its first commit (batch 2). The store must hold what the protocol promises
+   at that point: batch 2 committed in full, or not at all.
 3. **db-drop.** Run C, on B's checkpoint, recovers B's batch and finishes while its store
    connection drops inside its first commit transaction (``after-rows@1``): it must commit on
    a new connection, once. The output must then equal the oracle's exactly.
@@ -117,11 +118,12 @@ def test_each_fault_kind_once(
             two_phase=two_phase,
         )
 
-    # 1. task-failure: A commits batch 0 through failing (and retried) tasks, then pauses.
+    # 1. task-failure: A commits batches 0 and 1 through failing (and retried) tasks, then
+    # pauses.
     run_a = Driver(
         files["a"],
         tmp_path / "run_a.log",
-        env={PAUSE_ENV: "before-commit@2", FAIL_TASKS_ENV: "read,write" if two_phase else "read"},
+        env={PAUSE_ENV: "before-commit@3", FAIL_TASKS_ENV: "read,write" if two_phase else "read"},
         extra_args=("--master", RETRY_MASTER),
     )
     drivers.append(run_a.start())
@@ -132,7 +134,7 @@ def test_each_fault_kind_once(
     stages = {e["stage"] for e in run_a.events("task-failure")}
     assert stages == ({"read", "write"} if two_phase else {"read"}), f"failed: {stages}; {where}"
     assert open_transaction(url) is None, f"run A stopped inside a transaction: {where}"
-    assert [(e.seq, e.epoch) for e in state.ledger] == [(0, 1)], where
+    assert [(e.seq, e.epoch) for e in state.ledger] == [(0, 1), (1, 1)], where
     _visible_equals_ledger(state, where)
     if two_phase:
         assert _pending(url) == 0, f"failed attempts' pre-commits were not collected: {where}"
@@ -146,7 +148,7 @@ def test_each_fault_kind_once(
     state = read_sink(url, STATELESS_TABLE)
     where = f"run B killed at {point}: ledger {state.ledger}\n{run_b.log_tail()}"
     assert state.owner is not None and state.owner.epoch == 2, where
-    batches = [(0, 1)] if point in ROLLED_BACK else [(0, 1), (1, 2)]
+    batches = [(0, 1), (1, 1)] if point in ROLLED_BACK else [(0, 1), (1, 1), (2, 2)]
     assert [(e.seq, e.epoch) for e in state.ledger] == batches, where
     _visible_equals_ledger(state, where)
     if point is CrashPoint.AFTER_ROWS and two_phase:
@@ -170,7 +172,7 @@ def test_each_fault_kind_once(
     after_c = read_sink(url, STATELESS_TABLE)
     assert after_c.owner is not None and after_c.owner.epoch == 3, after_c.owner
 
-    # 4. zombie: A wakes up inside its 2nd commit and must be fenced, writing nothing.
+    # 4. zombie: A wakes up inside its 3rd commit and must be fenced, writing nothing.
     assert run_a.poll() is None, f"run A died while paused:\n{run_a.log_tail()}"
     run_a.resume()
     code = run_driver(run_a)
