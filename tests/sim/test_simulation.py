@@ -37,7 +37,7 @@ from sparkonce.verify.sim import (
 )
 from sparkonce.verify.sim.cli import main
 from tests.sim.conftest import env_int, record
-from tests.sim.test_kafka_findings import is_orphan_timer_row
+from tests.sim.test_kafka_findings import is_known_kafka_bug
 
 SEED = env_int("SPARKONCE_SIM_SEED", 0)
 
@@ -135,12 +135,12 @@ def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
         lanes=lanes,
     )
     summary = run_campaign(c)
-    # A known bug of the Kafka sink, pinned in test_kafka_findings.py: not counted here.
-    known = [seed for seed, f in summary.failed if is_orphan_timer_row(f)]
+    # Known bugs of the Kafka sink, pinned in test_kafka_findings.py: not counted here.
+    known = [seed for seed, f in summary.failed if is_known_kafka_bug(f)]
     if known and len(summary.failed) == summary.failed_count:
         summary.failed = [(seed, f) for seed, f in summary.failed if seed not in known]
         summary.failed_count -= len(known)
-    record(f"Kafka, Kafka sink ({len(known)} known bug)", summary, workers, lanes)
+    record(f"Kafka, Kafka sink ({len(known)} known-bug)", summary, workers, lanes)
     _check(summary, c)
     assert summary.schedules == n
     if n >= 100:

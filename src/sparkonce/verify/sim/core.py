@@ -68,6 +68,7 @@ class Simulation(Observer):
         # another batch is refused, and the operator restores this checkpoint.
         self.partial: Checkpoint | None = None
         self.operator_restore = False
+        self.refusals: list[str] = []  # named when the final run cannot drain
         seed = schedule.seed
         # Record (p, o)'s value, the row's third column.
         self.values = [[f"{seed}/{p}/{o}" for o in range(n)] for p, n in enumerate(schedule.totals)]
@@ -295,6 +296,7 @@ class Simulation(Observer):
                     self.fail("owner-error", f"{what()}: the owner's commit raised {short(error)}")
             elif isinstance(error, LedgerError) and self._may_refuse(run):
                 self.stats.refused += 1
+                self.refusals.append(short(error))
                 if owner and self.partial is not None and not run.checkpoint.restored:
                     self.operator_restore = True
             elif self._injected(ev, error):
@@ -426,7 +428,9 @@ class Simulation(Observer):
                 return
             # Refused (its message names the fix): the operator applies it and runs again.
             final = replace(final, keep_checkpoint=False)
-        self.fail("drain", "the final run was refused three times")
+        self.fail(
+            "drain", f"the final run was refused three times: {'; '.join(self.refusals[-3:])}"
+        )
 
     def _drain(self, run: Run) -> bool:
         limit = sum(self.s.totals) + 3
