@@ -7,7 +7,9 @@ what ``make test`` checks:
   ``SPARKONCE_SIM_WORKERS`` processes (default 2);
 * ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 10,000);
 * ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
-* ``SPARKONCE_SIM_KAFKA_SCHEDULES``: Kafka schedules, Kafka sink (default 150);
+* ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
+  time box (default 60; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
+  (default 10,000);
 * ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i).
 
 Server stores run several schedules at once, each in its own namespace (lanes), so
@@ -124,7 +126,9 @@ def test_postgres_twophase_schedules(pg_url: str) -> None:
 
 @pytest.mark.kafka
 def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
-    n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 150)
+    """As many Kafka schedules as fit in a time box (each costs about 0.5 s of CPU)."""
+    n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 10_000)
+    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 60)
     workers = env_int("SPARKONCE_SIM_KAFKA_WORKERS", 1)
     lanes = env_int("SPARKONCE_SIM_KAFKA_LANES", 16)
     c = Campaign(
@@ -133,6 +137,7 @@ def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
         schedules=n,
         workers=workers,
         lanes=lanes,
+        seconds=seconds or None,
     )
     summary = run_campaign(c)
     # Known bugs of the Kafka sink, pinned in test_kafka_findings.py: not counted here.
@@ -142,8 +147,8 @@ def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
         summary.failed_count -= len(known)
     record(f"Kafka, Kafka sink ({len(known)} known-bug)", summary, workers, lanes)
     _check(summary, c)
-    assert summary.schedules == n
-    if n >= 100:
+    assert summary.schedules >= min(n, 32), "too few Kafka schedules fit in the time box"
+    if summary.schedules >= 100:
         _faults_reached(summary)
 
 
