@@ -189,11 +189,9 @@ class TargetSpec:
 
             url = sqlite_url(f"{ns}-{worker}-{lane}")
             remove_sqlite(url)
-            t = SqlTarget(
+            return SqlTarget(
                 url, sink=self.sink, fresh_connections=self.fresh_connections, owns_store=True
             )
-            t.remove_on_close = url  # type: ignore[attr-defined]
-            return t
         if self.store == "postgres":
             from sparkonce.verify.sim.sql import SqlTarget
 
@@ -226,13 +224,9 @@ class TargetSpec:
 
 
 def close_target(target: Target) -> None:
+    """Close a target, whatever state its store is in (a SQLite file of its own goes too)."""
     with contextlib.suppress(Exception):
         target.close()
-    url = getattr(target, "remove_on_close", None)
-    if url:
-        from sparkonce.verify.sim.sql import remove_sqlite
-
-        remove_sqlite(url)
 
 
 @dataclass(frozen=True)
