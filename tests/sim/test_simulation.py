@@ -5,7 +5,8 @@ what ``make test`` checks:
 
 * ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 100,000), on
   ``SPARKONCE_SIM_WORKERS`` processes (default 2);
-* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 10,000);
+* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 10,000), on
+  ``SPARKONCE_SIM_PG_WORKERS`` processes (2) of ``SPARKONCE_SIM_PG_LANES`` lanes (8);
 * ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
 * ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
   time box (default 60; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
@@ -16,6 +17,12 @@ Server stores run several schedules at once, each in its own namespace (lanes), 
 that round trips overlap. Every count printed at the end of the run (see
 ``conftest.py``) is of schedules fully run and checked. A failure names its seed, is
 shrunk, and is printed with the command that replays it.
+
+Cost, measured 2026-11-22 on the 2-core test machine (CPU time of the simulation's
+processes; the stores' servers use about as much again): a SQLite schedule about
+2.2 ms, a PostgreSQL one 8 ms (plus 10 ms in the server), a two-phase one 25 ms, a
+Kafka one 0.2 s (plus 0.25 s in the broker). The whole directory needs about 480
+CPU-seconds: 4 minutes when both cores are free, twice that when other work shares them.
 """
 
 from __future__ import annotations
