@@ -316,9 +316,11 @@ class Simulation(Observer):
             self.stats.commits += 1
         if batch.nodata:
             self.stats.nodata += 1
-            # Owed to readers: a no-data batch the owner completed. A fenced run's may be
-            # "skipped" (its offsets lie behind a ledger a newer run moved on): it owes nothing.
-            if owner and not batch.quiet:
+            # Owed to readers: a no-data batch the owner completed. Not one "skipped" with no
+            # entry of its own because its offsets lie behind a ledger that other runs moved
+            # on: a fenced run's, or a restored checkpoint's (a history the ledger did not take).
+            superseded = result.skipped and result.seq is None
+            if owner and not batch.quiet and not (superseded and run.checkpoint.restored):
                 self.completed_nodata.add((run.checkpoint.id, batch.batch_id))
         if run.checkpoint.pending == batch:
             run.checkpoint.done += 1
