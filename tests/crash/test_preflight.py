@@ -34,6 +34,16 @@ pipeline = Pipeline(
 """
 
 
+def write_live_pipeline(tmp_path: Path, log_dir: Path) -> tuple[Path, str]:
+    """The live pipeline file in ``tmp_path``, and its SQLite sink URL."""
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    pipeline_file = tmp_path / "pipeline.py"
+    pipeline_file.write_text(
+        _LIVE_PIPELINE.format(log_dir=str(log_dir), url=url, checkpoint=str(tmp_path / "chk"))
+    )
+    return pipeline_file, url
+
+
 def _wait_for(what: str, check: Callable[[], bool], driver: Driver, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,12 +60,7 @@ def _wait_for(what: str, check: Callable[[], bool], driver: Driver, timeout: flo
 def test_misconfigured_second_run_does_not_fence_the_live_one(
     tmp_path: Path, make_log: Callable[..., Path], drivers: list[Driver]
 ) -> None:
-    log_dir = make_log(300, partitions=2)
-    url = f"sqlite:///{tmp_path / 'sink.db'}"
-    pipeline_file = tmp_path / "pipeline.py"
-    pipeline_file.write_text(
-        _LIVE_PIPELINE.format(log_dir=str(log_dir), url=url, checkpoint=str(tmp_path / "chk"))
-    )
+    pipeline_file, url = write_live_pipeline(tmp_path, make_log(300, partitions=2))
 
     def rows() -> int:
         return len(read_sink(url, "live_out").rows)

@@ -17,7 +17,7 @@ import pytest
 
 from sparkonce.verify.driver import Driver
 from tests.crash.conftest import read_sink, run_driver
-from tests.crash.test_preflight import _LIVE_PIPELINE, _wait_for
+from tests.crash.test_preflight import _wait_for, write_live_pipeline
 
 pytestmark = pytest.mark.crash_lane
 
@@ -26,12 +26,7 @@ pytestmark = pytest.mark.crash_lane
 def test_a_signal_stops_the_run_cleanly_and_the_next_run_resumes(
     sig: signal.Signals, tmp_path: Path, make_log: Callable[..., Path], drivers: list[Driver]
 ) -> None:
-    log_dir = make_log(400, partitions=2)
-    url = f"sqlite:///{tmp_path / 'sink.db'}"
-    pipeline_file = tmp_path / "pipeline.py"
-    pipeline_file.write_text(
-        _LIVE_PIPELINE.format(log_dir=str(log_dir), url=url, checkpoint=str(tmp_path / "chk"))
-    )
+    pipeline_file, url = write_live_pipeline(tmp_path, make_log(400, partitions=2))
 
     def rows() -> list[dict]:
         return read_sink(url, "live_out").rows

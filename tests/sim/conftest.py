@@ -66,4 +66,3 @@ def sqlite_target() -> Iterator[SqlTarget]:
         yield target
     finally:
         target.close()
-        remove_sqlite(url)

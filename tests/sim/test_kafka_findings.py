@@ -19,13 +19,28 @@ refuses an empty checkpoint of a pipeline whose ledger says it is stateful
 ``_check_pending`` (a no-data batch's markers carry its Spark identity: a batch with
 another identity must be refused, or the markers' batch finished first).
 
-``test_simulation.test_kafka_schedules`` counts schedules that fail only this way as
-known, and fails on anything else; when this test passes, remove that allowance.
+**A zombie's no-data batch, written after a newer run moved on, blocks every later
+batch** (found 2026-11-22, seed 117 of the default Kafka campaign, 1 of 150). Shrunk to
+eleven events: run 0 commits a batch, plans a no-data batch and freezes before its
+tasks start (a zombie: its driver passed its early fence check). Run 1 (checkpoint
+lost) commits the next data batch. The final run thaws the zombie: its tasks do not
+check the epoch, and ``_marker_is_for`` only recognises a no-data batch by identical
+ranges, so they write the timer row and their markers (ranges behind the ledger's
+end) before the zombie's driver is fenced. From then on every task of every run reads
+that stale marker as its latest and refuses its batch: ``classify`` against the
+marker's ends says records "would be skipped" (LedgerError, naming the marker's end as
+the ledger's). The pipeline cannot make progress (no operator action in the message
+helps), and the zombie's timer row is visible with no ledger entry. A data batch's
+zombie does not do this: its tasks find the newer markers past their ranges and skip.
+
+``test_simulation.test_kafka_schedules`` counts schedules that fail only these ways as
+known, and fails on anything else; when these tests pass, remove that allowance.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -43,27 +58,70 @@ EVENTS = (
 )
 
 
-def is_orphan_timer_row(failures: list[Failure]) -> bool:
-    """Whether a schedule failed only this way: timer rows outside every ledger entry."""
-    return bool(failures) and all(
-        f.kind == "outside" and "timer " in f.detail and "(" not in f.detail.split(":", 1)[1]
-        for f in failures
-    )
+STALE_MARKER_SEED = 117
+STALE_MARKER_EVENTS = (
+    '[{"type":"start","keep_checkpoint":true,"max_per_partition":8,"max_total":null,'
+    '"restore":0},{"type":"step","nodata":true,"crash":null,"drop":false,"lost_ack":false,'
+    '"fail":false,"freeze":false,"quiet":false},{"type":"step","nodata":false,'
+    '"crash":["before-ledger-commit",1],"drop":false,"lost_ack":false,"fail":false,'
+    '"freeze":false,"quiet":false},{"type":"step","nodata":true,"crash":null,"drop":false,'
+    '"lost_ack":false,"fail":false,"freeze":true,"quiet":false},{"type":"step",'
+    '"nodata":false,"crash":null,"drop":false,"lost_ack":false,"fail":false,"freeze":false,'
+    '"quiet":false},{"type":"start","keep_checkpoint":false,"max_per_partition":2,'
+    '"max_total":7,"restore":0},{"type":"step","nodata":false,"crash":null,"drop":false,'
+    '"lost_ack":false,"fail":false,"freeze":false,"quiet":false},{"type":"repeat"},'
+    '{"type":"grow","partition":1,"count":1},{"type":"grow","partition":1,"count":1},'
+    '{"type":"step","nodata":false,"crash":null,"drop":false,"lost_ack":false,"fail":false,'
+    '"freeze":false,"quiet":false}]'
+)
 
 
-@pytest.mark.xfail(strict=True, reason="a partly committed no-data batch is not refused")
-def test_partly_committed_no_data_batch_then_lost_checkpoint(kafka_broker) -> None:  # type: ignore[no-untyped-def]
-    schedule = generate(SEED)
-    schedule = Schedule(
-        schedule.seed,
-        schedule.totals,
-        schedule.initial,
-        Schedule.parse_events(EVENTS),
-        schedule.final,
-    )
-    target = TargetSpec("kafka", kafka_broker.bootstrap, namespace=uuid.uuid4().hex[:6]).build()
+def _orphan_timer_rows(f: Failure) -> bool:
+    return f.kind == "outside" and "timer " in f.detail and "(" not in f.detail.split(":", 1)[1]
+
+
+def is_known_kafka_bug(failures: list[Failure]) -> bool:
+    """Whether a schedule failed only in the ways pinned here.
+
+    Timer rows outside every ledger entry (both findings); and for the second, the final
+    run refused because records "would be skipped", with what follows from it (the ledger
+    stops short of the log's end, the rest of the log is not visible).
+    """
+    if not failures or not any(_orphan_timer_rows(f) for f in failures):
+        return False
+    stuck = any(f.kind == "drain" and "would be skipped" in f.detail for f in failures)
+    for f in failures:
+        if _orphan_timer_rows(f):
+            continue
+        if stuck and f.kind in ("drain", "ledger", "loss"):
+            continue
+        return False
+    return True
+
+
+def _run(bootstrap: str, seed: int, events: str) -> list[Failure]:
+    schedule = replace(generate(seed), events=Schedule.parse_events(events))
+    target = TargetSpec("kafka", bootstrap, namespace=uuid.uuid4().hex[:6]).build()
     try:
         failures, _ = run_schedule(schedule, target)
     finally:
         close_target(target)
+    if failures and not is_known_kafka_bug(failures):  # not an expected failure: an error
+        raise RuntimeError(f"fails otherwise than the pinned bug: {failures}")
+    return failures
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="a partly committed no-data batch is not refused"
+)
+def test_partly_committed_no_data_batch_then_lost_checkpoint(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+    failures = _run(kafka_broker.bootstrap, SEED, EVENTS)
+    assert not failures, "\n".join(map(str, failures))
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="a zombie's late no-data marker blocks later batches"
+)
+def test_zombie_no_data_batch_after_a_newer_run_moved_on(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+    failures = _run(kafka_broker.bootstrap, STALE_MARKER_SEED, STALE_MARKER_EVENTS)
     assert not failures, "\n".join(map(str, failures))

@@ -5,15 +5,24 @@ what ``make test`` checks:
 
 * ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 100,000), on
   ``SPARKONCE_SIM_WORKERS`` processes (default 2);
-* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 10,000);
+* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 10,000), on
+  ``SPARKONCE_SIM_PG_WORKERS`` processes (2) of ``SPARKONCE_SIM_PG_LANES`` lanes (8);
 * ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
-* ``SPARKONCE_SIM_KAFKA_SCHEDULES``: Kafka schedules, Kafka sink (default 150);
+* ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
+  time box (default 60; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
+  (default 10,000);
 * ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i).
 
 Server stores run several schedules at once, each in its own namespace (lanes), so
 that round trips overlap. Every count printed at the end of the run (see
 ``conftest.py``) is of schedules fully run and checked. A failure names its seed, is
 shrunk, and is printed with the command that replays it.
+
+Cost, measured 2026-11-22 on the 2-core test machine (CPU time of the simulation's
+processes; the stores' servers use about as much again): a SQLite schedule about
+2.2 ms, a PostgreSQL one 8 ms (plus 10 ms in the server), a two-phase one 25 ms, a
+Kafka one 0.2 s (plus 0.25 s in the broker). The whole directory needs about 480
+CPU-seconds: 4 minutes when both cores are free, twice that when other work shares them.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from sparkonce.verify.sim import (
 )
 from sparkonce.verify.sim.cli import main
 from tests.sim.conftest import env_int, record
-from tests.sim.test_kafka_findings import is_orphan_timer_row
+from tests.sim.test_kafka_findings import is_known_kafka_bug
 
 SEED = env_int("SPARKONCE_SIM_SEED", 0)
 
@@ -124,7 +133,9 @@ def test_postgres_twophase_schedules(pg_url: str) -> None:
 
 @pytest.mark.kafka
 def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
-    n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 150)
+    """As many Kafka schedules as fit in a time box (each costs about 0.5 s of CPU)."""
+    n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 10_000)
+    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 60)
     workers = env_int("SPARKONCE_SIM_KAFKA_WORKERS", 1)
     lanes = env_int("SPARKONCE_SIM_KAFKA_LANES", 16)
     c = Campaign(
@@ -133,17 +144,18 @@ def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
         schedules=n,
         workers=workers,
         lanes=lanes,
+        seconds=seconds or None,
     )
     summary = run_campaign(c)
-    # A known bug of the Kafka sink, pinned in test_kafka_findings.py: not counted here.
-    known = [seed for seed, f in summary.failed if is_orphan_timer_row(f)]
+    # Known bugs of the Kafka sink, pinned in test_kafka_findings.py: not counted here.
+    known = [seed for seed, f in summary.failed if is_known_kafka_bug(f)]
     if known and len(summary.failed) == summary.failed_count:
         summary.failed = [(seed, f) for seed, f in summary.failed if seed not in known]
         summary.failed_count -= len(known)
-    record(f"Kafka, Kafka sink ({len(known)} known bug)", summary, workers, lanes)
+    record(f"Kafka, Kafka sink ({len(known)} known-bug)", summary, workers, lanes)
     _check(summary, c)
-    assert summary.schedules == n
-    if n >= 100:
+    assert summary.schedules >= min(n, 32), "too few Kafka schedules fit in the time box"
+    if summary.schedules >= 100:
         _faults_reached(summary)
 
 
@@ -189,16 +201,20 @@ def test_the_old_module_name_still_runs() -> None:
     assert os.path.basename(simulation.__file__) == "simulation.py"
 
 
-@pytest.mark.parametrize("seed", [69325, 70873, 78288, 84171])
-def test_a_fenced_runs_skipped_no_data_batch_is_not_owed(
-    sqlite_target: SqlTarget, seed: int
-) -> None:
-    """A stale run's no-data batch lies behind a ledger a newer run moved on: the committer
-    skips it as a replay (nothing is written) and the run owes readers no timer row.
+@pytest.mark.parametrize("seed", [69325, 70873, 78288, 84171, 600252])
+def test_a_superseded_no_data_batch_is_not_owed(sqlite_target: SqlTarget, seed: int) -> None:
+    """A no-data batch whose offsets lie behind a ledger other runs moved on is skipped as
+    a replay (nothing is written) when it has no entry of its own: a stale run's (seeds
+    69325, 70873, 78288, 84171), or a restored checkpoint's whose batch differs from the
+    ledger's batch of the same query and id (600252). Neither owes readers a timer row.
 
-    These seeds failed the first 100,000-schedule campaign ([loss] of the timer row) while
-    the simulator counted every skipped no-data batch as completed; only the owner's are.
+    These seeds failed ([loss] of the timer row) while the simulator counted every such
+    skip as a completed no-data batch: the first four in the first 100,000-schedule
+    campaign, 600252 in a soak (seeds 500,000-649,999).
     """
     failures, stats = run_schedule(generate(seed), sqlite_target)
     assert failures == []
-    assert stats.nodata > 0
+    if seed not in (70873, 78288, 84171):
+        # Since the committer's step 0 checks the owner before the ledger, the stale runs of
+        # these three seeds are fenced before they reach the no-data batch at all.
+        assert stats.nodata > 0

@@ -18,9 +18,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from tests.conftest import FAMILY_SINKS
+from tests.spark.test_pipeline import forget_commit
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 from sparkonce.offsets import check_chain
+from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.sinks.inspect import inspector_for
 
 RECORDS = 600  # event times 0..599 s after BASE, one partition, so no record is late
@@ -125,23 +127,26 @@ def test_windows_closed_by_a_no_data_batch_reach_every_sink_family(
     assert _rows_as_windows(_read(p.sink, p.name)[0]) == want
 
 
-def test_replayed_no_data_batch_commits_once(spark: SparkSession, tmp_path: Path) -> None:
-    """Spark forgets the no-data batch's commit (a crash after the sink's commit): the
-    replay of the same no-data batch is skipped, and its rows are in the sink once."""
-    log_dir = make_event_log(tmp_path / "log")
-    url = f"sqlite:///{tmp_path / 'sink.db'}"
-    p = Pipeline(
-        name="windows",
+def _sqlite_pipeline(
+    tmp_path: Path, log_dir: Path, name: str, transform: Any, table: str
+) -> Pipeline:
+    """An append-mode pipeline over the event log into a SQLite table."""
+    return Pipeline(
+        name=name,
         source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=LIMIT),
-        transform=windows,
-        sink=sink_from_url(url, "windows"),
+        transform=transform,
+        sink=sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", table),
         checkpoint=tmp_path / "chk",
         output_mode="append",
     )
+
+
+def test_replayed_no_data_batch_commits_once(spark: SparkSession, tmp_path: Path) -> None:
+    """Spark forgets the no-data batch's commit (a crash after the sink's commit): the
+    replay of the same no-data batch is skipped, and its rows are in the sink once."""
+    p = _sqlite_pipeline(tmp_path, make_event_log(tmp_path / "log"), "windows", windows, "windows")
     p.run(spark, timeout=300)
-    last = max(int(f.name) for f in (tmp_path / "chk" / "commits").iterdir() if f.name.isdigit())
-    (tmp_path / "chk" / "commits" / str(last)).unlink()
-    (tmp_path / "chk" / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    forget_commit(tmp_path / "chk", max(Checkpoint(tmp_path / "chk").batch_ids("commits")))
     report = p.run(spark, timeout=300)
     assert report.batches_skipped == 1 and report.batches_committed == 0, report
     assert "no-data batch already committed" in report.batches[0].result.reason
@@ -190,15 +195,7 @@ def test_state_timeouts_that_fire_in_a_no_data_batch_are_committed(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     log_dir = make_event_log(tmp_path / "log", keys=3)
-    url = f"sqlite:///{tmp_path / 'sink.db'}"
-    p = Pipeline(
-        name="timeouts",
-        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=LIMIT),
-        transform=_timeouts,
-        sink=sink_from_url(url, "finals"),
-        checkpoint=tmp_path / "chk",
-        output_mode="append",
-    )
+    p = _sqlite_pipeline(tmp_path, log_dir, "timeouts", _timeouts, "finals")
     p.run(spark, timeout=300)
     rows, entries = _read(p.sink, p.name)
     want = Counter(f"k{i % 3}" for i in range(RECORDS))

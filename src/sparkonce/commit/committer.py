@@ -97,8 +97,7 @@ class Committer:
         # Step 0, a cheap look outside the transaction, in the order of steps 1-2: a
         # fenced run stops before it stages anything (no task starts), and a replay of
         # a committed batch is skipped before anything is staged.
-        self.store.check_owner(None, ctx.pipeline, ctx.epoch)
-        last = self.store.last(ctx.pipeline)
+        last = self._look(ctx)
         skipped = self._replay(ctx, last, None)
         if skipped is not None:
             return skipped
@@ -118,6 +117,30 @@ class Committer:
         if not result.skipped:
             self.stager.after_commit(ctx)
         return result
+
+    def _look(self, ctx: BatchContext) -> LedgerEntry | None:
+        """Step 0's reads (owner, last entry), under the same retry policy as the commit."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self.store.check_owner(None, ctx.pipeline, ctx.epoch)
+                return self.store.last(ctx.pipeline)
+            except SparkOnceError:
+                raise
+            except Exception as exc:
+                if not self.store.is_connection_error(exc) or attempt == self.attempts:
+                    raise _write_error(ctx, self.store, self.stager, exc) from exc
+                log.warning(
+                    "pipeline %r batch %s: connection to %s lost before the commit (%s); "
+                    "reading again on a new connection (attempt %d/%d)",
+                    ctx.pipeline,
+                    ctx.ranges,
+                    self.store.describe(),
+                    exc,
+                    attempt + 1,
+                    self.attempts,
+                )
+                self.store.reconnect()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _commit_staged(self, ctx: BatchContext, seq: int, staged: Staged) -> CommitResult:
         for attempt in range(1, self.attempts + 1):

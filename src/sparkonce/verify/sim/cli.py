@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sink", choices=("sql", "twophase"), default="sql", help="SQL stores only")
     p.add_argument("--schedules", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0, help="first seed (schedule i has seed+i)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        help="time box: start no schedule after this many seconds (up to --schedules)",
+    )
     p.add_argument("--workers", type=int, default=1, help="processes")
     p.add_argument(
         "--lanes", type=int, default=1, help="concurrent schedules per process (server stores)"
@@ -92,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=1 if args.profile else max(1, args.workers),
         lanes=max(1, args.lanes),
         with_restore=not args.no_restore,
+        seconds=args.seconds,
     )
     if args.replay is not None:
         return _replay(args, campaign)

@@ -68,6 +68,7 @@ class Simulation(Observer):
         # another batch is refused, and the operator restores this checkpoint.
         self.partial: Checkpoint | None = None
         self.operator_restore = False
+        self.refusals: list[str] = []  # named when the final run cannot drain
         seed = schedule.seed
         # Record (p, o)'s value, the row's third column.
         self.values = [[f"{seed}/{p}/{o}" for o in range(n)] for p, n in enumerate(schedule.totals)]
@@ -295,6 +296,7 @@ class Simulation(Observer):
                     self.fail("owner-error", f"{what()}: the owner's commit raised {short(error)}")
             elif isinstance(error, LedgerError) and self._may_refuse(run):
                 self.stats.refused += 1
+                self.refusals.append(short(error))
                 if owner and self.partial is not None and not run.checkpoint.restored:
                     self.operator_restore = True
             elif self._injected(ev, error):
@@ -314,9 +316,11 @@ class Simulation(Observer):
             self.stats.commits += 1
         if batch.nodata:
             self.stats.nodata += 1
-            # Owed to readers: a no-data batch the owner completed. A fenced run's may be
-            # "skipped" (its offsets lie behind a ledger a newer run moved on): it owes nothing.
-            if owner and not batch.quiet:
+            # Owed to readers: a no-data batch the owner completed. Not one "skipped" with no
+            # entry of its own because its offsets lie behind a ledger that other runs moved
+            # on: a fenced run's, or a restored checkpoint's (a history the ledger did not take).
+            superseded = result.skipped and result.seq is None
+            if owner and not batch.quiet and not (superseded and run.checkpoint.restored):
                 self.completed_nodata.add((run.checkpoint.id, batch.batch_id))
         if run.checkpoint.pending == batch:
             run.checkpoint.done += 1
@@ -426,7 +430,9 @@ class Simulation(Observer):
                 return
             # Refused (its message names the fix): the operator applies it and runs again.
             final = replace(final, keep_checkpoint=False)
-        self.fail("drain", "the final run was refused three times")
+        self.fail(
+            "drain", f"the final run was refused three times: {'; '.join(self.refusals[-3:])}"
+        )
 
     def _drain(self, run: Run) -> bool:
         limit = sum(self.s.totals) + 3

@@ -189,11 +189,9 @@ class TargetSpec:
 
             url = sqlite_url(f"{ns}-{worker}-{lane}")
             remove_sqlite(url)
-            t = SqlTarget(
+            return SqlTarget(
                 url, sink=self.sink, fresh_connections=self.fresh_connections, owns_store=True
             )
-            t.remove_on_close = url  # type: ignore[attr-defined]
-            return t
         if self.store == "postgres":
             from sparkonce.verify.sim.sql import SqlTarget
 
@@ -226,13 +224,9 @@ class TargetSpec:
 
 
 def close_target(target: Target) -> None:
+    """Close a target, whatever state its store is in (a SQLite file of its own goes too)."""
     with contextlib.suppress(Exception):
         target.close()
-    url = getattr(target, "remove_on_close", None)
-    if url:
-        from sparkonce.verify.sim.sql import remove_sqlite
-
-        remove_sqlite(url)
 
 
 @dataclass(frozen=True)
@@ -247,6 +241,9 @@ class Campaign:
     with_restore: bool = True
     stop_at_first: bool = False
     committer: type[Committer] = Committer
+    # Time box: no schedule starts after this many seconds (those under way finish), so
+    # the campaign checks as many schedules as fit, up to ``schedules``.
+    seconds: float | None = None
 
     def replay_command(self, seed: int) -> str:
         return self.target.replay_command(seed, with_restore=self.with_restore)
@@ -257,10 +254,13 @@ class _Seeds:
 
     CHUNK = 16
 
-    def __init__(self, first: int, count: int, shared: Any = None) -> None:
+    def __init__(
+        self, first: int, count: int, shared: Any = None, stop_at: float | None = None
+    ) -> None:
         self.first = first
         self.end = first + count
         self._shared = shared  # a multiprocessing Value (next seed) shared by processes
+        self._stop_at = stop_at  # time.time() after which no schedule starts
         self._lock = threading.Lock()
         self._next = first
         self._mine: list[int] = []
@@ -268,7 +268,7 @@ class _Seeds:
 
     def take(self) -> int | None:
         with self._lock:
-            if self.stop:
+            if self.stop or (self._stop_at is not None and time.time() >= self._stop_at):
                 return None
             if not self._mine:
                 lo = self._claim()
@@ -361,13 +361,20 @@ def _run_lanes(c: Campaign, worker: int, seeds: _Seeds, progress: _Progress) -> 
 
 
 def _worker(
-    c: Campaign, worker: int, shared: Any, done: Any, failed: Any, queue: Any, results: Any
+    c: Campaign,
+    worker: int,
+    shared: Any,
+    done: Any,
+    failed: Any,
+    queue: Any,
+    results: Any,
+    stop_at: float | None,
 ) -> None:
     import logging
 
     logging.getLogger("sparkonce").setLevel(logging.ERROR)
     try:
-        seeds = _Seeds(c.seed, c.schedules, shared)
+        seeds = _Seeds(c.seed, c.schedules, shared, stop_at)
         results.put((worker, _run_lanes(c, worker, seeds, _Progress(done, failed, queue)), None))
     except BaseException as exc:
         results.put((worker, None, f"{type(exc).__name__}: {exc}"))
@@ -383,6 +390,7 @@ def run_campaign(
     """Run seeds ``c.seed .. c.seed + c.schedules - 1`` on ``c.workers`` processes of
     ``c.lanes`` lanes each. ``progress(done, failed)`` is called every ``interval`` s."""
     started = time.perf_counter()
+    stop_at = None if c.seconds is None else time.time() + c.seconds
     if c.workers <= 1:
         done = [0, 0]
 
@@ -394,7 +402,8 @@ def run_campaign(
 
         ticker = _Ticker(lambda: progress(done[0], done[1]) if progress else None, interval)
         with ticker:
-            total = _run_lanes(c, 0, _Seeds(c.seed, c.schedules), _Progress(local=local))
+            seeds = _Seeds(c.seed, c.schedules, stop_at=stop_at)
+            total = _run_lanes(c, 0, seeds, _Progress(local=local))
         total.seconds = time.perf_counter() - started
         return total
     import multiprocessing
@@ -422,7 +431,7 @@ def run_campaign(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(c, i, shared, done_v, failed_v, queue, results),
+            args=(c, i, shared, done_v, failed_v, queue, results, stop_at),
             name=f"sim-worker-{i}",
             daemon=True,
         )

@@ -114,7 +114,8 @@ class SqlTarget(Target):
     """One pipeline and one output table in a SQLite file or a PostgreSQL database.
 
     ``owns_store``: nothing else uses the store (a SQLite file of its own), so
-    :meth:`reset` empties whole tables; otherwise it deletes this pipeline's rows.
+    :meth:`reset` empties whole tables, and :meth:`close` removes the file; otherwise
+    it deletes this pipeline's rows.
     """
 
     def __init__(
@@ -330,11 +331,14 @@ class SqlTarget(Target):
         return int(row[0])
 
     def close(self) -> None:
+        """Close every connection; a SQLite file this target owns is removed."""
         for ep in [*self._pool, self._admin]:
             with contextlib.suppress(Exception):
                 ep.store.close()
         self._pool.clear()
         self.task_connections.close()
+        if self.owns_store and self.dialect.name == "sqlite":
+            remove_sqlite(str(self.url))
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sparkonce.commit import Stager
@@ -44,7 +44,6 @@ class Endpoint:
 
     store: Any  # the sink's LedgerStore, subclassed to report commits (observer, lose_ack)
     stager: Stager
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Entry(NamedTuple):
