@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.errors import LedgerError, SinkError, SparkOnceError
@@ -46,6 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 COMMIT_ATTEMPTS = 3  # a commit whose store connection dropped is retried on a new one
 
@@ -120,43 +122,38 @@ class Committer:
 
     def _look(self, ctx: BatchContext) -> LedgerEntry | None:
         """Step 0's reads (owner, last entry), under the same retry policy as the commit."""
-        for attempt in range(1, self.attempts + 1):
-            try:
-                self.store.check_owner(None, ctx.pipeline, ctx.epoch)
-                return self.store.last(ctx.pipeline)
-            except SparkOnceError:
-                raise
-            except Exception as exc:
-                if not self.store.is_connection_error(exc) or attempt == self.attempts:
-                    raise _write_error(ctx, self.store, self.stager, exc) from exc
-                log.warning(
-                    "pipeline %r batch %s: connection to %s lost before the commit (%s); "
-                    "reading again on a new connection (attempt %d/%d)",
-                    ctx.pipeline,
-                    ctx.ranges,
-                    self.store.describe(),
-                    exc,
-                    attempt + 1,
-                    self.attempts,
-                )
-                self.store.reconnect()
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def look(_attempt: int) -> LedgerEntry | None:
+            self.store.check_owner(None, ctx.pipeline, ctx.epoch)
+            return self.store.last(ctx.pipeline)
+
+        return self._retrying(ctx, "before the commit", look)
 
     def _commit_staged(self, ctx: BatchContext, seq: int, staged: Staged) -> CommitResult:
+        return self._retrying(
+            ctx,
+            "during commit",
+            lambda attempt: self._transaction(ctx, seq, staged, retry=attempt > 1),
+        )
+
+    def _retrying(self, ctx: BatchContext, when: str, call: Callable[[int], T]) -> T:
+        """The one retry policy: ``call(attempt)`` again on a new connection when the
+        store's connection was lost, up to ``attempts`` times in all."""
         for attempt in range(1, self.attempts + 1):
             try:
-                return self._transaction(ctx, seq, staged, retry=attempt > 1)
+                return call(attempt)
             except SparkOnceError:
                 raise  # explains itself: fenced, ledger conflict, bad rows...
             except Exception as exc:
                 if not self.store.is_connection_error(exc) or attempt == self.attempts:
                     raise _write_error(ctx, self.store, self.stager, exc) from exc
                 log.warning(
-                    "pipeline %r batch %s: connection to %s lost during commit (%s); "
+                    "pipeline %r batch %s: connection to %s lost %s (%s); "
                     "retrying on a new connection (attempt %d/%d)",
                     ctx.pipeline,
                     ctx.ranges,
                     self.store.describe(),
+                    when,
                     exc,
                     attempt + 1,
                     self.attempts,

@@ -19,7 +19,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sparkonce.commit import Stager
 from sparkonce.ledger.base import LedgerEntry, Owner
@@ -31,11 +31,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.verify.sim.world import Planned, Row, Run
 
 
-class Observer:
+class Observer(Protocol):
     """Receives the ledger entries of every store transaction that committed."""
 
-    def committed(self, entries: list[LedgerEntry]) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    def committed(self, entries: list[LedgerEntry]) -> None: ...
 
 
 @dataclass
