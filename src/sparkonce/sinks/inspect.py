@@ -191,7 +191,7 @@ class KafkaInspector(Inspector):
 
         It drops every record of both topics, whichever pipeline wrote them.
         """
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         from sparkonce.kafka.consumer import KafkaReader
         from sparkonce.ledger.kafka_topic import TIMEOUT_S
@@ -208,11 +208,17 @@ class KafkaInspector(Inspector):
                     if high > 0:
                         targets.append(TopicPartition(topic, p, high))
         if targets:
-            futures = conn.admin().delete_records(
+            admin = conn.admin()  # keep a reference: a collected client cancels its futures
+            futures = admin.delete_records(
                 targets, request_timeout=TIMEOUT_S, operation_timeout=TIMEOUT_S
             )
-            for f in futures.values():
-                f.result(timeout=TIMEOUT_S)
+            for tp, f in futures.items():
+                try:
+                    f.result(timeout=TIMEOUT_S)
+                except (KafkaException, TimeoutError) as exc:
+                    raise conn.unavailable(
+                        f"deleting the records of {tp.topic}[{tp.partition}]", exc
+                    ) from None
         sink._output_dropped()
 
     def relocated(self, url: str | StoreURL) -> KafkaSink:
