@@ -58,8 +58,11 @@ log = logging.getLogger(__name__)
 # nothing is committed to it.
 READER_GROUP = "sparkonce-reader"
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
-POLL_S = 0.05  # longest wait of one consume() call: the end of a range is often a
-# transaction marker, which consume() never returns, so each read ends with one such wait
+# consume() waits for the messages it asked for or for its timeout. The end of a range is
+# often a transaction marker, which consume() never returns, so the last call of a read
+# waits out its timeout: the wait starts short and doubles while nothing moves.
+POLL_MIN_S = 0.002
+POLL_S = 0.05  # the longest wait of one consume() call
 CONSUME_MAX = 10_000  # messages per consume() call
 
 
@@ -206,13 +209,12 @@ class KafkaReader:
         except ck.KafkaException as exc:
             raise self.conn.unavailable(f"reading {where}", exc) from None
         progress_at = time.monotonic()
+        wait = POLL_MIN_S
         while pos < end:
             try:
-                # consume() waits for num_messages or the timeout: ask for no more than the
-                # range can still hold, so a range without markers returns without waiting.
-                messages = consumer.consume(
-                    num_messages=min(CONSUME_MAX, end - pos), timeout=POLL_S
-                )
+                # Ask for no more than the range can still hold, so a range without markers
+                # returns without waiting.
+                messages = consumer.consume(num_messages=min(CONSUME_MAX, end - pos), timeout=wait)
                 records: list[Any] = []
                 seen = pos
                 for m in messages:
@@ -234,11 +236,14 @@ class KafkaReader:
             if new_pos > pos:
                 pos = new_pos
                 progress_at = time.monotonic()
+                wait = POLL_MIN_S
             elif time.monotonic() - progress_at > stall_s:
                 detail = f" (last client error: {last_error})" if last_error else ""
                 raise self.conn.unavailable(
                     f"reading {where}: no progress past offset {pos} for {stall_s:g} s{detail}"
                 )
+            else:
+                wait = min(POLL_S, wait * 2)
             if records:
                 yield records
                 progress_at = time.monotonic()  # the caller's time is not a stall

@@ -19,9 +19,11 @@ stager. Because Kafka commits per task, step 3 runs in the stager's
     tasks    stager     step 3, each Spark task p: init_transactions() with transactional.id
                         "sparkonce.<pipeline>.<topic>.<p>" (bumps the producer epoch, which
                         fences and aborts any zombie attempt of the same task), then reads
-                        the ledger topic: if its marker for this batch is committed it does
-                        nothing; otherwise it writes its records and its marker (pipeline,
-                        batch offsets, partition) in ONE transaction and commits it
+                        the ledger topic: if a newer run took the pipeline, it writes
+                        nothing (the driver raises FencedError); if its marker for this
+                        batch is committed it does nothing; otherwise it writes its
+                        records and its marker (pipeline, batch offsets, partition, Spark
+                        batch) in ONE transaction and commits it
     driver   committer  step 1: the run's epoch is still the owner's (ledger topic; the
                         driver's transactional producer is fenced by any newer run)
     driver   committer  step 2: a replay is skipped; publish (step 3) has nothing left to do
@@ -55,7 +57,9 @@ Limits, stated plainly:
   consumers get the guarantee.
 * **Lost checkpoint mid-batch.** If the checkpoint is lost while a batch is
   partly committed, the new run stops with a :class:`~sparkonce.errors.LedgerError`
-  naming the batch, unless it plans exactly the same batch again.
+  naming the batch, unless it plans exactly the same batch again. A no-data batch
+  (a stateful query's timers, no new input) counts as the same only with the same
+  checkpoint and Spark batch id, so restoring the checkpoint is the fix there.
 """
 
 from __future__ import annotations
@@ -115,22 +119,30 @@ class _TaskPlan:
     partition_column: bool
 
 
-def _marker_is_for(marker: Mapping[str, Any], plan: _TaskPlan) -> bool:
-    """Whether this task's marker (read after the last batch entry) commits ``plan``'s batch.
+def _marker_is_for(
+    marker: Mapping[str, Any],
+    batch: BatchRanges,
+    spark_batch_id: int | None,
+    checkpoint_id: str | None,
+) -> bool:
+    """Whether a task marker (read after the last batch entry) commits this batch.
 
-    A batch with offsets is identified by its ranges. A no-data batch (empty ranges:
-    the watermark moved or a timeout fired, no new input) by its Spark identity,
-    the checkpoint's query id and batch id, so one no-data batch's marker never
-    passes for the next one's.
+    A batch with offsets is identified by its ranges (a marker whose ranges cover
+    them). A no-data batch (empty ranges: the watermark moved or a timeout fired,
+    no new input) by its Spark identity, the checkpoint's query id and batch id, so
+    one no-data batch's marker never passes for the next one's. A marker of another
+    batch (a zombie attempt's, behind the ledger) is not this batch's.
     """
     ranges = BatchRanges.from_json_obj(marker["ranges"])
-    batch = BatchRanges.from_json_obj(plan.ranges)
     if not batch.empty:
-        return classify(batch, ranges.ends()) is Coverage.COMMITTED
+        try:
+            return classify(batch, ranges.ends()) is Coverage.COMMITTED
+        except LedgerError:  # the marker's ranges end before this batch starts
+            return False
     return (
         ranges == batch
-        and marker.get("spark_batch_id") == plan.spark_batch_id
-        and marker.get("checkpoint_id") == plan.checkpoint_id
+        and marker.get("spark_batch_id") == spark_batch_id
+        and marker.get("checkpoint_id") == checkpoint_id
     )
 
 
@@ -144,7 +156,12 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     pid = ctx.partitionId() if ctx is not None else 0
     attempt = ctx.attemptNumber() if ctx is not None else 0
     out_schema = pa.schema(
-        [("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.bool_())]
+        [
+            ("partition", pa.int32()),
+            ("rows", pa.int64()),
+            ("skipped", pa.bool_()),
+            ("fenced", pa.bool_()),
+        ]
     )
     producer = Producer(
         plan.conn.client_config(
@@ -162,11 +179,29 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     ledger = LedgerTopic(plan.conn, plan.ledger_topic)
     records, _ = ledger.read(plan.scan_from)
     state = LedgerTopic.fold(LedgerState(), plan.pipeline, records)
-    mine = state.markers.get(pid)
-    if mine is not None and _marker_is_for(mine, plan):
+    if state.owner is not None and state.owner.epoch != plan.epoch:
+        # A newer run took the pipeline after this batch was planned (this is a zombie's
+        # task): write nothing; the driver's owner check raises FencedError. A newer run
+        # that took it after this read fences this producer: its task p's init_transactions
+        # comes before any batch of its own can commit.
+        yield pa.RecordBatch.from_pylist(
+            [{"partition": pid, "rows": 0, "skipped": True, "fenced": True}], out_schema
+        )
+        return
+    batch = BatchRanges.from_json_obj(plan.ranges)
+    mine = next(
+        (
+            m
+            for m in state.pending
+            if int(m["partition"]) == pid
+            and _marker_is_for(m, batch, plan.spark_batch_id, plan.checkpoint_id)
+        ),
+        None,
+    )
+    if mine is not None:
         rows = int(mine["rows"])
         yield pa.RecordBatch.from_pylist(
-            [{"partition": pid, "rows": rows, "skipped": True}], out_schema
+            [{"partition": pid, "rows": rows, "skipped": True, "fenced": False}], out_schema
         )
         return
 
@@ -227,8 +262,29 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         )
     producer.commit_transaction(TIMEOUT_S)
     yield pa.RecordBatch.from_pylist(
-        [{"partition": pid, "rows": rows, "skipped": False}], out_schema
+        [{"partition": pid, "rows": rows, "skipped": False, "fenced": False}], out_schema
     )
+
+
+def _same_nodata_batch(marker: Mapping[str, Any], ctx: BatchContext) -> bool:
+    """Whether a no-data batch's marker is ``ctx``'s batch (the same Spark batch)."""
+    return (
+        ctx.ranges.empty
+        and BatchRanges.from_json_obj(marker["ranges"]) == ctx.ranges
+        and marker.get("spark_batch_id") == ctx.spark_batch_id
+        and marker.get("checkpoint_id") == ctx.checkpoint_id
+    )
+
+
+def _describe_batch(ranges: BatchRanges, who: Any) -> str:
+    """``batch t[0]:0..5``, or a no-data batch's Spark identity (``who``: marker or context)."""
+    if not ranges.empty:
+        return f"batch {ranges}"
+    if isinstance(who, Mapping):
+        batch_id, query = who.get("spark_batch_id"), who.get("checkpoint_id")
+    else:
+        batch_id, query = who.spark_batch_id, who.checkpoint_id
+    return f"no-data batch {batch_id} of checkpoint {query} (at {ranges})"
 
 
 # --- the sink (driver side) -------------------------------------------------------------------
@@ -421,11 +477,13 @@ class KafkaSink(Sink, Stager):
         stats = (
             df.mapInArrow(
                 lambda it: _write_task(plan, it),
-                "partition INT, rows BIGINT, skipped BOOLEAN",
+                "partition INT, rows BIGINT, skipped BOOLEAN, fenced BOOLEAN",
             )
             .toArrow()
             .to_pylist()
         )
+        if any(s["fenced"] for s in stats):
+            self._store.check_owner(None, ctx.pipeline, ctx.epoch)  # raises FencedError
         return Staged(rows=sum(int(s["rows"]) for s in stats), payload=stats)
 
     def after_failed_commit(self) -> str:
@@ -448,20 +506,40 @@ class KafkaSink(Sink, Stager):
     def _check_pending(
         self, ctx: BatchContext, state: LedgerState, last: LedgerEntry | None
     ) -> None:
-        """Refuse a batch that differs from a partly committed one (lost checkpoint)."""
+        """Refuse a batch that differs from a partly committed one (lost checkpoint).
+
+        The markers written after the last batch entry belong to a batch whose tasks
+        committed and whose entry did not land, unless they lie behind the ledger's end
+        (a fenced attempt's, written too late; nothing can complete that batch). A
+        no-data batch's markers sit at the ledger's end and name their Spark batch; those
+        of its tasks that wrote no record do not count.
+        """
         after = last.end_offsets if last else {}
-        for pid, marker in state.markers.items():
+        for marker in state.pending:
             ranges = BatchRanges.from_json_obj(marker["ranges"])
-            if ranges.ends() == after or classify(ranges, after) is Coverage.COMMITTED:
+            if ranges.empty:
+                if _same_nodata_batch(marker, ctx) or int(marker.get("rows", 0)) == 0:
+                    # This batch's own, from an earlier attempt; or another no-data batch's
+                    # task that wrote no record (an empty no-data batch gets no entry).
+                    continue
+                behind = any(o < after.get(tp, 0) for tp, o in ranges.ends().items())
+            else:
+                if ranges == ctx.ranges:
+                    continue
+                try:
+                    behind = classify(ranges, after) is Coverage.COMMITTED
+                except LedgerError:
+                    behind = False
+            if behind:
                 continue
-            if ranges != ctx.ranges:
-                raise LedgerError(
-                    f"pipeline {ctx.pipeline!r}: batch {ranges} is partly committed in "
-                    f"{self.describe()} (task {pid} committed, the batch's ledger entry is "
-                    f"missing), but this run planned {ctx.ranges} instead. This happens when "
-                    "the checkpoint was lost mid-batch. Operator action: restore the checkpoint "
-                    "directory, or re-run with the same read limits so the same batch is planned."
-                )
+            raise LedgerError(
+                f"pipeline {ctx.pipeline!r}: {_describe_batch(ranges, marker)} is partly "
+                f"committed in {self.describe()} (task {marker['partition']} committed, the "
+                f"batch's ledger entry is missing), but this run planned "
+                f"{_describe_batch(ctx.ranges, ctx)} instead. This happens when the checkpoint "
+                "was lost mid-batch. Operator action: restore the checkpoint directory, or "
+                "re-run with the same read limits so the same batch is planned."
+            )
 
     def _output_dropped(self) -> None:
         """Both topics were emptied (an inspector's reset): forget what was read of them."""
