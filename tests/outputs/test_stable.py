@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from datetime import datetime
@@ -106,6 +107,15 @@ def test_replay_reads_the_frozen_copy_and_runs_df_once(spark: SparkSession, tmp_
     got = stable.get(spark, key())
     assert got is not None and rows(got) == expected
     assert stable.get(spark, key(4)) is None
+
+    # Partitioned, the write still runs the batch once, and the replay not at all.
+    tagged = batch().withColumn("tag", (F.col("id") % 3).cast("string"))
+    split = stable.put(tagged, key(9), partition_by="tag")
+    assert executed.value == 2000
+    frozen = rows(split)
+    assert rows(stable.put(tagged, key(9), partition_by="tag")) == frozen
+    assert executed.value == 2000
+    assert sorted(r.tag for r in split.where("tag = '1'").collect()) == ["1"] * 333
 
     manifest = json.loads((tmp_path / "stable" / key().dirname / MANIFEST).read_text())
     assert manifest["rows"] == 1000
@@ -247,7 +257,9 @@ def test_corrupt_copy_raises_checkpoint_error(spark: SparkSession, tmp_path: Pat
         stable.get(spark, key(2))
 
 
-def test_collect_removes_exactly_the_covered_copies(spark: SparkSession, tmp_path: Path) -> None:
+def test_collect_removes_exactly_the_covered_copies(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "stable"
     stable = StableOutput(root)
     assert stable.keys() == [] and stable.collect(lambda k: True) == 0
@@ -264,7 +276,10 @@ def test_collect_removes_exactly_the_covered_copies(spark: SparkSession, tmp_pat
         seen.append(k)
         return k.spark_batch_id <= 3
 
-    assert stable.collect(covered) == 3
+    with caplog.at_level(logging.INFO, logger="sparkonce.outputs.stable"):
+        assert stable.collect(covered) == 3
+    collected = [r.getMessage() for r in caplog.records if "collected" in r.getMessage()]
+    assert len(collected) == 3 and all(" rows in " in m for m in collected)
     assert sorted(seen, key=lambda k: k.spark_batch_id) == stable_sorted(keys)
     left = stable.keys()
     assert [k.spark_batch_id for k in left] == [4, 5]
