@@ -1,0 +1,1 @@
+from sparkonce.outputs.stable import BatchKey, StableOutput  # noqa: F401
