@@ -26,10 +26,10 @@ The layout (:class:`OutputLayout`)
 
     :func:`split` filters on the tag and flattens the output's struct back to top-level
     columns with their original names (spaces, dots and backticks included) and types
-    (atomic, decimal, timestamp, binary, arrays, maps, nested structs). Nullability is
-    not kept: a column may come back ``nullable=True`` where the branch had it non-null
-    (the struct column is NULL in the other outputs' rows). Values, nulls included, are
-    exactly the branch's.
+    (atomic, decimal, timestamp, binary, arrays, maps, nested structs). Top-level
+    nullability is not kept: every column comes back ``nullable=True``, because the
+    output's struct is NULL in the other outputs' rows (nullability inside arrays, maps
+    and nested structs is kept). Values, nulls included, are exactly the branch's.
 
 Output modes (checked on Spark 4.2, one watermarked ``groupBy(window, key)`` branch
 plus stateless branches; :func:`check_output_mode` refuses the unusable ones before
@@ -140,8 +140,9 @@ class OutputLayout:
 
     @property
     def combined_schema(self) -> StructType:
-        """The schema of the combined DataFrame (every column nullable), for example to
-        read a Parquet copy of combined batches back with ``spark.read.schema(...)``."""
+        """The schema of the combined DataFrame: the tag (non-null), then each output's
+        struct (nullable, holding the branch's schema as given). For example to read a
+        Parquet copy of combined batches back with ``spark.read.schema(...)``."""
         from pyspark.sql.types import StringType, StructField, StructType
 
         fields = [StructField(OUTPUT_TAG, StringType(), False)]
@@ -238,7 +239,8 @@ def select_output(batch: DataFrame, layout: OutputLayout, name: str) -> DataFram
     """The rows of output ``name`` in a combined ``batch``, as the branch's own columns.
 
     Rows whose :data:`OUTPUT_TAG` is ``name``, with the output's struct flattened back to
-    top-level columns: original names, order and types; nullability may become True.
+    top-level columns: original names, order and types; top-level columns become
+    nullable (the output's struct is NULL in other outputs' rows).
     Raises :class:`ConfigError` if ``name`` is not in the layout or ``batch`` lacks the
     tag or the output's column, or holds it with another type.
     """
