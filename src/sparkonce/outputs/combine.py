@@ -49,8 +49,10 @@ the query starts)
         Spark *accepts* it: the aggregating output then repeats its whole result table
         every batch while the stateless outputs still give only the batch's new rows, so
         a sink that replaces its table each batch would lose the stateless outputs'
-        earlier rows. :func:`check_output_mode` therefore refuses ``complete`` for more
-        than one output (use ``update`` with an upserting sink, or a separate query).
+        earlier rows. (When every branch aggregates, each one repeats its whole table,
+        which is consistent, but a layout cannot tell which branches aggregate.)
+        :func:`check_output_mode` therefore refuses ``complete`` for more than one
+        output (use ``update`` with an upserting sink, or a separate query).
 
 Where code runs: everything here runs on the driver and only builds query plans; the
 filtering and flattening run on the executors as part of the plan.
@@ -60,7 +62,8 @@ the batch again. In ``foreachBatch``, persist the batch first when writing sever
 outputs (and unpersist it afterwards), so the source is read and the state updated once.
 
 Static DataFrames work too, so a transform returning several outputs can be unit-tested
-without streaming: ``split(combine(outputs)[0], layout)`` gives back each output.
+without streaming: ``combined, layout = combine(outputs)`` then ``split(combined,
+layout)`` gives back each output.
 """
 
 from __future__ import annotations
