@@ -1,1 +1,52 @@
-from sparkonce.outputs.stable import BatchKey, StableOutput  # noqa: F401
+"""Building blocks for pipelines with several named outputs (issue 17, in progress).
+
+* :mod:`~sparkonce.outputs.combine`: several named streaming DataFrames run as one query
+  (one batch id, one set of offsets), split back into one DataFrame per output in each
+  micro-batch;
+* :mod:`~sparkonce.outputs.stable`: a micro-batch's output written once (Parquet under the
+  checkpoint), so a replay reads the copy instead of recomputing a non-deterministic
+  transform;
+* :mod:`~sparkonce.outputs.quality`: parse helpers built on Spark's own functions that route
+  records failing parsing or validation to dead letters instead of failing the query.
+
+``Pipeline`` does not use them yet: a pipeline still has one sink.
+"""
+
+from sparkonce.outputs.combine import (
+    OUTPUT_TAG,
+    OutputLayout,
+    check_output_mode,
+    check_output_name,
+    combine,
+    select_output,
+    split,
+)
+from sparkonce.outputs.quality import (
+    DEAD_LETTER_SCHEMA,
+    Parsed,
+    mark_bad,
+    parse_delimited,
+    parse_json,
+    then,
+    to_number,
+)
+from sparkonce.outputs.stable import BatchKey, StableOutput
+
+__all__ = [
+    "DEAD_LETTER_SCHEMA",
+    "OUTPUT_TAG",
+    "BatchKey",
+    "OutputLayout",
+    "Parsed",
+    "StableOutput",
+    "check_output_mode",
+    "check_output_name",
+    "combine",
+    "mark_bad",
+    "parse_delimited",
+    "parse_json",
+    "select_output",
+    "split",
+    "then",
+    "to_number",
+]
