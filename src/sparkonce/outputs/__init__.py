@@ -1,0 +1,1 @@
+from sparkonce.outputs.quality import *  # noqa: F403 (re-exports quality.__all__)
