@@ -37,7 +37,8 @@ lint: setup
 #                    integration, one real-driver crash scenario per sink family (each fault
 #                    kind once) and one `sparkonce verify` run
 #   make test-crash  only the marked tests: the full real-driver crash matrix, the
-#                    `sparkonce verify` campaigns, and PostgreSQL repeats of SQLite scenarios
+#                    `sparkonce verify` campaigns, PostgreSQL repeats of SQLite scenarios,
+#                    and the wheel's clean-venv install test (tests/packaging)
 # pytest's exit code 5 (no test selected) fails either target, like any other failure.
 LANE := crash_lane
 

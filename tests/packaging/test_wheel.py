@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.packaging
+# In `make test-crash` (about a minute: it builds a wheel and a venv), not in `make test`.
+pytestmark = [pytest.mark.packaging, pytest.mark.crash_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = ("postgres", "kafka", "verify")  # the extras a user is told to install

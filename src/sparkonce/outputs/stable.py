@@ -75,7 +75,7 @@ class BatchKey:
     """The identity of one micro-batch's output: which checkpoint, which batch, which input.
 
     ``ranges_json`` is the batch's offset ranges as canonical JSON
-    (:meth:`sparkonce.offsets.OffsetRanges.to_json`, say). A replay of a batch has the
+    (:meth:`sparkonce.offsets.BatchRanges.to_json`, say). A replay of a batch has the
     same key, so it finds the copy its first attempt wrote.
     """
 
