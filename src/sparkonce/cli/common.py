@@ -284,6 +284,19 @@ FILE_EXPECTED = "a file path"
 MAX_PARTITIONS = 2**31 - 1  # a Kafka partition number is a 32-bit int; a log's, likewise
 
 
+def _add_partitions(parser: argparse.ArgumentParser) -> None:
+    """``--partitions N`` of the topic-creating commands (``SPARKONCE_PARTITIONS``)."""
+    _add_env_number(
+        parser,
+        "--partitions",
+        env="SPARKONCE_PARTITIONS",
+        default=4,
+        help="number of partitions, default 4",
+        minimum=1,
+        maximum=MAX_PARTITIONS,
+    )
+
+
 def _check_sink_url(text: str) -> None:
     """Only the form of the URL: whether the store answers is the command's business."""
     from urllib.parse import urlsplit

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import (
     DIRECTORY_EXPECTED,
-    MAX_PARTITIONS,
-    _add_env_number,
+    _add_partitions,
     _check_directory,
     _env,
     _env_checked,
@@ -131,15 +130,7 @@ def add_parser(sub: SubParsers) -> None:
 
     q = log_sub.add_parser("create", help="create a topic")
     add_dir_topic(q)
-    _add_env_number(
-        q,
-        "--partitions",
-        env="SPARKONCE_PARTITIONS",
-        default=4,
-        help="number of partitions, default 4",
-        minimum=1,
-        maximum=MAX_PARTITIONS,
-    )
+    _add_partitions(q)
     q.add_argument("--exist-ok", action="store_true", help="no error if it already exists")
     q.set_defaults(func=cmd_log_create)
 

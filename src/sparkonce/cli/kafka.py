@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import (
     BOOTSTRAP_EXPECTED,
-    MAX_PARTITIONS,
-    _add_env_number,
+    _add_partitions,
     _check_bootstrap,
     _env,
     _env_checked,
@@ -178,15 +177,7 @@ def add_parser(sub: SubParsers) -> None:
 
     q = kafka_sub.add_parser("create", help="create a topic (no error if it exists)")
     add_bootstrap_topic(q)
-    _add_env_number(
-        q,
-        "--partitions",
-        env="SPARKONCE_PARTITIONS",
-        default=4,
-        help="number of partitions, default 4",
-        minimum=1,
-        maximum=MAX_PARTITIONS,
-    )
+    _add_partitions(q)
     q.set_defaults(func=cmd_kafka_create)
 
     q = kafka_sub.add_parser(

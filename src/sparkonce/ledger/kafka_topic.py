@@ -82,7 +82,6 @@ class LedgerState:
 
     owner: Owner | None = None
     entries: list[LedgerEntry] = field(default_factory=list)
-    markers: dict[int, dict[str, Any]] = field(default_factory=dict)  # partition -> last marker
     after_last_entry: int = 0  # ledger offset just after the last batch entry
     # Every task marker written after the last batch entry, in ledger order: a partly
     # committed batch's, or a fenced (zombie) attempt's that came too late.
@@ -147,7 +146,6 @@ class LedgerTopic:
                 state.after_last_entry = int(r.get("_offset", -1)) + 1
                 state.pending = []
             elif kind == "marker":
-                state.markers[int(r["partition"])] = r
                 state.pending.append(r)
         return state
 

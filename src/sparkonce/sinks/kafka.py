@@ -266,16 +266,6 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     )
 
 
-def _same_nodata_batch(marker: Mapping[str, Any], ctx: BatchContext) -> bool:
-    """Whether a no-data batch's marker is ``ctx``'s batch (the same Spark batch)."""
-    return (
-        ctx.ranges.empty
-        and BatchRanges.from_json_obj(marker["ranges"]) == ctx.ranges
-        and marker.get("spark_batch_id") == ctx.spark_batch_id
-        and marker.get("checkpoint_id") == ctx.checkpoint_id
-    )
-
-
 def _describe_batch(ranges: BatchRanges, who: Any) -> str:
     """``batch t[0]:0..5``, or a no-data batch's Spark identity (``who``: marker or context)."""
     if not ranges.empty:
@@ -518,7 +508,8 @@ class KafkaSink(Sink, Stager):
         for marker in state.pending:
             ranges = BatchRanges.from_json_obj(marker["ranges"])
             if ranges.empty:
-                if _same_nodata_batch(marker, ctx) or int(marker.get("rows", 0)) == 0:
+                mine = _marker_is_for(marker, ctx.ranges, ctx.spark_batch_id, ctx.checkpoint_id)
+                if (ctx.ranges.empty and mine) or int(marker.get("rows", 0)) == 0:
                     # This batch's own, from an earlier attempt; or another no-data batch's
                     # task that wrote no record (an empty no-data batch gets no entry).
                     continue
