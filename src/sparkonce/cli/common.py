@@ -83,8 +83,8 @@ def _typed(
 ) -> Callable[[str], _T]:
     """``convert`` as an argparse ``type=``; a bad value from the environment is named.
 
-    A value from the environment must also pass ``check``, if given (``expected`` says
-    what passes); a value from the command line is checked where it is used.
+    The value must also pass ``check``, if given (``expected`` says what passes), whether
+    it comes from the command line or from the environment.
     """
 
     def parse(text: str) -> _T:
@@ -94,8 +94,10 @@ def _typed(
             if isinstance(text, _EnvDefault):
                 raise argparse.ArgumentTypeError(_bad_env_value(text, flag, expected)) from None
             raise
-        if isinstance(text, _EnvDefault) and check is not None and not check(value):
-            raise argparse.ArgumentTypeError(_bad_env_value(text, flag, expected))
+        if check is not None and not check(value):
+            if isinstance(text, _EnvDefault):
+                raise argparse.ArgumentTypeError(_bad_env_value(text, flag, expected))
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {expected}")
         return value
 
     parse.__name__ = getattr(convert, "__name__", "value")  # argparse: "invalid int value"
