@@ -6,8 +6,9 @@ See :mod:`sparkonce.protocol` for the commit protocol these records serve.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -66,6 +67,8 @@ class CommitResult:
     row_count: int
     seq: int | None  # the ledger entry that covers the batch (None for a no-op no-data batch)
     reason: str = ""
+    # Rows committed per output, for a pipeline with several outputs (empty otherwise).
+    per_output: Mapping[str, int] = field(default_factory=dict)
 
 
 class LedgerStore(ABC):

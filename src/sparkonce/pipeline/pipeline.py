@@ -1,15 +1,17 @@
-"""The public ``Pipeline``: a name, a source, a transform, a sink, a checkpoint, a trigger."""
+"""The public ``Pipeline``: a name, a source, a transform, a sink (or several named outputs),
+a checkpoint, a trigger."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.config import OutputMode, Trigger, check_pipeline_name
 from sparkonce.errors import ConfigError
+from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.sinks.base import Sink
 from sparkonce.sources.base import Source
 
@@ -37,13 +39,17 @@ class Pipeline:
     source:
         A replayable source, e.g. :class:`~sparkonce.sources.EmbeddedLogSource`.
     sink:
-        An effectively-once sink, e.g. :class:`~sparkonce.sinks.SQLiteSink`.
+        An effectively-once sink, e.g. :class:`~sparkonce.sinks.SQLiteSink`, for a
+        pipeline with one output. Give either ``sink`` or ``outputs``.
     checkpoint:
         Spark's checkpoint directory (a local path).
     transform:
-        ``DataFrame -> DataFrame`` applied to the source's stream. Defaults to
-        the identity. It may be non-deterministic: only one attempt of a batch
-        ever commits into a transactional sink.
+        ``DataFrame -> DataFrame`` applied to the source's stream (with ``outputs``:
+        ``DataFrame -> {name: DataFrame}``, one streaming DataFrame per output, all
+        derived from the one input). Defaults to the identity. It may be
+        non-deterministic: only one attempt of a batch ever commits into a
+        transactional sink, and with several stores, stable output gives every store
+        the same rows.
     trigger:
         ``"availableNow"`` (process what is there, then stop) or
         ``"processingTime=<interval>"``.
@@ -54,16 +60,28 @@ class Pipeline:
         Whether the transform keeps state across batches. ``None`` detects it
         from the query plan. A stateful pipeline refuses to resume from the
         ledger alone when its checkpoint (and so its state) is lost.
+    outputs:
+        Several named outputs ``{name: sink}`` (see :mod:`sparkonce.outputs.output_set`):
+        outputs whose sinks share a store commit in one transaction with one ledger row;
+        stores commit one after the other. Names are 1-64 letters, digits and ``_``.
+    stable_output:
+        Write each batch's rows once (Parquet under ``<checkpoint>/sparkonce/stable``)
+        before any sink commits, and commit every sink from that copy, so a replay never
+        recomputes a batch. ``None`` (default): on when the outputs live in more than one
+        store. ``True`` also serves a single ``sink`` (a Kafka sink's replay then needs no
+        deterministic partitioning).
     """
 
     name: str
     source: Source
-    sink: Sink
-    checkpoint: str | Path
-    transform: Callable[[DataFrame], DataFrame] = field(default=_identity)
+    sink: Sink = None  # type: ignore[assignment]  # set by __post_init__ (from outputs)
+    checkpoint: str | Path = ""
+    transform: Callable[[DataFrame], Any] = field(default=_identity)
     trigger: str | Trigger = "availableNow"
     output_mode: OutputMode = "update"
     stateful: bool | None = None
+    outputs: Mapping[str, Sink] | None = None
+    stable_output: bool | None = None
 
     def __post_init__(self) -> None:
         check_pipeline_name(self.name)
@@ -72,10 +90,27 @@ class Pipeline:
                 f"pipeline {self.name!r}: source must be a sparkonce Source (for example "
                 f"EmbeddedLogSource), got {type(self.source).__name__}"
             )
-        if not isinstance(self.sink, Sink):
+        if self.stable_output not in (None, True, False):
+            raise ConfigError(f"pipeline {self.name!r}: stable_output must be None, True or False")
+        sink: Sink | None = self.sink
+        if isinstance(sink, OutputSet):  # dataclasses.replace() of a pipeline built here
+            sink = None if self.outputs is not None else sink.outputs[SINGLE_OUTPUT]
+        if self.outputs is not None:
+            if sink is not None:
+                raise ConfigError(
+                    f"pipeline {self.name!r}: give either sink=... (one output) or "
+                    "outputs={name: sink, ...}, not both"
+                )
+            if not isinstance(self.outputs, Mapping):
+                raise ConfigError(
+                    f"pipeline {self.name!r}: outputs must be a mapping {{name: sink}}, got "
+                    f"{type(self.outputs).__name__}"
+                )
+            object.__setattr__(self, "outputs", dict(self.outputs))
+        elif not isinstance(sink, Sink):
             raise ConfigError(
                 f"pipeline {self.name!r}: sink must be a sparkonce Sink (for example SQLiteSink), "
-                f"got {type(self.sink).__name__}"
+                f"got {type(sink).__name__}; or give outputs={{name: sink, ...}}"
             )
         if not isinstance(self.checkpoint, (str, Path)) or not str(self.checkpoint):
             raise ConfigError(
@@ -97,6 +132,15 @@ class Pipeline:
             )
         if self.stateful not in (None, True, False):
             raise ConfigError(f"pipeline {self.name!r}: stateful must be None, True or False")
+        stable_root = self.checkpoint_path / "sparkonce" / "stable"
+        if self.outputs is not None:
+            sink = OutputSet(self.outputs, stable=self.stable_output, stable_root=stable_root)
+        elif self.stable_output:
+            assert sink is not None
+            sink = OutputSet(
+                {SINGLE_OUTPUT: sink}, stable=True, stable_root=stable_root, single=True
+            )
+        object.__setattr__(self, "sink", sink)
 
     def with_overrides(
         self, *, sink_url: str | None = None, checkpoint: str | Path | None = None
@@ -110,11 +154,29 @@ class Pipeline:
         from sparkonce.sinks.inspect import relocate
 
         changes: dict[str, object] = {}
-        if sink_url:
-            changes["sink"] = relocate(self.sink, sink_url)
+        if sink_url and self.outputs is not None:
+            groups = self.output_set.groups if self.output_set else []
+            if len(groups) > 1:
+                raise ConfigError(
+                    f"pipeline {self.name!r}: --sink moves a pipeline's outputs to another "
+                    f"store, but its outputs live in {len(groups)} stores; edit the pipeline "
+                    "file to move them"
+                )
+            changes["outputs"] = {n: relocate(s, sink_url) for n, s in self.outputs.items()}
+        elif sink_url:
+            base = self.sink
+            if isinstance(base, OutputSet):
+                base = base.outputs[SINGLE_OUTPUT]
+            assert base is not None
+            changes["sink"] = relocate(base, sink_url)
         if checkpoint:
             changes["checkpoint"] = checkpoint
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
+
+    @property
+    def output_set(self) -> OutputSet | None:
+        """The pipeline's outputs as one sink (None for a single sink without stable output)."""
+        return self.sink if isinstance(self.sink, OutputSet) else None
 
     @property
     def checkpoint_path(self) -> Path:

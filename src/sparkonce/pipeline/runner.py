@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ from sparkonce.errors import (
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import BatchRanges, TopicPartition
+from sparkonce.outputs.output_set import OutputSet
 from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.pipeline.failure import find_cause, rebuild
 
@@ -156,11 +157,13 @@ class _BatchHandler:
         else:
             r.batches_committed += 1
             r.rows_committed += result.row_count
+            per_output = ", ".join(f"{n} {k}" for n, k in result.per_output.items())
             log.info(
-                "pipeline %s batch %d: committed %d rows as ledger entry %s in %.2f s [%s]",
+                "pipeline %s batch %d: committed %d rows%s as ledger entry %s in %.2f s [%s]",
                 p.name,
                 batch_id,
                 result.row_count,
+                f" ({per_output})" if per_output else "",
                 result.seq,
                 report.seconds,
                 ranges,
@@ -183,6 +186,8 @@ def _resume_point(
     """Where the query resumes: "start", "checkpoint" or "ledger"; raises when it must not."""
     sink = pipeline.sink
     if checkpoint.is_new:
+        if isinstance(sink, OutputSet):
+            sink.check_stores_agree(pipeline.name, checkpoint.path)
         if not ledger_end:
             return "start"
         stateful = pipeline.stateful
@@ -242,12 +247,66 @@ def _output(pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition,
             f"pipeline {pipeline.name!r}: the transform failed while building the query: "
             f"{_short(exc)}. Fix the transform; nothing was changed (no epoch was taken)."
         ) from exc
+    outputs = pipeline.output_set
+    if outputs is not None:
+        return _combined(pipeline, outputs, out)
+    if isinstance(out, Mapping):
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform returned several outputs "
+            f"({list(out)}) but the pipeline has one sink; declare them with "
+            "Pipeline(outputs={name: sink, ...})"
+        )
     if not isinstance(out, DataFrame) or not out.isStreaming:
         raise ConfigError(
             f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
             f"derived from its input, got {type(out).__name__}"
         )
     return out
+
+
+def _combined(pipeline: Pipeline, outputs: OutputSet, out: object) -> DataFrame:
+    """The transform's named outputs folded into one streaming DataFrame (one query)."""
+    from pyspark.sql import DataFrame
+
+    from sparkonce.outputs.combine import combine
+
+    if outputs.single and isinstance(out, DataFrame):
+        out = {outputs.names[0]: out}
+    if not isinstance(out, Mapping):
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: with outputs={list(outputs.names)} the transform must "
+            f"return {{name: DataFrame}} with one streaming DataFrame per output, got "
+            f"{type(out).__name__}"
+        )
+    missing = [n for n in outputs.names if n not in out]
+    extra = [n for n in out if n not in outputs.outputs]
+    if missing or extra:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform returned outputs {list(out)}, but the "
+            f"pipeline declares {list(outputs.names)}"
+            + (f"; missing: {missing}" if missing else "")
+            + (f"; not declared: {extra}" if extra else "")
+        )
+    for name in outputs.names:
+        df = out[name]
+        if not isinstance(df, DataFrame) or not df.isStreaming:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: output {name!r} must be a streaming DataFrame "
+                f"derived from the transform's input, got {type(df).__name__}"
+            )
+    # Outputs given the same DataFrame object share one branch of the query: Spark would
+    # otherwise evaluate it once per branch, with other values of rand(), uuid()...
+    branches: dict[str, DataFrame] = {}
+    aliases: dict[str, str] = {}
+    for name in outputs.names:
+        same = next((b for b, df in branches.items() if df is out[name]), None)
+        if same is None:
+            branches[name] = out[name]
+        else:
+            aliases[name] = same
+    combined, layout = combine(branches)
+    outputs.use_layout(layout, aliases)
+    return combined
 
 
 def run_pipeline(

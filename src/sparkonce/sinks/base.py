@@ -27,9 +27,11 @@ wiping a store and moving a sink to another store are for ``sparkonce verify``,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, ClassVar
 
 from sparkonce.config import Guarantee, OutputMode
+from sparkonce.errors import ConfigError
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.offsets import TopicPartition
@@ -37,6 +39,9 @@ from sparkonce.offsets import TopicPartition
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
+
+    from sparkonce.commit.base import Stager
+    from sparkonce.ledger.base import LedgerStore
 
 
 class Sink(ABC):
@@ -69,6 +74,10 @@ class Sink(ABC):
         ``source`` is the source's URI, kept beside the epoch for status and lag.
         """
 
+    def after_acquire(self, pipeline: str, owner: Owner) -> None:  # noqa: B027 - optional
+        """Another sink of the same store took ``owner``'s epoch for both (several outputs):
+        do what :meth:`acquire` does after taking it (collect older runs' leftovers)."""
+
     @abstractmethod
     def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
         """The ledger's resume point for ``pipeline`` (empty when nothing is committed)."""
@@ -93,6 +102,24 @@ class Sink(ABC):
         """The newest ledger entry of ``pipeline`` (None when nothing is committed)."""
         entries = self.ledger(pipeline)
         return entries[-1] if entries else None
+
+    # -- one of several outputs (sparkonce.outputs.output_set) ---------------------------
+    def store_key(self) -> Hashable | None:
+        """The identity of the store that holds this sink's ledger, or None for its own.
+
+        Outputs whose sinks give equal keys share one ledger and commit in one
+        transaction of that store (one ledger row per batch for all of them).
+        """
+        return None
+
+    def committer_parts(self) -> tuple[LedgerStore, Stager]:
+        """The ledger store and stager the committer runs this sink with (driver, after
+        :meth:`open`). A sink that is not built on the committer cannot be one of several
+        outputs."""
+        raise ConfigError(
+            f"{type(self).__name__} does not commit through sparkonce's committer, so it "
+            "cannot be one of a pipeline's outputs; use it as the pipeline's only sink"
+        )
 
     @abstractmethod
     def describe(self) -> str:

@@ -374,6 +374,11 @@ class KafkaSink(Sink, Stager):
         last = self.last_entry(pipeline)
         return last.end_offsets if last else {}
 
+    def committer_parts(self) -> tuple[KafkaLedgerStore, KafkaSink]:
+        """Each Kafka output keeps its own ledger topic, so it commits on its own."""
+        self.open()
+        return self._store, self
+
     # -- schema -------------------------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
         """Check the output and the topic (driver, once per run, before the epoch is taken).

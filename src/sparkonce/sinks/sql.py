@@ -43,6 +43,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from collections.abc import Hashable
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -382,6 +383,19 @@ class SqlSink(Sink, Stager):
 
     def pipelines(self) -> list[str]:
         return self._ledger.pipelines(self.conn)
+
+    # -- one of several outputs ------------------------------------------------------
+    def store_key(self) -> Hashable:
+        """One SQLite file, or one PostgreSQL database (host, port, database name)."""
+        u = self.url
+        if u.scheme == "sqlite":
+            assert u.path is not None
+            return ("sqlite", str(u.path.expanduser().resolve()))
+        return ("postgresql", (u.host or "").lower(), u.port or 5432, u.dbname)
+
+    def committer_parts(self) -> tuple[SqlLedgerStore, SqlSink]:
+        self.open()
+        return self._store, self
 
     # -- schema --------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:

@@ -155,8 +155,12 @@ class PostgresTwoPhaseSink(PostgresSink):
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
         """Take the next epoch (fencing older runs), then collect what older runs left."""
         owner = super().acquire(pipeline, source)
-        self.collect(pipeline, owner.epoch)
+        self.after_acquire(pipeline, owner)
         return owner
+
+    def after_acquire(self, pipeline: str, owner: Owner) -> None:
+        """Collect the pre-commits older runs left (their epochs are fenced now)."""
+        self.collect(pipeline, owner.epoch)
 
     # -- schema ------------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
