@@ -279,13 +279,13 @@ class StableOutput:
             os.rename(final, trash)
             shutil.rmtree(trash)
             deleted += 1
-            log.info(
+            log.debug(
                 "stable output %s collected: %d rows in %.2f s",
                 final,
                 rows,
                 time.monotonic() - t0,
             )
-        log.info(
+        log.debug(
             "stable output collection under %s: %d copies deleted in %.2f s",
             self.root,
             deleted,
