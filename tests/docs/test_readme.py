@@ -13,8 +13,10 @@ Substitutions, the only ones made:
 - ``broker:9092`` becomes the test broker's bootstrap address (``kafka_broker.bootstrap``);
 - ``/var/lib/orders-copy/checkpoint`` becomes a directory under the test's ``tmp_path``.
 
-No block holds a PostgreSQL URL (``postgresql://user@host:5432/db`` is prose only), so none
-is substituted.
+The multi-output example (``examples/orders.py``, shown whole in README.md) reads its
+PostgreSQL URL and data directory from ``ORDERS_PG`` and ``ORDERS_DATA``; its test sets
+them to a database of the test server and the test's directory. No other block holds a
+PostgreSQL URL.
 
 Topics: the quick start's embedded-log topic ``events`` and the Kafka CLI block's topic
 ``events`` are created by the blocks themselves (``sparkonce log create``, ``sparkonce kafka
@@ -67,8 +69,13 @@ SETUP = (
     "(embedded log -> SQLite, no servers)"
 )
 
+ORDERS = (
+    "# examples/orders.py: JSON orders -> totals and dead letters (PostgreSQL) + an audit (SQLite)"
+)
+
 # Block -> the test that runs it as written.
 RUN = {
+    ORDERS: "test_orders_example",
     QUICK_PY: "test_quick_start",
     QUICK_SH: "test_quick_start",
     KAFKA_PIPELINE: "test_kafka_pipeline",
@@ -320,3 +327,71 @@ def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkS
     rows = inspector_for(pipeline.sink, fresh=True).rows()
     ours = Counter((r["key"], r["value"]) for r in rows if str(r["value"]).endswith(tag))
     assert ours == Counter((k, v) for v, k in sent.items())
+
+
+def test_orders_example(
+    tmp_path: Path, spark: SparkSession, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README's multi-output example is examples/orders.py, and it writes what it says."""
+    import json
+    import random
+    from decimal import Decimal
+
+    import psycopg
+
+    from sparkonce.log import IdempotentProducer, Topic
+
+    b = block(ORDERS)
+    assert b.text == (REPO / "examples" / "orders.py").read_text(), "README and examples differ"
+    monkeypatch.setenv("ORDERS_PG", pg_url)
+    monkeypatch.setenv("ORDERS_DATA", str(tmp_path / "data"))
+
+    rng = random.Random(7)
+    totals: dict[str, list[Decimal]] = {}
+    bad: Counter[str] = Counter()
+    topic = Topic.create(tmp_path / "data" / "log", "orders", 2)
+    with topic, IdempotentProducer(topic, "shop") as producer:
+        for i in range(1500):
+            r = rng.random()
+            if r < 0.05:
+                value, why = b'{"order_id": "o", "customer": "c", "amount": "abc"}', "WRONG_TYPE"
+            elif r < 0.08:
+                value, why = b"not json", "MALFORMED_JSON"
+            elif r < 0.10:
+                value, why = (
+                    b'{"order_id": "o", "customer": "c", "amount": -3}',
+                    "NON_POSITIVE_AMOUNT",
+                )
+            elif r < 0.11:
+                value, why = b'{"order_id": "o", "amount": 5}', "MISSING_FIELD"
+            else:
+                amount = Decimal(rng.randrange(1, 10000)) / 100
+                customer = f"c{i % 7}"
+                totals.setdefault(customer, []).append(amount)
+                value, why = (
+                    json.dumps(
+                        {"order_id": f"o{i}", "customer": customer, "amount": str(amount)}
+                    ).encode(),
+                    "",
+                )
+            if why:
+                bad[why] += 1
+            producer.send(value, f"o{i}".encode())
+
+    namespace = exec_block(b, b.text, tmp_path)
+    namespace["pipeline"].run(spark)  # type: ignore[attr-defined]
+
+    with psycopg.connect(pg_url) as conn:
+        got = {c: (t, n) for c, t, n in conn.execute("SELECT * FROM customer_totals")}
+        letters = Counter(
+            dict(conn.execute("SELECT error_class, count(*) FROM order_dead_letters GROUP BY 1"))
+        )
+    assert got == {c: (sum(a), len(a)) for c, a in totals.items()}
+    assert letters == bad
+    with sqlite3.connect(tmp_path / "data" / "audit.db") as db:
+        audit = db.execute(
+            "SELECT count(*), count(DISTINCT record_id), count(DISTINCT audit_id) "
+            "FROM accepted_orders"
+        ).fetchone()
+    good = sum(len(a) for a in totals.values())
+    assert audit == (good, good, good)
