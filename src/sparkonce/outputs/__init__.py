@@ -1,5 +1,7 @@
-"""Building blocks for pipelines with several named outputs (issue 17, in progress).
+"""Several named outputs per pipeline: ``Pipeline(outputs={name: sink, ...})``.
 
+* :mod:`~sparkonce.outputs.output_set`: the outputs committed as one sink by the runner,
+  one committer per store (outputs sharing a store commit in one transaction);
 * :mod:`~sparkonce.outputs.combine`: several named streaming DataFrames run as one query
   (one batch id, one set of offsets), split back into one DataFrame per output in each
   micro-batch;
@@ -8,8 +10,6 @@
   transform;
 * :mod:`~sparkonce.outputs.quality`: parse helpers built on Spark's own functions that route
   records failing parsing or validation to dead letters instead of failing the query.
-
-``Pipeline`` does not use them yet: a pipeline still has one sink.
 """
 
 from sparkonce.outputs.combine import (
