@@ -279,3 +279,52 @@ def test_without_stable_output_the_same_crash_splits_the_stores(
     assert again.start().wait(timeout=300) == 0, again.log_tail(30)
     with pytest.raises(AssertionError, match="different event ids"):
         mp.check_outputs(store_a, store_b, NAME)
+
+
+def test_late_records_reach_the_late_output(spark: SparkSession, tmp_path: Path) -> None:
+    """A windowed count with a watermark, and a `late` output for what it drops.
+
+    10 s windows, 10 s watermark delay, one partition, four records per batch. Batch B
+    drops records whose window ended at or before the watermark Spark planned for batch
+    B-1 (Spark 4.2, measured in tests/outputs/test_late.py). Event times (seconds), per
+    batch: 0: 101-104; 1: 201-204; 2: 205-208 (planned with watermark 194, from batch 1's
+    204); 3: 105, 106, 95 (late: their windows end at 110 and 100) and 209.
+    """
+    import sqlite3
+
+    from sparkonce.log import IdempotentProducer, Topic
+    from sparkonce.outputs.late import late_records
+
+    times = [101, 102, 103, 104, 201, 202, 203, 204, 205, 206, 207, 208, 105, 106, 95, 209]
+    topic = Topic.create(tmp_path / "log", "events", 1)
+    with topic, IdempotentProducer(topic, "p") as producer:
+        for t in times:
+            producer.send(str(t).encode(), b"k")
+
+    def transform(df: Any) -> dict[str, Any]:
+        events = df.select(
+            "record_id", F.timestamp_seconds(F.col("value").cast("string").try_cast("int")).alias("ts")
+        ).withWatermark("ts", "10 seconds")
+        counts = events.groupBy(F.window("ts", "10 seconds")).count()
+        totals = counts.select(F.col("window.start").alias("start"), "count")
+        return {"totals": totals, "late": late_records(events, "ts", window="10 seconds")}
+
+    url = f"sqlite:///{tmp_path / 'out.db'}"
+    report = Pipeline(
+        NAME,
+        EmbeddedLogSource(tmp_path / "log", "events", max_records_per_partition=4),
+        checkpoint=tmp_path / "ckpt",
+        transform=transform,
+        outputs={
+            "totals": SQLiteSink(url, "totals", mode="upsert", keys=["start"]),
+            "late": SQLiteSink(url, "late"),
+        },
+    ).run(spark)
+    late_per_batch = [b.result.per_output.get("late", 0) for b in report.batches]
+    assert late_per_batch[:4] == [0, 0, 0, 3]
+    conn = sqlite3.connect(tmp_path / "out.db")
+    counted = sum(n for (n,) in conn.execute("SELECT count FROM totals"))
+    late = conn.execute("SELECT record_id, watermark, windows, late_windows FROM late").fetchall()
+    assert counted + len(late) == len(times)  # every record counted or reported late
+    assert sorted(r[0] for r in late) == ["p-0-12", "p-0-13", "p-0-14"]
+    assert {(r[2], r[3]) for r in late} == {(1, 1)}

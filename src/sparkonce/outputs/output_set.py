@@ -176,6 +176,7 @@ class OutputSet(Sink):
         *,
         stable: bool | None = None,
         stable_root: str | Path | None = None,
+        checkpoint: str | Path | None = None,
         single: bool = False,
     ) -> None:
         if not isinstance(outputs, Mapping) or not outputs:
@@ -203,6 +204,7 @@ class OutputSet(Sink):
         self.groups = self._group()
         self.stable = len(self.groups) > 1 if stable is None else bool(stable)
         self.stable_root = None if stable_root is None else Path(stable_root)
+        self.checkpoint = None if checkpoint is None else Path(checkpoint)
         self.layout: OutputLayout | None = None
         self.aliases: dict[str, str] = {}
         self._stable: StableOutput | None = None
@@ -242,10 +244,6 @@ class OutputSet(Sink):
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.outputs)
-
-    def with_stable_root(self, root: str | Path) -> OutputSet:
-        """This set with stable copies under ``root`` (the pipeline passes its checkpoint's)."""
-        return OutputSet(self.outputs, stable=self.stable, stable_root=root, single=self.single)
 
     def use_layout(self, layout: OutputLayout, aliases: Mapping[str, str] | None = None) -> None:
         """The combined query's layout (the runner sets it before :meth:`validate`).
@@ -407,13 +405,30 @@ class OutputSet(Sink):
         return self.layout
 
     def output_schema(self, name: str) -> StructType:
-        """The columns output ``name`` commits (a dead-letter output's two extra included)."""
+        """The columns output ``name`` commits (a dead-letter output's two extra included,
+        a late output's helper column replaced by its three)."""
+        from pyspark.sql.types import IntegerType, StructField, StructType, TimestampType
+
+        from sparkonce.outputs import late
+
         schema = self._layout().schemas[self.aliases.get(name, name)]
-        return with_dead_letter_columns(schema) if is_dead_letter_schema(schema) else schema
+        if is_dead_letter_schema(schema):
+            return with_dead_letter_columns(schema)
+        if late.is_late_branch(schema):
+            kept = [f for f in schema.fields if f.name != late.LATE_COLUMN]
+            extra = [
+                StructField(late.WATERMARK_COLUMN, TimestampType()),
+                StructField(late.WINDOWS_COLUMN, IntegerType()),
+                StructField(late.LATE_WINDOWS_COLUMN, IntegerType()),
+            ]
+            return StructType([*kept, *extra])
+        return schema
 
     def output_rows(self, batch: DataFrame, name: str, ctx: BatchContext, seq: int) -> DataFrame:
         """Output ``name``'s rows of a combined batch, as its sink commits them."""
         from pyspark.sql import functions as F
+
+        from sparkonce.outputs import late
 
         layout = self._layout()
         branch = self.aliases.get(name, name)
@@ -422,6 +437,13 @@ class OutputSet(Sink):
             out = out.withColumn("pipeline", F.lit(ctx.pipeline)).withColumn(
                 "batch_seq", F.lit(seq).cast("bigint")
             )
+        elif late.is_late_branch(layout.schemas[branch]):
+            # The records Spark's aggregation dropped in this batch: behind the watermark
+            # the batch ran with (from the offset log's previous entry; fixed on replay).
+            if self.checkpoint is None:
+                raise ConfigError("OutputSet: a late output needs the pipeline's checkpoint")
+            watermark = late.batch_watermark_ms(self.checkpoint, ctx.spark_batch_id)
+            out = late.filter_late(out, watermark)
         return out
 
     def stable_output(self) -> StableOutput:

@@ -134,11 +134,20 @@ class Pipeline:
             raise ConfigError(f"pipeline {self.name!r}: stateful must be None, True or False")
         stable_root = self.checkpoint_path / "sparkonce" / "stable"
         if self.outputs is not None:
-            sink = OutputSet(self.outputs, stable=self.stable_output, stable_root=stable_root)
+            sink = OutputSet(
+                self.outputs,
+                stable=self.stable_output,
+                stable_root=stable_root,
+                checkpoint=self.checkpoint_path,
+            )
         elif self.stable_output:
             assert sink is not None
             sink = OutputSet(
-                {SINGLE_OUTPUT: sink}, stable=True, stable_root=stable_root, single=True
+                {SINGLE_OUTPUT: sink},
+                stable=True,
+                stable_root=stable_root,
+                checkpoint=self.checkpoint_path,
+                single=True,
             )
         object.__setattr__(self, "sink", sink)
 
