@@ -302,9 +302,9 @@ def test_late_records_reach_the_late_output(spark: SparkSession, tmp_path: Path)
             producer.send(str(t).encode(), b"k")
 
     def transform(df: Any) -> dict[str, Any]:
-        events = df.select(
-            "record_id", F.timestamp_seconds(F.col("value").cast("string").try_cast("int")).alias("ts")
-        ).withWatermark("ts", "10 seconds")
+        seconds = F.col("value").cast("string").try_cast("int")
+        events = df.select("record_id", F.timestamp_seconds(seconds).alias("ts"))
+        events = events.withWatermark("ts", "10 seconds")
         counts = events.groupBy(F.window("ts", "10 seconds")).count()
         totals = counts.select(F.col("window.start").alias("start"), "count")
         return {"totals": totals, "late": late_records(events, "ts", window="10 seconds")}
