@@ -327,6 +327,12 @@ def parse_json(
     Type rules are Spark's JSON reader's: integer types take JSON integers in range only,
     floating types take any JSON number, BOOLEAN takes true/false, STRING takes any JSON value
     (a non-string is kept as its JSON text). Strict JSON: no single quotes, no NaN tokens.
+    Spark's JSON reader has limits that make a whole value ``MALFORMED_JSON``, even when the
+    part over the limit is in a field the schema does not name: nesting deeper than 1000
+    levels, a number of more than 1000 digits (so a giant integer for a BIGINT is
+    ``MALFORMED_JSON``, a shorter out-of-range one ``WRONG_TYPE``), and a field name longer
+    than 50,000 characters. A repeated key: every occurrence must fit its type, and the last
+    one is the value.
     Known gap: Spark's reader stops after the first complete object, and this helper only
     checks that the value ends with ``}``; so ``{"a":1} {"b":2}`` is read as ``{"a":1}``.
 
@@ -375,7 +381,8 @@ def parse_json(
                 F.from_json(text, alone, _JSON_OPTIONS).getField(_CORRUPT).isNotNull(),
                 F.concat(
                     F.lit(f"field {field.name!r} is not a valid {field.dataType.simpleString()}: "),
-                    _clip(field_text),
+                    # A repeated key whose last occurrence is null reads as NULL here.
+                    _clip(F.coalesce(field_text, F.lit("null"))),
                 ),
             )
         )
