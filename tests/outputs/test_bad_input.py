@@ -185,6 +185,7 @@ def test_spark_shows_each_measured_quirk(spark: SparkSession) -> None:
     assert wrong == []
 
 
+@pytest.mark.crash_lane  # make test runs these records through a crashing pipeline instead
 def test_parse_json_sorts_bad_input_at_volume(
     spark: SparkSession, records: list[Record], tmp_path: Path
 ) -> None:

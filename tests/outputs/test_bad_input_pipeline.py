@@ -58,7 +58,7 @@ def transform(df):
 
 pipeline = Pipeline(
     name={name!r},
-    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=1700),
+    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=2500),
     transform=transform,
     outputs={{
         "good": SQLiteSink({good!r}, "good"),
@@ -108,9 +108,10 @@ def test_bad_input_at_volume_survives_crashes(tmp_path: Path) -> None:
             checkpoint=str(tmp_path / "ckpt"),
         )
     )
-    # Hit 2 of after-rows: the dead-letter store's transaction of batch 0, after the good
-    # store committed it. Then, in the restarted run, hit 3 of after-ledger-commit: a
-    # store's commit of a later batch, before Spark's commit log.
+    # Two batches of 5,000. Hit 2 of after-rows: inside the dead-letter store's transaction
+    # of batch 0, after the good store committed it. Then, in the restarted run, hit 3 of
+    # after-ledger-commit: batch 0 replayed into the dead-letter store (1), batch 1 into the
+    # good store (2) and the dead-letter store (3), before Spark's commit log.
     for n, (point, hit) in enumerate(
         [(CrashPoint.AFTER_ROWS, 2), (CrashPoint.AFTER_LEDGER_COMMIT, 3)]
     ):

@@ -271,7 +271,13 @@ def _batches(progress: list[dict[str, Any]]) -> list[list[tuple[int, float, str]
 
 @pytest.mark.parametrize(
     ("shape_name", "mode"),
-    [("tumble", "update"), ("tumble", "append"), ("slide", "update"), ("plain", "append")],
+    [
+        ("tumble", "update"),
+        ("slide", "update"),
+        # The same rule in append mode and without a window: the crash lane (time budget).
+        pytest.param("tumble", "append", marks=pytest.mark.crash_lane),
+        pytest.param("plain", "append", marks=pytest.mark.crash_lane),
+    ],
 )
 def test_late_rows_are_exactly_what_spark_drops(
     spark: SparkSession, tmp_path: Path, shape_name: str, mode: str
@@ -355,6 +361,7 @@ def test_oracle_sliding_expectations() -> None:
     ]
 
 
+@pytest.mark.crash_lane  # a failed batch and a restart: slow, and in the crash lane
 def test_replayed_batch_gives_the_same_late_records(spark: SparkSession, tmp_path: Path) -> None:
     """A batch that fails before it commits runs again after a restart: the same W(B) and the
     same late records, and Spark drops the same groups."""

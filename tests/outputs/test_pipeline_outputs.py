@@ -34,6 +34,7 @@ def _stores(tmp_path: Path) -> tuple[str, str]:
     return f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
 
 
+@pytest.mark.crash_lane  # make test has the same pipeline with a crash (below)
 def test_three_outputs_in_two_stores(spark: SparkSession, tmp_path: Path, log_dir: Path) -> None:
     store_a, store_b = _stores(tmp_path)
     checkpoint = tmp_path / "ckpt"

@@ -276,7 +276,7 @@ def test_collect_removes_exactly_the_covered_copies(
         seen.append(k)
         return k.spark_batch_id <= 3
 
-    with caplog.at_level(logging.INFO, logger="sparkonce.outputs.stable"):
+    with caplog.at_level(logging.DEBUG, logger="sparkonce.outputs.stable"):
         assert stable.collect(covered) == 3
     collected = [r.getMessage() for r in caplog.records if "collected" in r.getMessage()]
     assert len(collected) == 3 and all(" rows in " in m for m in collected)
