@@ -179,6 +179,30 @@ def test_a_run_fenced_while_staging_is_refused_at_step_1(new_store, pipeline) ->
     assert new_store().entries(pipeline) == []
 
 
+def test_a_stage_that_fails_after_the_run_was_fenced_reports_the_fencing(
+    new_store, pipeline
+) -> None:
+    """A zombie thawed after a newer run collected what it stages (a stable copy, say):
+    its failed stage is reported as FencedError; an unfenced run keeps its own error."""
+    old, new = new_store(), new_store()
+    old_epoch = old.acquire(pipeline).epoch
+    committer = Committer(old, RecordingStager(), faults=FaultPlan())
+
+    def stage_from_a_deleted_copy(seq: int) -> Staged:
+        raise FileNotFoundError("the copy is gone")
+
+    with pytest.raises(FileNotFoundError):  # still the owner: the real error
+        committer.commit_with(ctx(pipeline, old_epoch, ranges(0, 5)), stage_from_a_deleted_copy)
+
+    def lose_ownership_then_fail(seq: int) -> Staged:
+        new.acquire(pipeline)
+        raise FileNotFoundError("the copy is gone")
+
+    with pytest.raises(FencedError):
+        committer.commit_with(ctx(pipeline, old_epoch, ranges(0, 5)), lose_ownership_then_fail)
+    assert new_store().entries(pipeline) == []
+
+
 def test_a_ledger_moved_by_another_writer_while_staging_is_refused(new_store, pipeline) -> None:
     store = new_store()
     epoch = store.acquire(pipeline).epoch

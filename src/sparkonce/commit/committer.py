@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from sparkonce.commit.base import Staged, Stager
-from sparkonce.errors import LedgerError, SinkError, SparkOnceError
+from sparkonce.errors import FencedError, LedgerError, SinkError, SparkOnceError
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, LedgerStore
 from sparkonce.offsets import Coverage, classify
@@ -108,7 +108,16 @@ class Committer:
         self.faults.crash_point(CrashPoint.BEFORE_COMMIT)
         staged: Staged | None = None
         try:
-            staged = stage(seq)
+            try:
+                staged = stage(seq)
+            except SparkOnceError:
+                raise
+            except Exception:
+                # A run that was frozen here (a zombie) may find what it stages gone, such
+                # as a stable copy the newer run collected: if it was fenced meanwhile, that
+                # is the error to report.
+                self._raise_if_fenced(ctx)
+                raise
             result = self._commit_staged(ctx, seq, staged)
         except Exception:
             # The batch failed (not the process: a crash runs no cleanup, and what it
@@ -119,6 +128,15 @@ class Committer:
         if not result.skipped:
             self.stager.after_commit(ctx)
         return result
+
+    def _raise_if_fenced(self, ctx: BatchContext) -> None:
+        """Raise ``FencedError`` if a newer run owns the pipeline (a failed read is ignored)."""
+        try:
+            self.store.check_owner(None, ctx.pipeline, ctx.epoch)
+        except FencedError:
+            raise
+        except Exception as exc:  # the store is unreachable: the original error stands
+            log.debug("pipeline %r: owner check after a failed stage: %s", ctx.pipeline, exc)
 
     def _look(self, ctx: BatchContext) -> LedgerEntry | None:
         """Step 0's reads (owner, last entry), under the same retry policy as the commit."""
