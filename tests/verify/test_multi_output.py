@@ -1,0 +1,179 @@
+"""``sparkonce verify`` on pipelines with several outputs and a ``uuid()`` column.
+
+The pipeline is tests/outputs/multi_pipeline.py's: ``totals`` (upsert), ``dead_letters``
+and ``accepted`` in SQLite store A, ``audit`` (the same DataFrame as ``accepted``, with a
+``uuid()`` ``event_id``) in SQLite store B. Its 420 records make 4 batches, so each
+store's commit reaches a crash point 4 times: hits 1..8, odd ones in store A, where
+``after-ledger-commit`` falls between the two stores' commits of a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sparkonce.cli import main
+from sparkonce.errors import ConfigError
+from sparkonce.verify.campaign import Campaign, Oracle, plan_fault
+from tests.outputs import multi_pipeline as mp
+
+pytestmark = pytest.mark.crash
+
+NAME = "verify-multi"
+BATCHES = 4  # 420 records, 3 partitions, 35 per partition and batch
+BETWEEN_STORES = "crash-point:after-ledger-commit"
+
+
+def _pipeline(tmp_path: Path, *, stable: bool | None = None) -> Path:
+    log_dir = mp.write_log(tmp_path)
+    path = tmp_path / "pipeline.py"
+    path.write_text(
+        mp.pipeline_text(
+            name=NAME,
+            log_dir=log_dir,
+            store_a=f"sqlite:///{tmp_path / 'a.db'}",
+            store_b=f"sqlite:///{tmp_path / 'b.db'}",
+            checkpoint=tmp_path / "user-checkpoint",
+            stable=stable,
+        )
+    )
+    return path
+
+
+def _seed_between_stores(kinds: list[str]) -> int:
+    """A seed whose trial 0 (the first kind) crashes between the two stores' commits of a
+    batch: an odd hit of after-ledger-commit."""
+    oracle = Oracle([], 30.0, BATCHES)
+    for seed in range(100):
+        fault = plan_fault(kinds[0], random.Random(f"{seed}:0"), oracle, stores=2)
+        if fault.hit % 2 == 1:
+            return seed
+    raise AssertionError("no seed found")
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "verify.json").read_text())
+
+
+def test_an_undeclared_uuid_column_is_named_and_stops_the_campaign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --nondeterministic, the failure-free run differs from the reference in
+    event_id only; verify says to declare it, and runs no trial. The other outputs (an
+    upsert, dead letters with their pipeline and batch_seq columns) match the reference."""
+    pipeline = _pipeline(tmp_path)
+    out = tmp_path / "out"
+    code = main(["verify", str(pipeline), "--trials", "1", "--faults", "kill", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "in outputs accepted, audit:" in err, err
+    assert "--nondeterministic event_id " in err, err
+    ref = _report(out)["reference"]
+    assert not ref["matched"] and ref["semantics"] == "per output"
+    outputs = ref["outputs"]
+    assert outputs["totals"]["matched"] and outputs["totals"]["semantics"] == "upsert"
+    assert outputs["totals"]["key_columns"] == ["user"]
+    assert outputs["dead_letters"]["matched"] and outputs["dead_letters"]["rows"] == 60
+    assert outputs["dead_letters"]["not_compared"] == ["pipeline", "batch_seq"]
+    for name in ("accepted", "audit"):
+        assert outputs[name]["differing_columns"] == ["event_id"], outputs[name]
+        assert outputs[name]["rows"] == outputs[name]["sparkonce_rows"] == 360
+    assert not (out / "work" / "trials").exists(), "no trial may run on a broken oracle"
+
+
+def test_sink_and_key_options_name_the_outputs_and_stores(tmp_path: Path) -> None:
+    """--sink cannot move outputs spread over two stores; --key needs OUTPUT.COLUMN."""
+    pipeline = _pipeline(tmp_path)
+    with pytest.raises(ConfigError, match="writes its outputs to 2 stores") as refused:
+        Campaign(pipeline, workdir=tmp_path / "w", sink_url=f"sqlite:///{tmp_path / 'x.db'}")
+    text = str(refused.value)
+    assert f"store sqlite:///{tmp_path / 'a.db'} (totals, dead_letters, accepted)" in text
+    assert f"store sqlite:///{tmp_path / 'b.db'} (audit)" in text
+    with pytest.raises(ConfigError, match="OUTPUT.COLUMN"):
+        Campaign(pipeline, workdir=tmp_path / "w", key_columns=["record_id"])
+    with pytest.raises(ConfigError, match="OUTPUT.COLUMN"):
+        Campaign(pipeline, workdir=tmp_path / "w", key_columns=["nope.record_id"])
+    campaign = Campaign(
+        pipeline,
+        workdir=tmp_path / "w",
+        key_columns=["accepted.record_id"],
+        nondeterministic=["event_id", "audit.event_id"],
+    )
+    try:
+        assert campaign.multi and list(campaign.sinks) == [
+            "totals",
+            "dead_letters",
+            "accepted",
+            "audit",
+        ]
+        assert campaign.stores == [("totals", "dead_letters", "accepted"), ("audit",)]
+        assert campaign.output_keys == {
+            "totals": ("user",),
+            "dead_letters": (),
+            "accepted": ("record_id",),
+            "audit": (),
+        }
+        assert [str(s) for s in campaign.declared] == ["event_id", "audit.event_id"]
+        assert "db-drop" in campaign.kinds  # SQLite outputs can drop their connection
+    finally:
+        campaign.close()
+
+
+@pytest.mark.crash_lane
+def test_a_uuid_pipeline_with_stable_output_passes_a_small_campaign(tmp_path: Path) -> None:
+    """Stable output (the default for two stores): a crash between the stores' commits,
+    a kill and a zombie; event_id declared, so it is checked by count and across outputs."""
+    pipeline = _pipeline(tmp_path)
+    kinds = [BETWEEN_STORES, "kill", "zombie"]
+    seed = _seed_between_stores(kinds)
+    out = tmp_path / "out"
+    args = ["verify", str(pipeline), "--trials", "3", "--seed", str(seed)]
+    args += ["--faults", ",".join(kinds), "--nondeterministic", "event_id", "--out", str(out)]
+    code = main(args)
+    report = _report(out)
+    assert code == 0, [t for t in report["trials"] if not t["passed"]]
+    assert report["oracle"]["batches"] == BATCHES
+    assert report["reference"]["matched"]
+    assert report["nondeterministic"]["columns"] == {
+        "accepted": ["event_id"],
+        "audit": ["event_id"],
+    }
+    assert report["consistency"]["checked"] == [
+        "accepted.event_id = audit.event_id joined on record_id"
+    ]
+    assert report["outputs"]["audit"]["store"] == 1
+    assert report["outputs"]["dead_letters"]["oracle_rows"] == 60
+    crash = report["trials"][0]
+    assert crash["fault"]["hit"] % 2 == 1 and crash["fault_fired"], crash
+    for trial in report["trials"]:
+        assert set(trial["outputs"]) == {"totals", "dead_letters", "accepted", "audit"}
+        assert trial["inconsistent"] == 0 and trial["passed"], trial
+    assert any(t["fault"]["kind"] == "zombie" and t["zombie_fenced"] for t in report["trials"])
+
+
+@pytest.mark.crash_lane
+def test_without_stable_output_a_crash_between_two_stores_is_caught(tmp_path: Path) -> None:
+    """stable_output=False: the batch the crash left in store A only is recomputed for
+    store B, with other uuid() values. Each output alone matches the oracle (event_id is
+    declared); the cross-output check fails the trial."""
+    pipeline = _pipeline(tmp_path, stable=False)
+    kinds = [BETWEEN_STORES]
+    seed = _seed_between_stores(kinds)
+    out = tmp_path / "out"
+    args = ["verify", str(pipeline), "--trials", "1", "--seed", str(seed)]
+    args += ["--faults", BETWEEN_STORES, "--nondeterministic", "event_id", "--out", str(out)]
+    assert main(args) == 1
+    report = _report(out)
+    trial = report["trials"][0]
+    assert trial["fault_fired"] and not trial["passed"]
+    assert trial["lost_rows"] == trial["duplicated_rows"] == trial["value_mismatches"] == 0
+    assert not trial["ledger_problems"] and trial["error"] is None
+    # One batch (105 records, about 90 good ones) has other event ids in audit.
+    assert 50 < trial["inconsistent"] <= 105, trial
+    assert trial["inconsistencies"][0].startswith("accepted vs audit: "), trial
+    assert "other event_id values in accepted than in audit" in trial["inconsistencies"][0]
+    assert report["summary"][0]["inconsistent"] == trial["inconsistent"]
+    assert report["consistency"]["inconsistent"] == trial["inconsistent"]
