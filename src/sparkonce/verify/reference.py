@@ -125,8 +125,18 @@ class OutputsRecorder:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         from sparkonce.outputs.combine import OUTPUT_TAG
 
+        from pyspark.sql import functions as F
+
         rows: dict[str, list[dict[str, Any]]] = {n: [] for n in self.names}
-        for r in df.toArrow().to_pylist():
+        # Arrow refuses a NULL struct (another output's row) whose fields are NOT NULL:
+        # collect the structs with every field nullable, which changes no value.
+        loose = df.select(
+            *[
+                F.col(f"`{f.name}`").cast(_nullable(f.dataType)).alias(f.name)
+                for f in df.schema.fields
+            ]
+        )
+        for r in loose.toArrow().to_pylist():
             tag = r[OUTPUT_TAG]
             inner = r.get(tag) or {}
             rows[tag].append({k: canonical_value(v) for k, v in inner.items()})
@@ -136,6 +146,19 @@ class OutputsRecorder:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
         self.batches += 1
+
+
+def _nullable(dtype: Any) -> Any:
+    """``dtype`` with every field, element and value nullable."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_nullable(dtype.elementType), True)
+    if isinstance(dtype, MapType):
+        return MapType(_nullable(dtype.keyType), _nullable(dtype.valueType), True)
+    return dtype
 
 
 def _outputs_query(pipeline: Pipeline, result: object, out: Path) -> tuple[DataFrame, Any]:
