@@ -42,7 +42,7 @@ def test_declared_columns_parse_per_output_or_everywhere() -> None:
         ColumnSpec("a.b"),  # "a" is no output: a column name with a dot
     )
     assert [str(s) for s in specs] == ["event_id", "audit.seen_at", "a.b"]
-    with pytest.raises(ConfigError, match="name a column after 'audit.'"):
+    with pytest.raises(ConfigError, match=r"name a column after 'audit\.'"):
         parse_columns(["audit."], OUTPUTS)
     with pytest.raises(ConfigError, match="at least one column"):
         parse_columns([" , "], OUTPUTS)
@@ -62,7 +62,7 @@ def test_declared_columns_resolve_to_the_outputs_having_them() -> None:
     }
     with pytest.raises(ConfigError, match="no output has a column 'evnt_id'"):
         resolve_columns(parse_columns(["evnt_id"], OUTPUTS), columns)
-    with pytest.raises(ConfigError, match="'accepted.seen_at'"):
+    with pytest.raises(ConfigError, match=r"'accepted\.seen_at'"):
         resolve_columns(parse_columns(["accepted.seen_at"], OUTPUTS), columns)
     # An output that showed no row might have the column: no error, declared there.
     unknown = {**columns, "totals": None}

@@ -2,28 +2,30 @@
 
 The pipeline is tests/outputs/multi_pipeline.py's: ``totals`` (upsert), ``dead_letters``
 and ``accepted`` in SQLite store A, ``audit`` (the same DataFrame as ``accepted``, with a
-``uuid()`` ``event_id``) in SQLite store B. Its 420 records make 4 batches, so each
-store's commit reaches a crash point 4 times: hits 1..8, odd ones in store A, where
-``after-ledger-commit`` falls between the two stores' commits of a batch.
+``uuid()`` ``event_id``) in SQLite store B. Its 420 records make 5 batches (35 records
+per partition and batch, partitions of unequal size), so each store's commit reaches a
+crash point 5 times: hits 1..10, odd ones in store A, where ``after-ledger-commit``
+falls between the two stores' commits of a batch.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sparkonce.cli import main
 from sparkonce.errors import ConfigError
-from sparkonce.verify.campaign import Campaign, Oracle, plan_fault
+from sparkonce.verify.campaign import Campaign, Fault, Oracle, plan_fault
 from tests.outputs import multi_pipeline as mp
 
 pytestmark = pytest.mark.crash
 
 NAME = "verify-multi"
-BATCHES = 4  # 420 records, 3 partitions, 35 per partition and batch
+BATCHES = 5  # 420 records, 3 partitions of unequal size, 35 per partition and batch
 BETWEEN_STORES = "crash-point:after-ledger-commit"
 
 
@@ -43,15 +45,23 @@ def _pipeline(tmp_path: Path, *, stable: bool | None = None) -> Path:
     return path
 
 
-def _seed_between_stores(kinds: list[str]) -> int:
-    """A seed whose trial 0 (the first kind) crashes between the two stores' commits of a
-    batch: an odd hit of after-ledger-commit."""
+def _seed(kinds: list[str], want: Callable[[list[Fault]], bool]) -> int:
+    """The first seed whose trials 0..len(kinds)-1 get faults that ``want`` accepts."""
     oracle = Oracle([], 30.0, BATCHES)
-    for seed in range(100):
-        fault = plan_fault(kinds[0], random.Random(f"{seed}:0"), oracle, stores=2)
-        if fault.hit % 2 == 1:
+    for seed in range(200):
+        faults = [
+            plan_fault(kind, random.Random(f"{seed}:{n}"), oracle, stores=2)
+            for n, kind in enumerate(kinds)
+        ]
+        if want(faults):
             return seed
     raise AssertionError("no seed found")
+
+
+def _between_stores(fault: Fault) -> bool:
+    """A crash between the two stores' commits of one of the first three batches (full
+    ones): an odd hit of after-ledger-commit (store A's commit)."""
+    return fault.hit % 2 == 1 and fault.hit <= 5
 
 
 def _report(out: Path) -> dict:
@@ -92,9 +102,9 @@ def test_sink_and_key_options_name_the_outputs_and_stores(tmp_path: Path) -> Non
     text = str(refused.value)
     assert f"store sqlite:///{tmp_path / 'a.db'} (totals, dead_letters, accepted)" in text
     assert f"store sqlite:///{tmp_path / 'b.db'} (audit)" in text
-    with pytest.raises(ConfigError, match="OUTPUT.COLUMN"):
+    with pytest.raises(ConfigError, match=r"OUTPUT\.COLUMN"):
         Campaign(pipeline, workdir=tmp_path / "w", key_columns=["record_id"])
-    with pytest.raises(ConfigError, match="OUTPUT.COLUMN"):
+    with pytest.raises(ConfigError, match=r"OUTPUT\.COLUMN"):
         Campaign(pipeline, workdir=tmp_path / "w", key_columns=["nope.record_id"])
     campaign = Campaign(
         pipeline,
@@ -128,7 +138,8 @@ def test_a_uuid_pipeline_with_stable_output_passes_a_small_campaign(tmp_path: Pa
     a kill and a zombie; event_id declared, so it is checked by count and across outputs."""
     pipeline = _pipeline(tmp_path)
     kinds = [BETWEEN_STORES, "kill", "zombie"]
-    seed = _seed_between_stores(kinds)
+    # The zombie pauses before store A's commit (an odd hit): see the xfail test below.
+    seed = _seed(kinds, lambda f: _between_stores(f[0]) and f[2].hit % 2 == 1)
     out = tmp_path / "out"
     args = ["verify", str(pipeline), "--trials", "3", "--seed", str(seed)]
     args += ["--faults", ",".join(kinds), "--nondeterministic", "event_id", "--out", str(out)]
@@ -161,7 +172,7 @@ def test_without_stable_output_a_crash_between_two_stores_is_caught(tmp_path: Pa
     declared); the cross-output check fails the trial."""
     pipeline = _pipeline(tmp_path, stable=False)
     kinds = [BETWEEN_STORES]
-    seed = _seed_between_stores(kinds)
+    seed = _seed(kinds, lambda f: _between_stores(f[0]))
     out = tmp_path / "out"
     args = ["verify", str(pipeline), "--trials", "1", "--seed", str(seed)]
     args += ["--faults", BETWEEN_STORES, "--nondeterministic", "event_id", "--out", str(out)]
@@ -172,8 +183,37 @@ def test_without_stable_output_a_crash_between_two_stores_is_caught(tmp_path: Pa
     assert trial["lost_rows"] == trial["duplicated_rows"] == trial["value_mismatches"] == 0
     assert not trial["ledger_problems"] and trial["error"] is None
     # One batch (105 records, about 90 good ones) has other event ids in audit.
-    assert 50 < trial["inconsistent"] <= 105, trial
+    assert 60 < trial["inconsistent"] <= 105, trial
     assert trial["inconsistencies"][0].startswith("accepted vs audit: "), trial
     assert "other event_id values in accepted than in audit" in trial["inconsistencies"][0]
     assert report["summary"][0]["inconsistent"] == trial["inconsistent"]
     assert report["consistency"]["inconsistent"] == trial["inconsistent"]
+
+
+@pytest.mark.crash_lane
+@pytest.mark.xfail(
+    strict=True,
+    reason="runtime bug outside verify: a zombie paused before store B's commit, thawed "
+    "after the newer run committed the batch everywhere and collected its stable copy, "
+    "stages from the deleted copy (FAILED_READ_FILE) before any owner check, so it exits 1 "
+    "instead of fenced (the commit must check the owner when staging fails, or before "
+    "staging after the pause point)",
+)
+def test_a_zombie_whose_stable_copy_was_collected_is_fenced(tmp_path: Path) -> None:
+    """Zombie at before-commit hit 2: store A committed batch 0 and the run read batch 0's
+    stable copy; it freezes before store B's commit."""
+    campaign = Campaign(
+        _pipeline(tmp_path),
+        workdir=tmp_path / "work",
+        kinds=["zombie"],
+        nondeterministic=["event_id"],
+        reference=False,
+    )
+    try:
+        campaign.run_oracle()
+        campaign.recorded_faults[0] = Fault("zombie", point="before-commit", hit=2)
+        outcome = campaign.run_trial(0)
+    finally:
+        campaign.close()
+    assert outcome.fault_fired
+    assert outcome.zombie_fenced and outcome.passed, outcome.error

@@ -58,6 +58,9 @@ several outputs (Pipeline(outputs=...)): counts per output and in total in
   verify.json ("outputs" of each trial, and per output over all trials). --sink
   moves every output to one store, so it is refused when the outputs live in
   several stores: the trials then run in the pipeline's own stores, one at a time.
+  Each store's commit reaches a crash point once per batch, so crash-point, db-drop
+  and zombie faults pick among batches x stores (with two stores, an odd hit of
+  crash-point:after-ledger-commit falls between the two stores' commits of a batch).
 """
 
 
@@ -262,6 +265,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHORT = {
+    "lost_rows": "lost",
+    "duplicated_rows": "duplicated",
+    "value_mismatches": "mismatched",
+    "null_values": "of which NULL",
+}
+
+
 def _trial_detail(outcome: TrialOutcome) -> str:
     """``lost 0, duplicated 0, mismatched 0`` (and where, for several outputs)."""
     text = (
@@ -269,7 +280,7 @@ def _trial_detail(outcome: TrialOutcome) -> str:
         f"mismatched {outcome.value_mismatches}"
     )
     bad = [
-        f"{name}: " + ", ".join(f"{k.split('_')[0]} {v}" for k, v in counts.items() if v)
+        f"{name}: " + ", ".join(f"{_SHORT.get(k, k)} {v}" for k, v in counts.items() if v)
         for name, counts in outcome.outputs.items()
         if any(counts.values())
     ]

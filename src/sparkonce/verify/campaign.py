@@ -807,22 +807,29 @@ class Campaign:
         )
 
     def _stores_apart(self, ledgers: Sequence[Sequence[LedgerEntry]]) -> list[str]:
-        """A problem if the stores' ledgers hold other batches (offset ranges)."""
+        """A problem if the stores' ledgers hold other batches (offset ranges).
+
+        No-data batches are left out: one commits only in the stores it has rows for
+        (the last windows of an append-mode aggregation, say)."""
         if len(ledgers) < 2:
             return []
-        first = [e.ranges.to_json() for e in ledgers[0]]
+
+        def batches(ledger: Sequence[LedgerEntry]) -> list[str]:
+            return [e.ranges.to_json() for e in ledger if not e.ranges.empty]
+
+        first = batches(ledgers[0])
         names = self.store_names()
         out = []
         for where, ledger in zip(names[1:], ledgers[1:], strict=True):
-            other = [e.ranges.to_json() for e in ledger]
+            other = batches(ledger)
             if other != first:
                 same = next(
                     (i for i, (a, b) in enumerate(zip(first, other, strict=False)) if a != b),
                     min(len(first), len(other)),
                 )
                 out.append(
-                    f"the ledgers of {names[0]} ({len(first)} batches) and {where} "
-                    f"({len(other)} batches) differ from entry {same} on"
+                    f"the ledgers of {names[0]} ({len(first)} batches with data) and "
+                    f"{where} ({len(other)}) hold other batches from the {same + 1}th on"
                 )
         return out
 

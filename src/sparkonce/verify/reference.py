@@ -123,9 +123,9 @@ class OutputsRecorder:
         self.batches = 0
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        from sparkonce.outputs.combine import OUTPUT_TAG
-
         from pyspark.sql import functions as F
+
+        from sparkonce.outputs.combine import OUTPUT_TAG
 
         rows: dict[str, list[dict[str, Any]]] = {n: [] for n in self.names}
         # Arrow refuses a NULL struct (another output's row) whose fields are NOT NULL:
