@@ -183,7 +183,7 @@ def test_suspect_columns_name_what_alone_differs() -> None:
 def test_reference_check_leaves_declared_columns_out_and_hints_at_undeclared_ones() -> None:
     reference = rows(("r1", "u1"), ("r2", "u2"))
     sparkonce = rows(("r1", "x1"), ("r2", "x2"))
-    assert ReferenceCheck.compare(reference, sparkonce, nondeterministic=["event_id"]).matched
+    assert ReferenceCheck.compare(reference, sparkonce, left_out=["event_id"]).matched
     check = ReferenceCheck.compare(reference, sparkonce)
     assert not check.matched and check.suspects == {"output": ("event_id",)}
     message = check.message("p.py", "reference.log")

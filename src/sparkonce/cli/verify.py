@@ -288,8 +288,8 @@ def _trial_detail(outcome: TrialOutcome) -> str:
         text += f" ({'; '.join(bad)})"
     if outcome.inconsistent:
         text += f"; inconsistent across outputs {outcome.inconsistent}"
-        if outcome.inconsistencies:
-            text += f" ({outcome.inconsistencies[0][:200]})"
+        if outcome.inconsistencies:  # examples are in verify.json
+            text += f" ({outcome.inconsistencies[0].split(', e.g. ')[0]})"
     return text
 
 

@@ -621,7 +621,10 @@ class Campaign:
                 seconds=driver.seconds,
                 semantics=sink_semantics(self.pipeline)[0],
                 rows_file=str(rows_file),
-                nondeterministic=self.nondeterministic.get(SINGLE_OUTPUT, ()),
+                left_out=(
+                    *self.nondeterministic.get(SINGLE_OUTPUT, ()),
+                    *self._single_dead_letter_extra(rows),
+                ),
             )
         self.reference = check
         if not check.matched:
@@ -767,6 +770,19 @@ class Campaign:
                 f"the zombie run was not fenced: it exited with {code}: {old.log_tail(8)}"
             )
         return True
+
+    def _single_dead_letter_extra(self, reference: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+        """A single sink with stable output adds ``pipeline`` and ``batch_seq`` to dead
+        letters, as named outputs do: not compared with the reference, which lacks them."""
+        from sparkonce.outputs.output_set import DEAD_LETTER_EXTRA
+
+        assert self.oracle is not None
+        if self.pipeline.output_set is None or not self.oracle.rows:
+            return ()
+        shown = set(self.oracle.rows[0])
+        known = {c for r in reference[:1] for c in r}
+        extra = tuple(c for c in DEAD_LETTER_EXTRA if c in shown and c not in known)
+        return extra if len(extra) == len(DEAD_LETTER_EXTRA) else ()
 
     def _check(self, out: TrialOutcome) -> None:
         assert self.oracle is not None

@@ -411,11 +411,12 @@ class ReferenceCheck:
         seconds: float = 0.0,
         semantics: Semantics = "append",
         rows_file: str = "",
-        nondeterministic: Sequence[str] = (),
+        left_out: Sequence[str] = (),
     ) -> ReferenceCheck:
         """Compare on the columns the sink shows (all of the reference's if it shows none),
-        leaving out the ``nondeterministic`` ones."""
-        diff, suspects = _compare(reference, sparkonce_rows, key_columns, nondeterministic)
+        except those ``left_out`` (declared non-deterministic, a dead-letter output's
+        ``pipeline`` and ``batch_seq``)."""
+        diff, suspects = _compare(reference, sparkonce_rows, key_columns, left_out)
         found = {"output": suspects} if suspects else {}
         return cls(diff, batches, seconds, semantics, rows_file, suspects=found)
 
