@@ -18,7 +18,9 @@ Per output (:func:`compare_output`)
     (b) The declared columns by count: among the rows whose deterministic columns are
         equal (one group), a trial must hold a value (not NULL) in at least as many rows
         as the oracle did, up to the number of rows the trial has in that group. Each
-        row short counts as one value mismatch (``null_values``).
+        row short counts as one value mismatch (``null_values``). This assumes that
+        whether a declared column is NULL depends on the other columns only (a column
+        that is NULL at random, ``CASE WHEN rand() < 0.5 THEN uuid() END``, can fail it).
 
 Across outputs (:func:`consistency_pairs`, :func:`check_consistency`)
     (c) The same values in every sink of one batch: for every pair of outputs that both
