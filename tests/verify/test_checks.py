@@ -26,6 +26,10 @@ from sparkonce.verify.checks import (
     without,
 )
 
+# Pure Python, a few seconds in all; in the crash lane only because tests/unit/test_lanes.py
+# puts every test under tests/verify there unless it lists it in ALSO_IN_MAKE_TEST.
+pytestmark = pytest.mark.crash_lane
+
 OUTPUTS = ("totals", "accepted", "audit")
 
 

@@ -22,7 +22,9 @@ from sparkonce.errors import ConfigError
 from sparkonce.verify.campaign import Campaign, Fault, Oracle, plan_fault
 from tests.outputs import multi_pipeline as mp
 
-pytestmark = pytest.mark.crash
+# All in the crash lane (tests/unit/test_lanes.py: a test under tests/verify runs in make
+# test only if ALSO_IN_MAKE_TEST lists it). The first two are fast (about 60 s and 0.1 s).
+pytestmark = [pytest.mark.crash, pytest.mark.crash_lane]
 
 NAME = "verify-multi"
 BATCHES = 5  # 420 records, 3 partitions of unequal size, 35 per partition and batch
@@ -132,7 +134,6 @@ def test_sink_and_key_options_name_the_outputs_and_stores(tmp_path: Path) -> Non
         campaign.close()
 
 
-@pytest.mark.crash_lane
 def test_a_uuid_pipeline_with_stable_output_passes_a_small_campaign(tmp_path: Path) -> None:
     """Stable output (the default for two stores): a crash between the stores' commits,
     a kill and a zombie; event_id declared, so it is checked by count and across outputs."""
@@ -165,7 +166,6 @@ def test_a_uuid_pipeline_with_stable_output_passes_a_small_campaign(tmp_path: Pa
     assert any(t["fault"]["kind"] == "zombie" and t["zombie_fenced"] for t in report["trials"])
 
 
-@pytest.mark.crash_lane
 def test_without_stable_output_a_crash_between_two_stores_is_caught(tmp_path: Path) -> None:
     """stable_output=False: the batch the crash left in store A only is recomputed for
     store B, with other uuid() values. Each output alone matches the oracle (event_id is
@@ -190,7 +190,6 @@ def test_without_stable_output_a_crash_between_two_stores_is_caught(tmp_path: Pa
     assert report["consistency"]["inconsistent"] == trial["inconsistent"]
 
 
-@pytest.mark.crash_lane
 @pytest.mark.xfail(
     strict=True,
     reason="runtime bug outside verify: a zombie paused before store B's commit, thawed "
