@@ -32,7 +32,11 @@ gets its own sink's semantics (append, or upsert by its keys) and is compared wi
 that output's rows. A dead-letter output's sink adds ``pipeline`` and ``batch_seq``
 (the ledger entry of the batch), which the reference cannot know: ``batch_seq``
 depends on how the input was cut into batches, not on the transform. Dead letters
-are compared on their other columns.
+are compared on their other columns. A late output
+(:func:`~sparkonce.outputs.late.late_records`) keeps, as the runner's does, the records
+the batch's aggregation dropped by the watermark in the offset log, here the
+reference run's own checkpoint's (the definition of late in
+:mod:`sparkonce.outputs.late`, not commit code).
 
 The reference assumes a **deterministic transform** (DESIGN.md, section 1):
 clocks, random numbers or external lookups give another output in each run, and
@@ -113,33 +117,58 @@ class OutputsRecorder:
     """The ``foreachBatch`` function of a reference run with several outputs (driver).
 
     Collects the combined batch once (``toArrow``) and takes each row's output from
-    its tag column; an output that shares another's branch gets the same rows.
+    its tag column; an output that shares another's branch gets the same rows. A late
+    output (:func:`~sparkonce.outputs.late.late_records`) keeps the records the batch's
+    aggregation dropped, by the reference run's own checkpoint
+    (:func:`~sparkonce.outputs.late.filter_late` with
+    :func:`~sparkonce.outputs.late.batch_watermark_ms`): the definition of "late", not
+    commit code.
     """
 
-    def __init__(self, path: Path, names: Sequence[str], aliases: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        names: Sequence[str],
+        aliases: Mapping[str, str],
+        *,
+        layout: Any = None,
+        late: Sequence[str] = (),
+        checkpoint: Path | None = None,
+    ) -> None:
         self.path = path
         self.names = tuple(names)
         self.aliases = dict(aliases)
+        self.layout = layout
+        self.late = tuple(late)
+        self.checkpoint = checkpoint
         self.batches = 0
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        from sparkonce.outputs.combine import OUTPUT_TAG
+        from sparkonce.outputs.combine import OUTPUT_TAG, select_output
 
         rows: dict[str, list[dict[str, Any]]] = {n: [] for n in self.names}
-        # Arrow refuses a NULL struct (another output's row) whose fields are NOT NULL:
-        # collect the structs with every field nullable, which changes no value.
-        loose = df.select(
-            *[
-                F.col(f"`{f.name}`").cast(_nullable(f.dataType)).alias(f.name)
-                for f in df.schema.fields
-            ]
-        )
-        for r in loose.toArrow().to_pylist():
-            tag = r[OUTPUT_TAG]
-            inner = r.get(tag) or {}
-            rows[tag].append({k: canonical_value(v) for k, v in inner.items()})
+        if self.late:
+            df = df.persist()  # read once, for the late outputs and the others
+        try:
+            rest = df.where(~F.col(OUTPUT_TAG).isin(*self.late)) if self.late else df
+            for r in _collect(rest):
+                tag = r[OUTPUT_TAG]
+                inner = r.get(tag) or {}
+                rows[tag].append({k: canonical_value(v) for k, v in inner.items()})
+            for name in self.late:
+                from sparkonce.outputs.late import batch_watermark_ms, filter_late
+
+                assert self.checkpoint is not None
+                watermark = batch_watermark_ms(self.checkpoint, batch_id)
+                dropped = filter_late(select_output(df, self.layout, name), watermark)
+                rows[name] = [
+                    {k: canonical_value(v) for k, v in r.items()} for r in _collect(dropped)
+                ]
+        finally:
+            if self.late:
+                df.unpersist()
         for name, branch in self.aliases.items():
             rows[name] = rows[branch]
         line = {"batch": batch_id, "outputs": rows}
@@ -148,7 +177,19 @@ class OutputsRecorder:
         self.batches += 1
 
 
-def _nullable(dtype: Any) -> Any:
+def _collect(df: DataFrame) -> list[dict[str, Any]]:
+    """``df``'s rows as dicts, through Arrow. Arrow refuses a NULL struct (another output's
+    row) whose fields are NOT NULL: every field is made nullable first (no value changes)."""
+    from pyspark.sql import functions as F
+
+    loose = df.select(
+        *[F.col(f"`{f.name}`").cast(_nullable(f.dataType)).alias(f.name) for f in df.schema]
+    )
+    rows: list[dict[str, Any]] = loose.toArrow().to_pylist()
+    return rows
+
+
+def _nullable(dtype: Any) -> Any:  # a DataType
     """``dtype`` with every field, element and value nullable."""
     from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
@@ -161,11 +202,14 @@ def _nullable(dtype: Any) -> Any:
     return dtype
 
 
-def _outputs_query(pipeline: Pipeline, result: object, out: Path) -> tuple[DataFrame, Any]:
+def _outputs_query(
+    pipeline: Pipeline, result: object, out: Path, checkpoint: Path
+) -> tuple[DataFrame, OutputsRecorder]:
     """The combined query of a pipeline with ``outputs``, and its recorder. Writes the
     outputs' columns to ``outputs.json`` beside ``out``."""
     from pyspark.sql import DataFrame
 
+    from sparkonce.outputs import late
     from sparkonce.outputs.combine import combine
     from sparkonce.outputs.output_set import DEAD_LETTER_EXTRA, is_dead_letter_schema
 
@@ -200,12 +244,19 @@ def _outputs_query(pipeline: Pipeline, result: object, out: Path) -> tuple[DataF
     for name in names:
         schema = layout.schemas[aliases.get(name, name)]
         dead = is_dead_letter_schema(schema)
-        schemas[name] = {
-            "columns": [f.name for f in schema.fields] + (list(DEAD_LETTER_EXTRA) if dead else []),
-            "dead_letter": dead,
-        }
+        columns = [f.name for f in schema.fields]
+        if dead:
+            columns += list(DEAD_LETTER_EXTRA)
+        elif late.is_late_branch(schema):
+            columns = [c for c in columns if c != late.LATE_COLUMN]
+            columns += [late.WATERMARK_COLUMN, late.WINDOWS_COLUMN, late.LATE_WINDOWS_COLUMN]
+        schemas[name] = {"columns": columns, "dead_letter": dead}
     out.with_name(OUTPUTS_FILE).write_text(json.dumps(schemas, indent=2))
-    return combined, OutputsRecorder(out, names, aliases)
+    late_branches = [b for b in branches if late.is_late_branch(layout.schemas[b])]
+    recorder = OutputsRecorder(
+        out, names, aliases, layout=layout, late=late_branches, checkpoint=checkpoint
+    )
+    return combined, recorder
 
 
 def record(pipeline: Pipeline, spark: SparkSession, out: Path, checkpoint: Path) -> int:
@@ -220,7 +271,7 @@ def record(pipeline: Pipeline, spark: SparkSession, out: Path, checkpoint: Path)
     result = pipeline.transform(stream)
     recorder: BatchRecorder | OutputsRecorder
     if pipeline.outputs is not None:
-        result, recorder = _outputs_query(pipeline, result, out)
+        result, recorder = _outputs_query(pipeline, result, out, checkpoint)
     elif not isinstance(result, DataFrame) or not result.isStreaming:
         raise ConfigError(
             f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
