@@ -6,9 +6,9 @@ shares no sparkonce commit code: the same transform through Spark's own engine
 and a plain ``foreachBatch`` into a JSON-lines file (:mod:`.reference`). Any
 difference fails the campaign before the trials (:class:`ReferenceMismatchError`),
 because a bug in sparkonce's own commit logic would lose the same rows in the
-oracle and in every trial. The reference assumes a deterministic transform;
-``reference=False`` skips it. Rows are matched on ``key_columns`` (default: the
-sink's upsert keys), or compared as multisets when there are none.
+oracle and in every trial. ``reference=False`` skips it. Rows are matched on
+``key_columns`` (default: the sink's upsert keys), or compared as multisets when
+there are none.
 
 Each trial then starts from a clean sink (``Inspector.reset``) and an empty
 checkpoint, injects one fault, restarts the pipeline until its input is
@@ -23,21 +23,67 @@ Fault kinds (``--faults``):
     SIGKILL of the driver's process group at a random moment.
 ``crash-point``
     SIGKILL at a named crash point of the commit protocol
-    (:class:`~sparkonce.protocol.CrashPoint`), on a random batch.
+    (:class:`~sparkonce.protocol.CrashPoint`), on a random batch. With outputs in
+    several stores each store's commit reaches the point once per batch, so the hit
+    is drawn among ``batches x stores``: hit 1 is the first store's commit of the
+    first batch, hit 2 the second store's (``after-ledger-commit`` at an odd hit of two
+    stores falls between the two stores' commits of a batch).
 ``task-failure``
     Read tasks fail halfway on their first attempt; Spark retries them.
 ``db-drop``
-    The sink loses its database connection inside the commit transaction.
+    The sink loses its database connection inside the commit transaction (only when
+    every output's sink has a connection to drop).
 ``zombie``
-    The driver is frozen (SIGSTOP) just before a commit; a newer run starts
-    and finishes; the old one is then thawed (SIGCONT) and must be fenced.
+    The driver is frozen (SIGSTOP) just before a commit; a newer run starts and
+    finishes; the old one is then thawed (SIGCONT) and must be fenced.
 
-Checks in every trial: no row missing, no row duplicated, the same values as
-the oracle (aggregates), the zombie's commits refused, and a ledger that is
-gap-free and monotonic.
+What every trial checks:
+
+* every output against the oracle's rows of that output: no row missing, none
+  duplicated, the same values (aggregates), matched on the output's keys (its sink's
+  upsert keys, or ``--key OUTPUT.COLUMN``) or as multisets;
+* the zombie's commits refused;
+* in every store that holds a ledger: gap-free and monotonic offsets, seq numbers
+  ``0..n-1``, epochs that never go backwards and never pass the owner's; with several
+  stores, the same batches (offset ranges) in every store's ledger.
+
+**Several outputs** (``Pipeline(outputs={name: sink})``): the oracle, the reference
+and each trial read every output through its own inspector
+(:func:`sparkonce.sinks.inspect.inspector_for`); a trial wipes every output and the
+pipeline's owner and ledger in every store. Counts are kept per output
+(``TrialOutcome.outputs``) and in total. A dead-letter output is checked like any
+other, its ``pipeline`` and ``batch_seq`` columns included (against the reference,
+without them: see :mod:`.reference`). ``--sink URL`` moves every output to that one
+store when they all share one; a pipeline whose outputs live in several stores is
+verified in its own stores, one trial at a time.
+
+**Non-deterministic columns** (``nondeterministic``, ``--nondeterministic``): a column
+computed by ``uuid()``, ``rand()``, a clock or a lookup has other values in every
+run, so it cannot be compared with the oracle's or the reference's. ``COLUMN``
+declares it in every output that has it, ``OUTPUT.COLUMN`` in one output
+(:mod:`.checks` has the exact rules). For such a column verify checks:
+
+(a) every other column exactly: rows compared without the declared columns, so the
+    number of rows per input record is checked too (a declared key column makes the
+    output compare as a multiset);
+(b) by count: a trial's rows hold a value (not NULL) in a declared column at least
+    as often as the oracle's rows with the same other columns (a shortfall counts as
+    value mismatches, ``null_values`` per output);
+(c) the same values in every sink: for every pair of outputs that both have a
+    declared column C and share another column neither declares, rows joined on the
+    shared columns must have the same set of C values in both outputs. Every joined
+    value that differs counts as ``inconsistent`` and fails the trial. A crash between
+    two stores' commits without stable output shows up here. A pair whose outputs
+    already disagree in the oracle (C computed separately per output) is left out and
+    reported as not checked.
+
+The reference comparison leaves declared columns out. An undeclared
+non-deterministic column makes the failure-free run differ from the reference; the
+message then names the columns that alone explain the difference and the
+``--nondeterministic`` option that declares them, and no trial runs.
 
 The campaign only uses the public API (a pipeline file, ``sparkonce run``, and
-the sink's inspector, :func:`sparkonce.sinks.inspect.inspector_for`:
+the sinks' inspectors, :func:`sparkonce.sinks.inspect.inspector_for`:
 ``reset``/``rows``/``ledger``/``owner``), so it checks any pipeline as a black
 box. Each trial's fault schedule derives from ``(seed, trial)``. A kill's delay
 is a fraction of the oracle's run time, so ``--resume`` plans on the oracle time
@@ -69,7 +115,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkonce.errors import ConfigError, VerificationError
+from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.offsets import check_chain
+from sparkonce.outputs.output_set import SINGLE_OUTPUT
 from sparkonce.pipeline.loader import load_pipeline
 from sparkonce.pipeline.pipeline import Pipeline
 from sparkonce.protocol import (
@@ -78,14 +126,29 @@ from sparkonce.protocol import (
     PAUSE_ENV,
     CrashPoint,
 )
-from sparkonce.sinks.inspect import inspector_for
+from sparkonce.sinks.base import Sink
+from sparkonce.sinks.inspect import Inspector, inspector_for
+from sparkonce.verify.checks import (
+    ColumnSpec,
+    Inconsistency,
+    Pair,
+    check_consistency,
+    compare_output,
+    consistency_pairs,
+    parse_columns,
+    resolve_columns,
+    split_pairs,
+)
 from sparkonce.verify.compare import diff_rows
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from sparkonce.verify.reference import ENTRY as REFERENCE_ENTRY
 from sparkonce.verify.reference import (
     ReferenceCheck,
     ReferenceMismatchError,
+    load_output_references,
     load_reference,
+    output_semantics,
+    read_output_schemas,
     sink_semantics,
 )
 
@@ -133,13 +196,27 @@ class TrialOutcome:
     error: str | None = None
     quick_start: bool | None = None  # drivers ran with --quick-start (None: not recorded)
     worker: int = 0  # which test store (``--sink``, in order) the trial ran on
+    # Several outputs, or declared non-deterministic columns (see the module docstring):
+    inconsistent: int = 0  # joined values whose declared column differs between outputs
+    inconsistencies: list[str] = field(default_factory=list)  # a line per pair, examples
+    # Per output (pipelines with named outputs only): lost_rows, duplicated_rows,
+    # value_mismatches (null_values included), null_values.
+    outputs: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass
 class Oracle:
+    """The failure-free run: ``rows`` of every output (of the sink), and, for a pipeline
+    with named outputs, each output's rows in ``outputs``."""
+
     rows: list[dict[str, Any]]
     seconds: float
-    batches: int
+    batches: int  # ledger entries (of each store)
+    outputs: dict[str, list[dict[str, Any]]] | None = None
+
+    def output_rows(self) -> dict[str, list[dict[str, Any]]]:
+        """Each output's rows (a single sink's under ``"output"``)."""
+        return self.outputs if self.outputs is not None else {SINGLE_OUTPUT: self.rows}
 
 
 def compare_rows(
@@ -155,12 +232,14 @@ def compare_rows(
     return diff.missing, diff.extra, diff.mismatched
 
 
-def plan_fault(kind: str, rng: random.Random, oracle: Oracle) -> Fault:
+def plan_fault(kind: str, rng: random.Random, oracle: Oracle, stores: int = 1) -> Fault:
     """The fault of one trial, from the trial's own random generator.
 
-    ``kind`` may pin the crash point: ``crash-point:after-rows``.
+    ``kind`` may pin the crash point: ``crash-point:after-rows``. With ``stores`` stores
+    each batch reaches a commit's points once per store, so hits range over
+    ``batches x stores``.
     """
-    batches = max(1, oracle.batches)
+    batches = max(1, oracle.batches) * max(1, stores)
     kind, _, pinned = kind.partition(":")
     if kind == "kill":
         # A moment inside the failure-free run time, but after Spark is up.
@@ -212,6 +291,7 @@ class Campaign:
         quick_start: bool = True,
         key_columns: Sequence[str] = (),
         reference: bool = True,
+        nondeterministic: Sequence[str] = (),
     ) -> None:
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
@@ -224,38 +304,93 @@ class Campaign:
         self.recorded_faults: dict[int, Fault] = {}
         self.on_event = on_event or (lambda _msg: None)
         base = load_pipeline(self.pipeline_file)
+        if sink_url:
+            _check_one_store(base)
         self.checkpoint = self.workdir / "checkpoint"
         self.pipeline: Pipeline = base.with_overrides(sink_url=sink_url, checkpoint=self.checkpoint)
-        if "db-drop" in self.kinds and not self.pipeline.sink.supports_connection_drop:
+        # The outputs, each with its sink (a single sink is the output "output"), and the
+        # stores, each the outputs sharing one ledger, in commit order.
+        outputs = self.pipeline.output_set
+        self.multi = self.pipeline.outputs is not None
+        self.sinks: dict[str, Sink] = (
+            dict(outputs.outputs) if outputs is not None else {SINGLE_OUTPUT: self.pipeline.sink}
+        )
+        self.stores: list[tuple[str, ...]] = (
+            [tuple(g.names) for g in outputs.groups] if outputs is not None else [(SINGLE_OUTPUT,)]
+        )
+        lacking = [n for n, s in self.sinks.items() if not s.supports_connection_drop]
+        if "db-drop" in self.kinds and lacking:
             if tuple(kinds) != FAULT_KINDS:
+                what = (
+                    f"output {', '.join(lacking)} ("
+                    + ", ".join(self.sinks[n].describe() for n in lacking)
+                    + ") has"
+                    if self.multi
+                    else f"{self.pipeline.sink.describe()} has"
+                )
                 raise ConfigError(
-                    f"--faults db-drop: {self.pipeline.sink.describe()} has no database "
-                    "connection to drop; choose among kill, crash-point, task-failure, zombie"
+                    f"--faults db-drop: {what} no database connection to drop; choose among "
+                    "kill, crash-point, task-failure, zombie"
                 )
             self.kinds = tuple(k for k in self.kinds if k != "db-drop")
-        key_columns = tuple(key_columns)
+        # Rows are matched on these per output (the sink's upsert keys unless --key names
+        # others); none: compared as multisets.
+        self.output_keys = self._keys(tuple(key_columns))
+        self.keys: tuple[str, ...] = () if self.multi else self.output_keys[SINGLE_OUTPUT]
+        # Declared non-deterministic columns, as given and (after the oracle) per output.
+        self.declared: tuple[ColumnSpec, ...] = parse_columns(
+            tuple(nondeterministic), self.sinks if self.multi else ()
+        )
+        self.nondeterministic: dict[str, tuple[str, ...]] = {}
+        self.pairs: list[Pair] = []  # checked across outputs in every trial
+        self.skipped_pairs: list[tuple[Pair, Inconsistency]] = []  # the oracle disagrees
+        self.check_reference = reference
+        self.oracle: Oracle | None = None
+        self.reference: ReferenceCheck | None = None
+        self._reference_columns: dict[str, list[str]] = {}
+        self._columns: dict[str, set[str]] = {}  # each output's columns, once known
+        self._drivers: list[Driver] = []  # started by this campaign, for abort()
+        self._aborted = threading.Event()
+        # One long-lived connection per output (its own) for polling the ledgers while
+        # drivers run, resetting the stores and reading the rows.
+        self._inspectors: dict[str, Inspector] = {}
+        try:
+            for name, sink in self.sinks.items():
+                self._inspectors[name] = inspector_for(sink, fresh=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def _keys(self, key_columns: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """The key columns of each output: ``--key`` (``OUTPUT.COLUMN`` with several
+        outputs) or its sink's upsert keys."""
         bad = [k for k in key_columns if not isinstance(k, str) or not k.strip()]
         if bad or len(set(key_columns)) != len(key_columns):
             raise ConfigError(
                 f"--key {list(key_columns)}: key columns must be distinct, non-empty column "
                 "names of the pipeline's output"
             )
-        # Rows are matched on these (the sink's upsert keys unless --key names others);
-        # none: compared as multisets.
-        self.keys: tuple[str, ...] = key_columns or tuple(
-            getattr(self.pipeline.sink, "keys", ()) or ()
-        )
-        self.check_reference = reference
-        self.oracle: Oracle | None = None
-        self.reference: ReferenceCheck | None = None
-        self._drivers: list[Driver] = []  # started by this campaign, for abort()
-        self._aborted = threading.Event()
-        # One long-lived connection (its own) for polling the ledger while drivers run,
-        # resetting the store and reading its rows.
-        self._inspector = inspector_for(self.pipeline.sink, fresh=True)
+        given: dict[str, list[str]] = {}
+        if self.multi:
+            for k in key_columns:
+                name, dot, column = k.partition(".")
+                if not dot or name not in self.sinks or not column:
+                    raise ConfigError(
+                        f"--key {k!r}: pipeline {self.pipeline.name!r} has several outputs "
+                        f"({', '.join(self.sinks)}); name a column of one of them as "
+                        "OUTPUT.COLUMN (repeat for a composite key)"
+                    )
+                given.setdefault(name, []).append(column)
+        elif key_columns:
+            given[SINGLE_OUTPUT] = list(key_columns)
+        return {
+            name: tuple(given.get(name) or tuple(getattr(sink, "keys", ()) or ()))
+            for name, sink in self.sinks.items()
+        }
 
     def close(self) -> None:
-        self._inspector.close()
+        for inspector in self._inspectors.values():
+            inspector.close()
 
     # -- pieces ------------------------------------------------------------------------
     def _driver_args(self, master: str | None = None) -> tuple[str, ...]:
@@ -298,19 +433,43 @@ class Campaign:
                 d.kill()
 
     def clean(self) -> None:
-        """An empty sink (for this pipeline) and no checkpoint."""
-        self._inspector.open()
-        self._inspector.reset(self.pipeline.name)
+        """Empty outputs (for this pipeline), no owner or ledger in any store, and no
+        checkpoint."""
+        for inspector in self._inspectors.values():
+            inspector.open()
+            inspector.reset(self.pipeline.name)
         shutil.rmtree(self.checkpoint, ignore_errors=True)
 
-    def _ledger_len(self) -> int:
-        self._inspector.open()
-        return len(self._inspector.ledger(self.pipeline.name))
+    def _ledgers(self) -> list[list[LedgerEntry]]:
+        """Each store's ledger of this pipeline, in commit order."""
+        out = []
+        for names in self.stores:
+            inspector = self._inspectors[names[0]]
+            inspector.open()
+            out.append(inspector.ledger(self.pipeline.name))
+        return out
 
-    def _inspect(self) -> tuple[list[dict[str, Any]], list[Any], Any]:
-        s = self._inspector
-        s.open()
-        return s.rows(), s.ledger(self.pipeline.name), s.owner(self.pipeline.name)
+    def _ledger_len(self) -> int:
+        """Ledger entries in all stores together (a new one in any store is progress)."""
+        return sum(len(ledger) for ledger in self._ledgers())
+
+    def _inspect(
+        self,
+    ) -> tuple[dict[str, list[dict[str, Any]]], list[list[LedgerEntry]], list[Owner | None]]:
+        """(each output's rows, each store's ledger, each store's owner)."""
+        rows = {}
+        for name, inspector in self._inspectors.items():
+            inspector.open()
+            rows[name] = inspector.rows()
+        owners = []
+        for names in self.stores:
+            inspector = self._inspectors[names[0]]
+            owners.append(inspector.owner(self.pipeline.name))
+        return rows, self._ledgers(), owners
+
+    def store_names(self) -> list[str]:
+        """Each store, as its outputs and its URL (no secrets), in commit order."""
+        return [_store_name(names, [self.sinks[n] for n in names]) for names in self.stores]
 
     # -- oracle ------------------------------------------------------------------------
     def run_oracle(self, seconds: float | None = None) -> Oracle:
@@ -326,27 +485,85 @@ class Campaign:
                 f"the failure-free oracle run of {self.pipeline_file} failed (exit {code}); "
                 f"fix the pipeline first. Last lines of {driver.log_path}:\n{driver.log_tail()}"
             )
-        rows, ledger, _ = self._inspect()
-        if not ledger:
+        rows, ledgers, _ = self._inspect()
+        if not any(ledgers):
             raise VerificationError(
                 f"the oracle run of {self.pipeline_file} committed no batch: its source is "
                 "empty, so there is nothing to verify. Produce input first."
             )
-        self.oracle = Oracle(rows, driver.seconds if seconds is None else seconds, len(ledger))
+        apart = self._stores_apart(ledgers)
+        if apart:
+            raise VerificationError(
+                f"the failure-free oracle run of {self.pipeline_file} left its stores at "
+                f"different points: {'; '.join(apart)}. Every store must commit every batch; "
+                f"see {driver.log_path}"
+            )
+        everything = [r for output in rows.values() for r in output]
+        self.oracle = Oracle(
+            everything,
+            driver.seconds if seconds is None else seconds,
+            len(ledgers[0]),
+            rows if self.multi else None,
+        )
+        per_output = (
+            " (" + ", ".join(f"{n} {len(r)}" for n, r in rows.items()) + ")" if self.multi else ""
+        )
         self.on_event(
-            f"oracle: {len(rows)} rows, {len(ledger)} batches in {driver.seconds:.1f} s"
+            f"oracle: {len(everything)} rows{per_output}, {len(ledgers[0])} batches"
+            + (f" in each of {len(ledgers)} stores" if len(ledgers) > 1 else "")
+            + f" in {driver.seconds:.1f} s"
             + ("" if seconds is None else f"; kills are planned on the recorded {seconds:.1f} s")
         )
         if self.check_reference:
             self.run_reference()
+        else:
+            self._resolve_columns()
+        self._plan_consistency()
         return self.oracle
+
+    def _resolve_columns(self) -> None:
+        """Each output's declared non-deterministic columns, from the columns the oracle
+        (and the reference run, when it ran) showed."""
+        assert self.oracle is not None
+        known: dict[str, set[str] | None] = {}
+        for name, rows in self.oracle.output_rows().items():
+            columns = {c for r in rows for c in r} | set(self._reference_columns.get(name, ()))
+            known[name] = columns or None
+        self._columns = {n: c or set() for n, c in known.items()}
+        self.nondeterministic = {
+            n: cols for n, cols in resolve_columns(self.declared, dict(known)).items() if cols
+        }
+        if self.nondeterministic:
+            self.on_event(
+                "non-deterministic columns, checked by count and across outputs: "
+                + "; ".join(
+                    (f"{n}: " if self.multi else "") + ", ".join(c)
+                    for n, c in self.nondeterministic.items()
+                )
+            )
+
+    def _plan_consistency(self) -> None:
+        """Which pairs of outputs must hold the same values of a declared column."""
+        assert self.oracle is not None
+        if not self.nondeterministic or len(self.sinks) < 2:
+            return
+        pairs = consistency_pairs(self._columns, self.nondeterministic)
+        self.pairs, self.skipped_pairs = split_pairs(self.oracle.output_rows(), pairs)
+        for pair in self.pairs:
+            self.on_event(f"across outputs: {pair.describe()}")
+        for pair, found in self.skipped_pairs:
+            self.on_event(
+                f"not checked across outputs: {pair.describe()}: the failure-free run already "
+                f"disagrees ({found.describe()}), so the transform computes {pair.column} "
+                "separately for each output"
+            )
 
     def run_reference(self) -> ReferenceCheck:
         """Check the failure-free run against Spark's plain ``foreachBatch`` run.
 
-        See :mod:`sparkonce.verify.reference`; assumes a deterministic transform.
-        Raises :class:`ReferenceMismatchError` (a :class:`VerificationError`) if the
-        sink's rows differ; ``self.reference`` holds the comparison either way.
+        See :mod:`sparkonce.verify.reference`; declared non-deterministic columns are not
+        compared. Raises :class:`ReferenceMismatchError` (a :class:`VerificationError`) if
+        the sink's rows differ; ``self.reference`` holds the comparison either way.
         """
         assert self.oracle is not None, "run_oracle() first"
         where = self.workdir / "reference"
@@ -374,24 +591,49 @@ class Campaign:
                 f"{driver.log_path}:\n{driver.log_tail()}"
             )
         shutil.rmtree(checkpoint, ignore_errors=True)
-        rows, batches = load_reference(rows_file, self.pipeline)
-        check = ReferenceCheck.compare(
-            rows,
-            self.oracle.rows,
-            self.keys,
-            batches=batches,
-            seconds=driver.seconds,
-            semantics=sink_semantics(self.pipeline)[0],
-            rows_file=str(rows_file),
-        )
+        if self.multi:
+            schemas = read_output_schemas(rows_file)
+            self._reference_columns = {n: list(d["columns"]) for n, d in schemas.items()}
+            self._resolve_columns()
+            references, batches = load_output_references(rows_file, self.pipeline)
+            left_out = {
+                n: (*self.nondeterministic.get(n, ()), *_dead_letter_extra(schemas.get(n)))
+                for n in self.sinks
+            }
+            check = ReferenceCheck.compare_outputs(
+                references,
+                self.oracle.output_rows(),
+                self.output_keys,
+                {n: sem for n, (sem, _keys) in output_semantics(self.pipeline).items()},
+                left_out=left_out,
+                batches=batches,
+                seconds=driver.seconds,
+                rows_file=str(rows_file),
+            )
+        else:
+            self._resolve_columns()
+            rows, batches = load_reference(rows_file, self.pipeline)
+            check = ReferenceCheck.compare(
+                rows,
+                self.oracle.rows,
+                self.keys,
+                batches=batches,
+                seconds=driver.seconds,
+                semantics=sink_semantics(self.pipeline)[0],
+                rows_file=str(rows_file),
+                left_out=(
+                    *self.nondeterministic.get(SINGLE_OUTPUT, ()),
+                    *self._single_dead_letter_extra(rows),
+                ),
+            )
         self.reference = check
         if not check.matched:
             message = check.message(self.pipeline_file, driver.log_path)
             self.on_event(message)  # the table, for a console that shows one line per error
             raise ReferenceMismatchError(message, check)
         self.on_event(
-            f"reference: {len(rows)} rows in {batches} micro-batches in {driver.seconds:.1f} s; "
-            "the failure-free run matches it"
+            f"reference: {check.diff.expected_rows} rows in {batches} micro-batches in "
+            f"{driver.seconds:.1f} s; the failure-free run matches it"
         )
         return check
 
@@ -405,7 +647,7 @@ class Campaign:
         assert self.oracle is not None, "run_oracle() first"
         rng = random.Random(self.trial_seed(trial))
         kind = self.kinds[trial % len(self.kinds)]
-        return plan_fault(kind, rng, self.oracle)
+        return plan_fault(kind, rng, self.oracle, len(self.stores))
 
     def run_trial(self, trial: int) -> TrialOutcome:
         assert self.oracle is not None, "run_oracle() first"
@@ -529,30 +771,126 @@ class Campaign:
             )
         return True
 
+    def _single_dead_letter_extra(self, reference: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+        """A single sink with stable output adds ``pipeline`` and ``batch_seq`` to dead
+        letters, as named outputs do: not compared with the reference, which lacks them."""
+        from sparkonce.outputs.output_set import DEAD_LETTER_EXTRA
+
+        assert self.oracle is not None
+        if self.pipeline.output_set is None or not self.oracle.rows:
+            return ()
+        shown = set(self.oracle.rows[0])
+        known = {c for r in reference[:1] for c in r}
+        extra = tuple(c for c in DEAD_LETTER_EXTRA if c in shown and c not in known)
+        return extra if len(extra) == len(DEAD_LETTER_EXTRA) else ()
+
     def _check(self, out: TrialOutcome) -> None:
         assert self.oracle is not None
-        rows, ledger, owner = self._inspect()
-        out.lost_rows, out.duplicated_rows, out.value_mismatches = compare_rows(
-            self.oracle.rows, rows, self.keys
-        )
-        problems = check_chain(e.ranges for e in ledger)
-        seqs = [e.seq for e in ledger]
-        if seqs != list(range(len(seqs))):
-            problems.append(f"ledger seq numbers are not 0..{len(seqs) - 1}: {seqs[:20]}")
-        epochs = [e.epoch for e in ledger]
-        if epochs != sorted(epochs):
-            problems.append(f"ledger epochs go backwards: {epochs[:20]}")
-        if owner is not None and epochs and max(epochs) > owner.epoch:
-            problems.append(f"a ledger entry has epoch {max(epochs)} > owner {owner.epoch}")
+        rows, ledgers, owners = self._inspect()
+        oracle = self.oracle.output_rows()
+        diffs = {
+            name: compare_output(
+                oracle.get(name, []),
+                rows[name],
+                self.output_keys[name],
+                self.nondeterministic.get(name, ()),
+            )
+            for name in self.sinks
+        }
+        out.lost_rows = sum(d.lost for d in diffs.values())
+        out.duplicated_rows = sum(d.duplicated for d in diffs.values())
+        out.value_mismatches = sum(d.mismatched for d in diffs.values())
+        if self.multi:
+            out.outputs = {name: d.counts() for name, d in diffs.items()}
+        found = check_consistency(rows, self.pairs)
+        out.inconsistent = sum(i.count for i in found)
+        out.inconsistencies = [f"{i.pair.a} vs {i.pair.b}: {i.describe()}" for i in found]
+        problems: list[str] = []
+        names = self.store_names()
+        for where, ledger, owner in zip(names, ledgers, owners, strict=True):
+            prefix = f"{where}: " if len(ledgers) > 1 else ""
+            problems += [prefix + p for p in _ledger_problems(ledger, owner)]
+        problems += self._stores_apart(ledgers)
         out.ledger_problems = problems
         out.passed = (
             out.lost_rows == 0
             and out.duplicated_rows == 0
             and out.value_mismatches == 0
+            and out.inconsistent == 0
             and not problems
             and out.zombie_fenced is not False
             and out.error is None
         )
+
+    def _stores_apart(self, ledgers: Sequence[Sequence[LedgerEntry]]) -> list[str]:
+        """A problem if the stores' ledgers hold other batches (offset ranges).
+
+        No-data batches are left out: one commits only in the stores it has rows for
+        (the last windows of an append-mode aggregation, say)."""
+        if len(ledgers) < 2:
+            return []
+
+        def batches(ledger: Sequence[LedgerEntry]) -> list[str]:
+            return [e.ranges.to_json() for e in ledger if not e.ranges.empty]
+
+        first = batches(ledgers[0])
+        names = self.store_names()
+        out = []
+        for where, ledger in zip(names[1:], ledgers[1:], strict=True):
+            other = batches(ledger)
+            if other != first:
+                same = next(
+                    (i for i, (a, b) in enumerate(zip(first, other, strict=False)) if a != b),
+                    min(len(first), len(other)),
+                )
+                out.append(
+                    f"the ledgers of {names[0]} ({len(first)} batches with data) and "
+                    f"{where} ({len(other)}) hold other batches from the {same + 1}th on"
+                )
+        return out
+
+
+def _ledger_problems(ledger: Sequence[LedgerEntry], owner: Owner | None) -> list[str]:
+    """Gaps, seq numbers, epochs: what one store's ledger must get right."""
+    problems = check_chain(e.ranges for e in ledger)
+    seqs = [e.seq for e in ledger]
+    if seqs != list(range(len(seqs))):
+        problems.append(f"ledger seq numbers are not 0..{len(seqs) - 1}: {seqs[:20]}")
+    epochs = [e.epoch for e in ledger]
+    if epochs != sorted(epochs):
+        problems.append(f"ledger epochs go backwards: {epochs[:20]}")
+    if owner is not None and epochs and max(epochs) > owner.epoch:
+        problems.append(f"a ledger entry has epoch {max(epochs)} > owner {owner.epoch}")
+    return problems
+
+
+def _store_name(names: Sequence[str], sinks: Sequence[Sink]) -> str:
+    """``store sqlite:///a.db (totals, dead_letters)``: no secrets (URLs mask passwords)."""
+    url = getattr(sinks[0], "url", None)
+    where = str(url) if url is not None else sinks[0].describe()
+    return f"store {where} ({', '.join(names)})"
+
+
+def _check_one_store(pipeline: Pipeline) -> None:
+    """``--sink URL`` moves every output to one store: refuse it for outputs in several."""
+    outputs = pipeline.output_set
+    if pipeline.outputs is None or outputs is None or len(outputs.groups) < 2:
+        return
+    stores = "; ".join(_store_name(g.names, g.sinks) for g in outputs.groups)
+    raise ConfigError(
+        f"--sink (or SPARKONCE_VERIFY_SINK): pipeline {pipeline.name!r} writes its outputs to "
+        f"{len(outputs.groups)} stores ({stores}). --sink would move every output into one "
+        "store, and the campaign would no longer test commits across stores. Leave --sink "
+        "out: the trials then run in the pipeline's own stores, one at a time, and each "
+        "trial wipes these outputs and the pipeline's ledger there, so point the pipeline "
+        "file at test stores"
+    )
+
+
+def _dead_letter_extra(schema: dict[str, Any] | None) -> tuple[str, ...]:
+    from sparkonce.outputs.output_set import DEAD_LETTER_EXTRA
+
+    return tuple(DEAD_LETTER_EXTRA) if schema and schema.get("dead_letter") else ()
 
 
 def run_trials(
@@ -649,6 +987,7 @@ class KindSummary:
     value_mismatches: int
     recovery_mean_s: float | None
     recovery_p95_s: float | None
+    inconsistent: int = 0
 
 
 def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[KindSummary]:
@@ -670,6 +1009,7 @@ def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[Ki
                 sum(o.value_mismatches for o in mine),
                 statistics.fmean(rec) if rec else None,
                 p95,
+                sum(o.inconsistent for o in mine),
             )
         )
     return out
@@ -735,7 +1075,7 @@ def write_json(
     the test stores of parallel trials."""
     oracle = campaign.oracle
     reference: ReferenceCheck | None = getattr(campaign, "reference", None)
-    doc = {
+    doc: dict[str, Any] = {
         "pipeline_file": str(campaign.pipeline_file),
         "pipeline": campaign.pipeline.name,
         "sink": campaign.pipeline.sink.describe(),
@@ -754,9 +1094,49 @@ def write_json(
         "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
         "trials": [asdict(o) for o in sorted(outcomes, key=lambda o: o.trial)],
     }
+    doc.update(_outputs_section(campaign, outcomes))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2, default=str))
     tmp.replace(path)
+
+
+def _outputs_section(campaign: Campaign, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
+    """The report's parts about outputs and declared columns (none for a single sink
+    without declared columns, so such reports keep their old shape)."""
+    doc: dict[str, Any] = {}
+    declared = getattr(campaign, "declared", ())
+    if declared:
+        doc["nondeterministic"] = {
+            "declared": [str(s) for s in declared],
+            "columns": {n: list(c) for n, c in campaign.nondeterministic.items()},
+        }
+    if getattr(campaign, "multi", False):
+        oracle = campaign.oracle.output_rows() if campaign.oracle is not None else {}
+        store_of = {n: i for i, names in enumerate(campaign.stores) for n in names}
+        doc["stores_of_outputs"] = campaign.store_names()
+        doc["outputs"] = {
+            name: {
+                "sink": sink.describe(),
+                "store": store_of[name],
+                "keys": list(campaign.output_keys[name]),
+                "nondeterministic": list(campaign.nondeterministic.get(name, ())),
+                "oracle_rows": len(oracle[name]) if name in oracle else None,
+                **{
+                    k: sum(o.outputs.get(name, {}).get(k, 0) for o in outcomes)
+                    for k in ("lost_rows", "duplicated_rows", "value_mismatches", "null_values")
+                },
+            }
+            for name, sink in campaign.sinks.items()
+        }
+    if getattr(campaign, "pairs", None) or getattr(campaign, "skipped_pairs", None):
+        doc["consistency"] = {
+            "checked": [p.describe() for p in campaign.pairs],
+            "not_checked": [
+                {"pair": p.describe(), "oracle": i.describe()} for p, i in campaign.skipped_pairs
+            ],
+            "inconsistent": sum(o.inconsistent for o in outcomes),
+        }
+    return doc
 
 
 def write_chart(path: Path, outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> bool:
