@@ -22,7 +22,7 @@ from typing import Any
 
 RECORDS = 420
 PARTITIONS = 3
-LIMIT = 35  # per partition and batch: 4 batches
+LIMIT = 35  # per partition and batch: 5 batches (the partitions differ in size)
 USERS = 5
 TOPIC = "events"
 

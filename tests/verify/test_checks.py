@@ -26,9 +26,8 @@ from sparkonce.verify.checks import (
     without,
 )
 
-# Pure Python, a few seconds in all; in the crash lane only because tests/unit/test_lanes.py
-# puts every test under tests/verify there unless it lists it in ALSO_IN_MAKE_TEST.
-pytestmark = pytest.mark.crash_lane
+# Pure Python, a few seconds in all: in make test (tests/unit/test_lanes.py lists this file in
+# ALSO_IN_MAKE_TEST).
 
 OUTPUTS = ("totals", "accepted", "audit")
 
