@@ -59,6 +59,14 @@ bench: setup
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 
+# Stable batch output's cost: two outputs in two stores (PostgreSQL and SQLite) with and
+# without it, interleaved, on 2 million records (3 rounds; about 20 minutes). Results:
+# benchmarks/results/stable-output.json and stable-output.png. BENCH_ARGS="--repeat 1" for less.
+.PHONY: bench-outputs
+bench-outputs: setup
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/stable_output.py $(BENCH_ARGS)
+
 # The protocol simulation at volume: SOAK_SCHEDULES seeded schedules (default 1,000,000)
 # against SQLite on SOAK_WORKERS processes (default 2), from seed SOAK_SEED, with a
 # progress bar; prints the rate and every failing seed with the command that replays
