@@ -207,6 +207,7 @@ class OutputSet(Sink):
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
         self.layout: OutputLayout | None = None
         self.aliases: dict[str, str] = {}
+        self._warned = False
         self._stable: StableOutput | None = None
 
     # -- construction ----------------------------------------------------------------------
@@ -279,6 +280,9 @@ class OutputSet(Sink):
             if group.committer is None:
                 store: LedgerStore = group.sinks[0].committer_parts()[0]
                 group.committer = Committer(store, _GroupStager(self, group), faults=self.faults)
+        if self._warned:  # commit() opens again each batch: say it once per run
+            return
+        self._warned = True
         for name, sink in self.outputs.items():
             if sink.guarantee != "effectively-once":
                 log.warning(
