@@ -114,6 +114,7 @@ def _static_source(spark: SparkSession, values: list[bytes | None]) -> DataFrame
 # -- the generator and its oracle (no Spark) ------------------------------------------------------
 
 
+@pytest.mark.crash_lane  # 12,000 records to generate; make test generates its own 10,000
 def test_the_generator_mixes_every_kind_and_its_oracle_agrees(records: list[Record]) -> None:
     assert len(records) == COUNT
     counts = kind_counts(records)

@@ -9,7 +9,7 @@ what ``make test`` checks:
   ``SPARKONCE_SIM_PG_WORKERS`` processes (2) of ``SPARKONCE_SIM_PG_LANES`` lanes (8);
 * ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
 * ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
-  time box (default 60; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
+  time box (default 40; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
   (default 10,000);
 * ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i).
 
@@ -134,7 +134,7 @@ def test_postgres_twophase_schedules(pg_url: str) -> None:
 def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
     """As many Kafka schedules as fit in a time box (each costs about 0.5 s of CPU)."""
     n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 10_000)
-    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 60)
+    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 40)
     workers = env_int("SPARKONCE_SIM_KAFKA_WORKERS", 1)
     lanes = env_int("SPARKONCE_SIM_KAFKA_LANES", 48)
     c = Campaign(
