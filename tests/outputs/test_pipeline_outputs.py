@@ -34,6 +34,23 @@ def _stores(tmp_path: Path) -> tuple[str, str]:
     return f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
 
 
+def _pipeline_file(tmp_path: Path, log_dir: Path, *, stable: bool | None = None) -> Path:
+    """The two-store pipeline as a file, for real drivers (stores from _stores)."""
+    store_a, store_b = _stores(tmp_path)
+    path = tmp_path / "pipeline.py"
+    path.write_text(
+        mp.pipeline_text(
+            name=NAME,
+            log_dir=log_dir,
+            store_a=store_a,
+            store_b=store_b,
+            checkpoint=tmp_path / "ckpt",
+            stable=stable,
+        )
+    )
+    return path
+
+
 @pytest.mark.crash_lane  # make test has the same pipeline with a crash (below)
 def test_three_outputs_in_two_stores(spark: SparkSession, tmp_path: Path, log_dir: Path) -> None:
     store_a, store_b = _stores(tmp_path)
@@ -228,16 +245,7 @@ def test_lost_checkpoint_with_stores_apart_is_refused(
 def test_crash_between_two_stores_then_recover(tmp_path: Path, log_dir: Path) -> None:
     """SIGKILL after store A committed batch 0 and before store B did; then run again."""
     store_a, store_b = _stores(tmp_path)
-    path = tmp_path / "pipeline.py"
-    path.write_text(
-        mp.pipeline_text(
-            name=NAME,
-            log_dir=log_dir,
-            store_a=store_a,
-            store_b=store_b,
-            checkpoint=tmp_path / "ckpt",
-        )
-    )
+    path = _pipeline_file(tmp_path, log_dir)
     crashed = Driver(path, tmp_path / "crash.log", crash_at=CrashPoint.AFTER_LEDGER_COMMIT)
     code = crashed.start().wait(timeout=300)
     assert code == -9, crashed.log_tail(30)
@@ -263,17 +271,7 @@ def test_without_stable_output_the_same_crash_splits_the_stores(
     """The same crash with stable_output=False: batch 0 is recomputed for store B, so its
     uuid() values differ from store A's. This is what the test above would catch."""
     store_a, store_b = _stores(tmp_path)
-    path = tmp_path / "pipeline.py"
-    path.write_text(
-        mp.pipeline_text(
-            name=NAME,
-            log_dir=log_dir,
-            store_a=store_a,
-            store_b=store_b,
-            checkpoint=tmp_path / "ckpt",
-            stable=False,
-        )
-    )
+    path = _pipeline_file(tmp_path, log_dir, stable=False)
     crashed = Driver(path, tmp_path / "crash.log", crash_at=CrashPoint.AFTER_LEDGER_COMMIT)
     assert crashed.start().wait(timeout=300) == -9, crashed.log_tail(30)
     again = Driver(path, tmp_path / "again.log")

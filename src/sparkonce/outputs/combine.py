@@ -312,7 +312,7 @@ def _check_batch(batch: DataFrame, layout: OutputLayout, only: str | None = None
                 f"output {name!r}: the batch has no column {name!r} (its columns: "
                 f"{list(fields)}); was it combined with another layout?"
             )
-        if _loose(found) != _loose(layout.schemas[name]):
+        if nullable_type(found) != nullable_type(layout.schemas[name]):
             raise ConfigError(
                 f"output {name!r}: the batch holds it as {found.simpleString()} but the "
                 f"layout expects {layout.schemas[name].simpleString()}; split it with the "
@@ -320,17 +320,19 @@ def _check_batch(batch: DataFrame, layout: OutputLayout, only: str | None = None
             )
 
 
-def _loose(dtype: DataType) -> DataType:
+def nullable_type(dtype: DataType) -> DataType:
     """``dtype`` with every nullability flag set and field metadata dropped, to compare
     types the way a union or a Parquet copy may change them."""
     from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
     if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, _loose(f.dataType), True) for f in dtype.fields])
+        return StructType(
+            [StructField(f.name, nullable_type(f.dataType), True) for f in dtype.fields]
+        )
     if isinstance(dtype, ArrayType):
-        return ArrayType(_loose(dtype.elementType), True)
+        return ArrayType(nullable_type(dtype.elementType), True)
     if isinstance(dtype, MapType):
-        return MapType(_loose(dtype.keyType), _loose(dtype.valueType), True)
+        return MapType(nullable_type(dtype.keyType), nullable_type(dtype.valueType), True)
     return dtype
 
 

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparkonce.errors import ConfigError, PipelineError, VerificationError
+from sparkonce.outputs.combine import nullable_type
 from sparkonce.verify.checks import suspect_columns, without
 from sparkonce.verify.compare import RowDiff, canonical_value, diff_rows
 
@@ -183,23 +184,10 @@ def _collect(df: DataFrame) -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
 
     loose = df.select(
-        *[F.col(f"`{f.name}`").cast(_nullable(f.dataType)).alias(f.name) for f in df.schema]
+        *[F.col(f"`{f.name}`").cast(nullable_type(f.dataType)).alias(f.name) for f in df.schema]
     )
     rows: list[dict[str, Any]] = loose.toArrow().to_pylist()
     return rows
-
-
-def _nullable(dtype: Any) -> Any:  # a DataType
-    """``dtype`` with every field, element and value nullable."""
-    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
-
-    if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, ArrayType):
-        return ArrayType(_nullable(dtype.elementType), True)
-    if isinstance(dtype, MapType):
-        return MapType(_nullable(dtype.keyType), _nullable(dtype.valueType), True)
-    return dtype
 
 
 def _outputs_query(
