@@ -53,13 +53,17 @@ split by thread: tasks, JIT compiler, GC, other), which other runs on the same c
 disturb far less than wall time.
 
 Where the time goes (the ``split``, seconds per batch): the child wraps a few library
-functions with timers, no source change. ``copy.write`` is :meth:`StableOutput.put` (the
-batch computed and written to Parquet, its files fsynced, manifest, rename), with
-``copy.fsync`` (the data files and directories) and ``copy.footers`` (the row count from
-the Parquet footers) inside it, plus the library's own "written: N rows in S s" log lines
-(``copy_log_s``); ``stage.<table>`` is a sink collecting its output's rows on the driver
-(the read of the copy or of Spark's cache, the split filter, ``toArrow`` and Python rows;
-in ``two-stores-direct`` the first one also computes and caches the batch);
+functions with timers, no source change. ``copy.write`` is writing the copy: here both
+stores' sinks collect their rows on the driver, so it is :meth:`StableOutput.put_arrow`
+(the batch computed and collected once with ``toArrow``, written with pyarrow to one
+Parquet file, fsynced, manifest, rename; :meth:`StableOutput.put`, Spark's writer, when a
+sink stages in Spark tasks), with ``copy.fsync`` (the data files and directories) inside
+it, plus the library's own "written: N rows in S s" log lines (``copy_log_s``);
+``select.<output>`` is one output's rows taken from the collected batch with pyarrow
+(stable only); ``stage.<table>`` is a sink collecting its output's rows from a DataFrame
+(``two-stores-direct`` and the single-store variants: the read of Spark's cache, the split
+filter, ``toArrow`` and Python rows; the first one also computes and caches the batch);
+``rows.<table>`` is turning Arrow into Python rows (inside ``stage`` when there is one);
 ``publish.<table>`` is the rows' insert inside the store's transaction; ``txn.other`` the
 rest of the transactions (epoch check, ledger row, commit); ``copy.collect`` deleting
 committed copies; ``other`` the rest of ``foreachBatch``; ``outside`` the run's time
@@ -168,10 +172,13 @@ def instrument() -> tuple[Split, StableLog]:
 
     split = Split()
     split.wrap(stable.StableOutput, "put", "copy.write")
+    split.wrap(stable.StableOutput, "put_arrow", "copy.write")
     split.wrap(stable, "_fsync_tree", "copy.fsync")
     split.wrap(stable, "_footer_rows", "copy.footers")
     split.wrap(OutputSet, "_collect", "copy.collect")
+    split.wrap(OutputSet, "output_arrow", lambda _set, _table, name, *_: f"select.{name}")
     split.wrap(SqlSink, "prepare", lambda sink, *_: f"stage.{sink.table}")
+    split.wrap(SqlSink, "prepare_arrow", lambda sink, *_: f"rows.{sink.table}")
     split.wrap(DataFrame, "toArrow", "toArrow")
     split.wrap(SqlSink, "publish", lambda sink, *_: f"publish.{sink.table}")
     split.wrap(Committer, "_transaction", "txn")
@@ -344,15 +351,21 @@ def _split(split: Split, latencies: list[float], seconds: float) -> dict[str, fl
         if key in s:
             out[key] = s[key]
     stage = {k: v for k, v in s.items() if k.startswith("stage.")}
+    select = {k: v for k, v in s.items() if k.startswith("select.")}
+    rows = {k: v for k, v in s.items() if k.startswith("rows.")}
     publish = {k: v for k, v in s.items() if k.startswith("publish.")}
+    out.update(sorted(select.items()))
     out.update(sorted(stage.items()))
+    out.update(sorted(rows.items()))
     if "toArrow" in s:
-        out["toArrow"] = s["toArrow"]  # inside the stage.* times
+        out["toArrow"] = s["toArrow"]  # inside copy.write or the stage.* times
     out.update(sorted(publish.items()))
     out["txn.other"] = s.get("txn", 0.0) - sum(publish.values())
     in_batches = sum(latencies)
     counted = sum(s.get(k, 0.0) for k in ("copy.write", "copy.collect", "txn"))
-    counted += sum(stage.values())
+    counted += sum(stage.values()) + sum(select.values())
+    if not stage:  # rows.* are inside stage.* when a sink collected from a DataFrame
+        counted += sum(rows.values())
     out["other"] = in_batches - counted
     out["outside"] = seconds - in_batches
     return out
@@ -595,7 +608,9 @@ SPLIT_ORDER = (
     "copy.write",
     "copy.fsync",
     "copy.footers",
+    "select.",
     "stage.",
+    "rows.",
     "toArrow",
     "publish.",
     "txn.other",

@@ -362,3 +362,42 @@ def test_validation_names_the_bad_output(spark: SparkSession) -> None:
         split(combined, other)
     with pytest.raises(ConfigError, match=r"schemas are given for \['a'\].*\['a', 'b'\]"):
         OutputLayout(("a", "b"), {"a": layout.schemas["a"]})
+
+
+def test_outputs_selected_with_arrow_match_the_dataframe_path(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """OutputSet.output_arrow (pyarrow, on the driver: the stable copy's path) gives each
+    sink the same columns, types and values as output_rows (Spark's path)."""
+    from sparkonce import SQLiteSink
+    from sparkonce.ledger.base import BatchContext
+    from sparkonce.offsets import BatchRanges
+    from sparkonce.outputs import BatchKey, StableOutput
+    from sparkonce.outputs.output_set import OutputSet
+    from sparkonce.outputs.quality import DEAD_LETTER_SCHEMA
+
+    branches = _branches(spark)
+    letters = [("t", 0, 5, "t-0-5", b"k", b"{bad", "MALFORMED", "line 1"), (None,) * 8]
+    branches["dead_letters"] = spark.createDataFrame(letters, DEAD_LETTER_SCHEMA)
+    branches["again"] = branches["totals"]  # an alias: the same object for two outputs
+    combined, layout = combine({k: v for k, v in branches.items() if k != "again"})
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    outputs = OutputSet(
+        {name: SQLiteSink(url, name) for name in branches}, stable=True, stable_root=tmp_path
+    )
+    outputs.use_layout(layout, {"again": "totals"})
+    assert outputs.uses_driver_copy()
+    ctx = BatchContext("p", 1, BatchRanges.from_json('{"t":{"0":[0,5]}}'), 4)
+    # The batch as the stable copy collects it (combined.toArrow() alone fails here: PySpark
+    # refuses the non-nullable "id" inside the events struct, null in other outputs' rows).
+    table = StableOutput(tmp_path / "copies").put_arrow(combined, BatchKey("c", 4, "{}"))
+    for name in branches:
+        expected = outputs.output_rows(combined, name, ctx, 17).toArrow()
+        got = outputs.output_arrow(table, name, ctx, 17)
+        assert got.column_names == expected.column_names, name
+        assert got.schema.types == expected.schema.types, name
+        assert sorted(map(repr, got.to_pylist())) == sorted(map(repr, expected.to_pylist())), name
+        assert got.num_rows == {"events": 3, "totals": 2, "again": 2, "dead_letters": 2}[name]
+    assert set(
+        outputs.output_arrow(table, "dead_letters", ctx, 17).column("batch_seq").to_pylist()
+    ) == {17}

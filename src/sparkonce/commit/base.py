@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from sparkonce.ledger.base import BatchContext
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 @dataclass
@@ -41,7 +43,16 @@ class Staged:
 
 
 class Stager(ABC):
-    """How a sink gets a batch's rows ready and makes them visible."""
+    """How a sink gets a batch's rows ready and makes them visible.
+
+    A stager that collects the rows on the driver may also say so
+    (``stages_on_driver = True``) and take them already collected, as an Arrow table
+    (:meth:`prepare_arrow`): several outputs with stable output then collect the batch
+    once and keep their copy with pyarrow, instead of writing it with Spark and reading
+    it back.
+    """
+
+    stages_on_driver: bool = False
 
     @abstractmethod
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
@@ -50,6 +61,16 @@ class Stager(ABC):
         ``seq`` is the ledger entry the batch will become. Raising here commits
         nothing. A stager whose tasks find the run fenced raises ``FencedError``.
         """
+
+    def prepare_arrow(
+        self, ctx: BatchContext, table: pa.Table, schema: StructType, seq: int
+    ) -> Staged:
+        """Like :meth:`prepare`, for rows already collected: ``table`` holds exactly the rows
+        and columns ``prepare`` would have collected from a DataFrame of ``schema``.
+
+        Only called when ``stages_on_driver`` is True.
+        """
+        raise NotImplementedError(f"{type(self).__name__} stages its rows in Spark tasks")
 
     @abstractmethod
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:

@@ -64,10 +64,11 @@ from sparkonce.outputs.combine import check_output_name as _check_name
 from sparkonce.sinks.base import Sink
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from sparkonce.outputs.stable import StableOutput
+    from sparkonce.outputs.stable import BatchKey, StableOutput
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,23 @@ class _GroupStager(Stager):
         for name, stager in zip(self.group.names, self.stagers, strict=True):
             out = self.owner.output_rows(df, name, ctx, seq)
             staged = stager.prepare(ctx, out, seq)
+            parts.append(staged)
+            rows[name] = staged.rows
+        return Staged(sum(rows.values()), parts, {"rows": rows})
+
+    def prepare_from(self, ctx: BatchContext, source: _BatchRows, seq: int) -> Staged:
+        """Stage the group's outputs from the batch's rows: from the Arrow copy when the
+        batch was collected on the driver, else from the DataFrame (:meth:`prepare`)."""
+        if not source.on_driver:
+            return self.prepare(ctx, source.rows(), seq)
+        table = source.arrow()
+        parts: list[Staged | None] = []
+        rows: dict[str, int] = {}
+        for name, stager in zip(self.group.names, self.stagers, strict=True):
+            out = self.owner.output_arrow(table, name, ctx, seq)
+            # The schema the DataFrame path would give (analysis only; nothing runs).
+            schema = self.owner.output_rows(source.df, name, ctx, seq).schema
+            staged = stager.prepare_arrow(ctx, out, schema, seq)
             parts.append(staged)
             rows[name] = staged.rows
         return Staged(sum(rows.values()), parts, {"rows": rows})
@@ -359,7 +377,9 @@ class OutputSet(Sink):
             for group in self.groups:
                 assert group.committer is not None and group.epoch is not None
                 gctx = dataclasses.replace(ctx, epoch=group.epoch)
-                stage = functools.partial(_staged, group.committer.stager, gctx, source, rows)
+                stager = group.committer.stager
+                assert isinstance(stager, _GroupStager)
+                stage = functools.partial(_staged, stager, gctx, source, rows)
                 results.append(group.committer.commit_with(gctx, stage))
             if ctx.stateful and not source.executed:
                 # Spark commits a batch's state stores only when its DataFrame runs in full.
@@ -450,6 +470,36 @@ class OutputSet(Sink):
             out = late.filter_late(out, watermark)
         return out
 
+    def output_arrow(self, table: pa.Table, name: str, ctx: BatchContext, seq: int) -> pa.Table:
+        """Output ``name``'s rows of a combined batch collected as Arrow: the same rows and
+        columns :meth:`output_rows` gives, selected with pyarrow on the driver."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        layout = self._layout()
+        branch = self.aliases.get(name, name)
+        picked = table.filter(pc.equal(table.column(OUTPUT_TAG), branch))
+        fields = layout.schemas[branch].fields
+        out = pa.table(picked.column(branch).flatten(), names=[f.name for f in fields])
+        if is_dead_letter_schema(layout.schemas[branch]):
+            n = out.num_rows
+            out = out.append_column("pipeline", pa.array([ctx.pipeline] * n, pa.string()))
+            out = out.append_column("batch_seq", pa.array([seq] * n, pa.int64()))
+        return out
+
+    def uses_driver_copy(self) -> bool:
+        """Whether stable copies are collected and written on the driver (pyarrow): every
+        sink collects its rows on the driver anyway and no output needs Spark to select
+        its rows (a late-data output does)."""
+        from sparkonce.outputs import late
+
+        layout = self._layout()
+        return (
+            self.stable
+            and all(s.committer_parts()[1].stages_on_driver for s in self.outputs.values())
+            and not any(late.is_late_branch(schema) for schema in layout.schemas.values())
+        )
+
     def stable_output(self) -> StableOutput:
         if self._stable is None:
             from sparkonce.outputs.stable import StableOutput
@@ -479,9 +529,9 @@ class OutputSet(Sink):
 
 
 def _staged(
-    stager: Stager, ctx: BatchContext, source: _BatchRows, rows: dict[str, int], seq: int
+    stager: _GroupStager, ctx: BatchContext, source: _BatchRows, rows: dict[str, int], seq: int
 ) -> Staged:
-    staged = stager.prepare(ctx, source.rows(), seq)
+    staged = stager.prepare_from(ctx, source, seq)
     rows.update(staged.notes.get("rows", {}))
     return staged
 
@@ -494,19 +544,37 @@ class _BatchRows:
         self.ctx = ctx
         self.df = df
         self.executed = False
+        self.on_driver = owner.uses_driver_copy()
         self._rows: DataFrame | None = None
+        self._arrow: pa.Table | None = None
         self._persisted = False
+
+    def _key(self) -> BatchKey:
+        from sparkonce.outputs.stable import BatchKey
+
+        return BatchKey(
+            self.ctx.checkpoint_id or "", self.ctx.spark_batch_id, self.ctx.ranges.to_json()
+        )
+
+    def arrow(self) -> pa.Table:
+        """The batch's combined rows collected on the driver, from its stable copy (written
+        now with pyarrow, or read back on a replay)."""
+        if self._arrow is None:
+            stable = self.owner.stable_output()
+            key = self._key()
+            table = stable.get_arrow(self.df.sparkSession, key)
+            if table is None:
+                table = stable.put_arrow(self.df, key)
+                self.executed = True
+            self._arrow = table
+        return self._arrow
 
     def rows(self) -> DataFrame:
         if self._rows is not None:
             return self._rows
         if self.owner.stable:
-            from sparkonce.outputs.stable import BatchKey
-
             stable = self.owner.stable_output()
-            key = BatchKey(
-                self.ctx.checkpoint_id or "", self.ctx.spark_batch_id, self.ctx.ranges.to_json()
-            )
+            key = self._key()
             copy = stable.get(self.df.sparkSession, key)
             if copy is None:
                 copy = stable.put(self.df, key, partition_by=OUTPUT_TAG)
@@ -519,5 +587,6 @@ class _BatchRows:
         return self._rows
 
     def release(self) -> None:
+        self._arrow = None
         if self._persisted and self._rows is not None:
             self._rows.unpersist()

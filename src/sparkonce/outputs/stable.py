@@ -14,8 +14,8 @@ drops a copy once every sink's ledger covers its batch.
 Layout under ``root`` (all on one local filesystem)::
 
     <root>/000000000007-1f2e3d4c5b6a7988/      a committed copy (BatchKey.dirname)
-        manifest.json                           key, rows, schema, files, created_at
-        data/part-*.parquet                     Spark's Parquet files
+        manifest.json                           key, rows, schema, writer, files, created_at
+        data/part-*.parquet                     the Parquet files (Spark's, or one of pyarrow's)
     <root>/.tmp-<dirname>-<uuid>/               a copy being written (never read)
     <root>/.trash-<dirname>-<uuid>/             a copy being deleted (never read)
 
@@ -25,7 +25,14 @@ directory its final name. A final directory without ``manifest.json`` (which onl
 crash or a hand edit can leave) is never read: :meth:`StableOutput.get` returns None for
 it and :meth:`StableOutput.put` removes it and writes again.
 
-Everything here runs on the **driver**; Spark's tasks write and read the Parquet files.
+Two writers: :meth:`StableOutput.put` has Spark's tasks write the Parquet files and
+returns a DataFrame reading them; :meth:`StableOutput.put_arrow`, for sinks that collect
+their rows on the driver anyway, collects the batch once and writes it with pyarrow, and
+returns the Arrow table (no Spark read-back). The manifest's ``writer`` says which, and
+either kind of copy can be read back both ways.
+
+Everything here runs on the **driver**, except the Spark tasks that :meth:`~StableOutput.put`
+starts.
 Only local filesystem paths are supported in this version (checkpoints are local
 directories): a ``root`` URI with a scheme other than ``file://`` is a
 :class:`~sparkonce.errors.ConfigError`.
@@ -50,6 +57,7 @@ from urllib.parse import unquote, urlparse
 from sparkonce.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -63,6 +71,8 @@ FORMAT = 1
 # exactly (Spark would read an empty-string partition value back as null, and re-type
 # partition values from their directory names); this one only groups the files.
 PARTITION_COLUMN = "sparkonce_partition"
+# The one data file of a copy written with pyarrow (StableOutput.put_arrow).
+_ARROW_FILE = "part-00000.parquet"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 # Spark expands these in a path it reads (Hadoop glob syntax), so a root holding them
@@ -142,6 +152,12 @@ class StableOutput:
         the batch must not be silently recomputed, since a sink may already hold its rows.
         """
         final = self.root / key.dirname
+        manifest = self._committed_manifest(final, key)
+        if manifest is None:
+            return None
+        return _read_copy(spark, final, manifest)
+
+    def _committed_manifest(self, final: Path, key: BatchKey) -> dict[str, Any] | None:
         if not final.is_dir():
             return None
         if not (final / MANIFEST).exists():
@@ -154,7 +170,7 @@ class StableOutput:
                 "Two keys share a directory name; move the directory away and rerun."
             )
         _check_files(final, manifest)
-        return _read_copy(spark, final, manifest)
+        return manifest
 
     def keys(self) -> list[BatchKey]:
         """The keys of every committed copy under ``root``, in batch order.
@@ -199,13 +215,7 @@ class StableOutput:
         if partition_by is not None:
             _check_partition_column(df, partition_by)
 
-        final = self.root / key.dirname
-        self._remove_leftovers(key)
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f"{_TMP_PREFIX}{key.dirname}-{uuid.uuid4().hex[:12]}"
-        tmp.mkdir()
-        start = time.monotonic()
-        try:
+        def write(data: Path) -> int:
             writer = df
             if partition_by is not None:
                 from pyspark.sql import functions as F
@@ -216,16 +226,90 @@ class StableOutput:
             w = writer.write.mode("errorifexists")
             if partition_by is not None:
                 w = w.partitionBy(PARTITION_COLUMN)
-            w.parquet(str(tmp / DATA))
-            files = _data_files(tmp / DATA)
+            w.parquet(str(data))
+            return _footer_rows(data, _data_files(data))
+
+        manifest = self._publish(key, df.schema, write, partition_by=partition_by, writer="spark")
+        if manifest is None:  # another writer published the same key first: its copy wins
+            winner = self.get(spark, key)
+            assert winner is not None
+            return winner
+        return _read_copy(spark, self.root / key.dirname, manifest)
+
+    def put_arrow(self, df: DataFrame, key: BatchKey) -> pa.Table:
+        """Like :meth:`put`, for sinks that collect their rows on the driver: the batch is
+        collected once (``df.toArrow()``, the only Spark action) and written with pyarrow
+        as one Parquet file; returns the rows as an Arrow table.
+
+        A replay (a committed copy exists) reads the copy back instead, without running
+        ``df``. The table returned by the first attempt and the one a replay reads hold
+        the same columns, types and values. The copy is read back by :meth:`get` too.
+        """
+        import pyarrow.parquet as pq
+
+        spark = df.sparkSession
+        existing = self.get_arrow(spark, key)
+        if existing is not None:
+            log.info("stable output %s exists (a replay): read back, not recomputed", key.dirname)
+            return existing
+        table = _loosened(df).toArrow()
+
+        def write(data: Path) -> int:
+            data.mkdir()
+            pq.write_table(table, data / _ARROW_FILE)
+            return int(table.num_rows)
+
+        manifest = self._publish(key, df.schema, write, partition_by=None, writer="arrow")
+        if manifest is None:
+            winner = self.get_arrow(spark, key)
+            assert winner is not None
+            return winner
+        return table
+
+    def get_arrow(self, spark: SparkSession, key: BatchKey) -> pa.Table | None:
+        """The committed copy of ``key``'s batch as an Arrow table (driver memory), or None.
+
+        The same checks as :meth:`get`. A copy written by :meth:`put_arrow` is read with
+        pyarrow; one written by :meth:`put` is read with Spark and collected.
+        """
+        import pyarrow.parquet as pq
+
+        final = self.root / key.dirname
+        manifest = self._committed_manifest(final, key)
+        if manifest is None:
+            return None
+        if manifest.get("writer") == "arrow":
+            return pq.read_table(final / DATA / _ARROW_FILE)
+        return _read_copy(spark, final, manifest).toArrow()
+
+    def _publish(
+        self,
+        key: BatchKey,
+        schema: StructType,
+        write: Callable[[Path], int],
+        *,
+        partition_by: str | None,
+        writer: str,
+    ) -> dict[str, Any] | None:
+        """Write a copy into a temp directory with ``write(data_dir) -> rows``, then publish
+        it atomically. Returns its manifest, or None if another writer published first."""
+        final = self.root / key.dirname
+        self._remove_leftovers(key)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f"{_TMP_PREFIX}{key.dirname}-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+        start = time.monotonic()
+        try:
+            rows = write(tmp / DATA)
             manifest = {
                 "format": FORMAT,
                 "key": key.to_json_obj(),
                 "dirname": key.dirname,
-                "rows": _footer_rows(tmp / DATA, files),
-                "schema": json.loads(df.schema.json()),
+                "rows": rows,
+                "schema": json.loads(schema.json()),
                 "partition_by": partition_by,
-                "files": files,
+                "writer": writer,
+                "files": _data_files(tmp / DATA),
                 "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
             }
             _fsync_tree(tmp / DATA)
@@ -236,12 +320,9 @@ class StableOutput:
             except OSError:
                 if not (final / MANIFEST).exists():
                     raise
-                # Another writer published the same key first: its copy wins.
                 shutil.rmtree(tmp, ignore_errors=True)
                 log.warning("stable output %s was published by another writer first", final)
-                winner = self.get(spark, key)
-                assert winner is not None
-                return winner
+                return None
             _fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -252,7 +333,7 @@ class StableOutput:
             manifest["rows"],
             time.monotonic() - start,
         )
-        return _read_copy(spark, final, manifest)
+        return manifest
 
     # -- collecting ---------------------------------------------------------------------------
 
@@ -339,6 +420,27 @@ def _local_root(root: str | Path) -> Path:
             "glob patterns; choose a directory without these characters"
         )
     return path
+
+
+def _loosened(df: DataFrame) -> DataFrame:
+    """``df`` with every nested field, array element and map value nullable.
+
+    PySpark's ``toArrow`` refuses a field declared non-nullable inside a struct that is
+    itself null in some rows (as every output's struct is in a combined batch: null in the
+    other outputs' rows). Widening nullability is a cast that changes no value.
+    """
+    from pyspark.sql import functions as F
+
+    from sparkonce.outputs.combine import nullable_type
+
+    if all(nullable_type(f.dataType) == f.dataType for f in df.schema.fields):
+        return df
+    return df.select(
+        *[
+            F.col(_quoted(f.name)).cast(nullable_type(f.dataType)).alias(f.name)
+            for f in df.schema.fields
+        ]
+    )
 
 
 def _quoted(column: str) -> str:

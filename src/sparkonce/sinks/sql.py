@@ -520,12 +520,17 @@ class SqlSink(Sink, Stager):
         staged = Staged(len(rows), (schema, columns, rows))
         return self._committer.commit_with(ctx, lambda _seq: staged)
 
+    stages_on_driver = True
+
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Collect the batch's rows on the driver (outside the store transaction)."""
-        table = df.toArrow()
+        return self.prepare_arrow(ctx, df.toArrow(), df.schema, seq)
+
+    def prepare_arrow(self, ctx: BatchContext, table: Any, schema: StructType, seq: int) -> Staged:
+        """The batch's rows, already collected on the driver, as Python rows."""
         columns = list(table.column_names)
-        rows = self._rows_from_arrow(table, df.schema)
-        return Staged(len(rows), (df.schema, columns, rows))
+        rows = self._rows_from_arrow(table, schema)
+        return Staged(len(rows), (schema, columns, rows))
 
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         """Step 3: write the rows. In complete mode the batch is the whole result: it

@@ -236,6 +236,8 @@ class PostgresTwoPhaseSink(PostgresSink):
         assert self._committer is not None
         return self._committer.commit(ctx, df)
 
+    stages_on_driver = False  # its tasks pre-commit the rows
+
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """The tasks pre-commit their rows, each under a fresh attempt id (executors)."""
         # (The committer has checked the owner already: a fenced run starts no task.)
