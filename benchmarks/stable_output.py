@@ -4,8 +4,8 @@ Run from the repository root (``make bench-outputs`` does, with 2 million record
 
     .venv/bin/python benchmarks/stable_output.py --records 2000000 --repeat 3
 
-A pipeline with outputs in two stores writes each batch's rows once to Parquet under its
-checkpoint before any store commits, and every store commits from that copy
+A pipeline with outputs in two stores writes each batch's rows once under its checkpoint
+before any store commits, and every store commits from that copy
 (``Pipeline(stable_output=True)``, the default across stores; see
 :mod:`sparkonce.outputs.stable`). This measures what that costs. The issue's goal: stable
 output reaches at least 0.8x the records/s of the same sinks without it.
@@ -22,8 +22,9 @@ one query; the same DataFrame object for both would be computed once)::
 
 1. ``two-stores-stable``: ``events`` into PostgreSQL (:class:`~sparkonce.PostgresSink`,
    table ``events``), ``audit`` into a SQLite file (:class:`~sparkonce.SQLiteSink`, table
-   ``audit``), ``stable_output=True``: each batch goes to Parquet once, both stores commit
-   from the copy. SQLite is the second store by default because two *kinds* of store (a
+   ``audit``), ``stable_output=True``: each batch's outputs are collected once and written
+   as Arrow IPC files under the checkpoint, both stores commit from that copy. SQLite
+   is the second store by default because two *kinds* of store (a
    database server and the embedded default) is what stable output is for, and it shares
    no server, WAL or fsync with the first; ``--second-store postgres`` puts ``audit`` in a
    second database of the same PostgreSQL server instead.
@@ -45,8 +46,8 @@ each record), the driver's peak resident memory (the Python driver and the JVM, 
 stable/direct is the median of (1) over the median of (2), PASS at 0.8 or more; each
 round's own ratio is listed too. Two more ratios help read it on a busy machine:
 ``steady`` records/s counts from the end of the first batch (each variant runs in a fresh
-JVM, whose first batch loads and compiles the code it runs: the Parquet writer, reader and
-sort only with stable output), and records per CPU second (``cpu_s``: the child process
+JVM, whose first batch loads and compiles the code it runs), and records per CPU second
+(``cpu_s``: the child process
 and its descendants, by role: the Python driver, the JVM, which runs the tasks in
 ``local[2]``, and Spark's Python workers, which run the source's reads; the JVM's share is
 split by thread: tasks, JIT compiler, GC, other), which other runs on the same cores
@@ -54,13 +55,15 @@ disturb far less than wall time.
 
 Where the time goes (the ``split``, seconds per batch): the child wraps a few library
 functions with timers, no source change. ``copy.write`` is writing the copy: here both
-stores' sinks collect their rows on the driver, so it is :meth:`StableOutput.put_arrow`
-(the batch computed and collected once with ``toArrow``, written with pyarrow to one
-Parquet file, fsynced, manifest, rename; :meth:`StableOutput.put`, Spark's writer, when a
-sink stages in Spark tasks), with ``copy.fsync`` (the data files and directories) inside
-it, plus the library's own "written: N rows in S s" log lines (``copy_log_s``);
-``select.<output>`` is one output's rows taken from the collected batch with pyarrow
-(stable only); ``stage.<table>`` is a sink collecting its output's rows from a DataFrame
+stores' sinks collect their rows on the driver, so it is :meth:`StableOutput.put_tables`
+(the batch computed and persisted once, each output collected with ``toArrow``, written
+as Arrow IPC files, fsynced, manifest, rename; :meth:`StableOutput.put`, Spark's Parquet
+writer, when a sink stages in Spark tasks), with ``copy.collect_rows`` (persist and the
+``toArrow`` calls) and ``copy.fsync`` (the data files and directories) inside it, plus
+the library's own "written: N rows in S s" log lines (``copy_log_s``);
+``select.<output>`` is one output's table taken for its sink (stable only; the
+dead-letter columns added); ``stage.<table>`` is a sink collecting its output's rows from
+a DataFrame
 (``two-stores-direct`` and the single-store variants: the read of Spark's cache, the split
 filter, ``toArrow`` and Python rows; the first one also computes and caches the batch);
 ``rows.<table>`` is turning Arrow into Python rows (inside ``stage`` when there is one);
@@ -172,7 +175,8 @@ def instrument() -> tuple[Split, StableLog]:
 
     split = Split()
     split.wrap(stable.StableOutput, "put", "copy.write")
-    split.wrap(stable.StableOutput, "put_arrow", "copy.write")
+    split.wrap(stable.StableOutput, "put_tables", "copy.write")
+    split.wrap(OutputSet, "collect_tables", "copy.collect_rows")
     split.wrap(stable, "_fsync_tree", "copy.fsync")
     split.wrap(stable, "_footer_rows", "copy.footers")
     split.wrap(OutputSet, "_collect", "copy.collect")
@@ -347,7 +351,7 @@ def _split(split: Split, latencies: list[float], seconds: float) -> dict[str, fl
     """Total seconds per part of the run (see the module docstring); they add up to the run."""
     s = dict(split.seconds)
     out: dict[str, float] = {}
-    for key in ("copy.write", "copy.fsync", "copy.footers", "copy.collect"):
+    for key in ("copy.write", "copy.collect_rows", "copy.fsync", "copy.footers", "copy.collect"):
         if key in s:
             out[key] = s[key]
     stage = {k: v for k, v in s.items() if k.startswith("stage.")}
@@ -606,6 +610,7 @@ def _median_dict(rs: list[dict], key: str) -> dict[str, float]:
 
 SPLIT_ORDER = (
     "copy.write",
+    "copy.collect_rows",
     "copy.fsync",
     "copy.footers",
     "select.",

@@ -295,11 +295,11 @@ def stable_sorted(keys: list[BatchKey]) -> list[BatchKey]:
     return sorted(keys, key=lambda k: k.spark_batch_id)
 
 
-def test_arrow_copy_round_trips_and_replays_without_running_df(
+def test_table_copy_round_trips_and_replays_without_collecting(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """put_arrow: one Spark action, pyarrow writes; a replay (Arrow or Spark reader) gets
-    the first attempt's table back exactly, and never runs the new batch."""
+    """put_tables: the tables collected once are written as Arrow IPC; a replay gets the
+    first attempt's tables back exactly and never collects the new batch."""
     from pyspark.sql import functions as F
 
     executed = spark.sparkContext.accumulator(0)
@@ -311,52 +311,55 @@ def test_arrow_copy_round_trips_and_replays_without_running_df(
         return str(uuid.uuid4())
 
     noisy = F.udf(noise, "string").asNondeterministic()
-    df = typed_frame(spark).withColumn("u", noisy())
+
+    def collect(df: DataFrame) -> dict[str, object]:
+        return {"all": df.toArrow(), "t1 only": df.where("tag = 't1'").toArrow()}
+
+    df = typed_frame(spark).withColumn("u", noisy()).localCheckpoint()  # computed once here
+    assert executed.value == 4
     stable = StableOutput(tmp_path / "stable")
-    first = stable.put_arrow(df, key())
-    assert executed.value == 4  # collected once: 4 rows, one UDF call each
-    assert first.column_names == df.columns and first.num_rows == 4
+    first = stable.put_tables(key(), df.schema, lambda: collect(df))  # type: ignore[arg-type]
+    assert list(first) == ["all", "t1 only"]
+    assert first["all"].column_names == df.columns and first["all"].num_rows == 4
+    assert first["t1 only"].num_rows == 1
 
-    again = stable.put_arrow(typed_frame(spark).withColumn("u", noisy()), key())
-    assert executed.value == 4  # the replay read the copy
-    assert again.equals(first)  # same types and values, bit for bit
-    read = stable.get_arrow(spark, key())
-    assert read is not None and read.equals(first)
+    def must_not_run() -> dict[str, object]:
+        raise AssertionError("a replay collected the batch again")
 
-    # The Spark reader gets the same rows, types and order from a pyarrow-written copy.
-    via_spark = stable.get(spark, key())
-    assert via_spark is not None and via_spark.columns == df.columns
-    assert same_types(via_spark, df)
-    assert via_spark.toArrow().select(df.columns[:-1]).equals(first.select(df.columns[:-1]))
-    assert sorted(r.u for r in via_spark.collect()) == sorted(first.column("u").to_pylist())
+    again = stable.put_tables(key(), df.schema, must_not_run)  # type: ignore[arg-type]
+    assert list(again) == list(first)
+    assert all(again[n].equals(first[n]) for n in first)  # same types and values
+    read = stable.get_tables(key())
+    assert read is not None and all(read[n].equals(first[n]) for n in first)
+    assert stable.copy_writer(key()) == "arrow"
+    with pytest.raises(CheckpointError, match="get_tables"):
+        stable.get(spark, key())
 
     manifest = json.loads((tmp_path / "stable" / key().dirname / MANIFEST).read_text())
-    assert manifest["writer"] == "arrow" and manifest["rows"] == 4
-    assert list(manifest["files"]) == ["part-00000.parquet"]
+    assert manifest["writer"] == "arrow" and manifest["rows"] == 5
+    assert manifest["tables"] == {"all": "table-0000.arrow", "t1 only": "table-0001.arrow"}
+    assert sorted(manifest["files"]) == ["table-0000.arrow", "table-0001.arrow"]
 
-    # A copy written by Spark is read into Arrow too (a run that changed writers).
+    # A copy written by Spark is not a table copy; its writer says so.
     stable.put(typed_frame(spark), key(5), partition_by="tag")
-    spark_copy = stable.get_arrow(spark, key(5))
-    assert spark_copy is not None and spark_copy.column_names == typed_frame(spark).columns
-    assert sorted(map(repr, spark_copy.to_pylist())) == sorted(
-        map(repr, typed_frame(spark).toArrow().to_pylist())
-    )
+    assert stable.copy_writer(key(5)) == "spark" and stable.get_tables(key(5)) is None
+    assert stable.copy_writer(key(6)) is None
 
 
-def test_arrow_copy_of_an_empty_batch_and_a_damaged_copy(
+def test_table_copy_of_an_empty_batch_and_a_damaged_copy(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     df = typed_frame(spark).where("false")
     stable = StableOutput(tmp_path / "stable")
-    empty = stable.put_arrow(df, key(1))
-    assert empty.num_rows == 0 and empty.column_names == df.columns
-    got = stable.get_arrow(spark, key(1))
-    assert got is not None and got.equals(empty)
+    empty = stable.put_tables(key(1), df.schema, lambda: {"out": df.toArrow()})
+    assert empty["out"].num_rows == 0 and empty["out"].column_names == df.columns
+    got = stable.get_tables(key(1))
+    assert got is not None and got["out"].equals(empty["out"])
 
-    stable.put_arrow(typed_frame(spark), key(2))
-    data = tmp_path / "stable" / key(2).dirname / "data" / "part-00000.parquet"
+    stable.put_tables(key(2), df.schema, lambda: {"out": typed_frame(spark).toArrow()})
+    data = tmp_path / "stable" / key(2).dirname / "data" / "table-0000.arrow"
     data.write_bytes(data.read_bytes()[:-10])
-    with pytest.raises(CheckpointError, match=r"part-00000\.parquet"):
-        stable.get_arrow(spark, key(2))
+    with pytest.raises(CheckpointError, match=r"table-0000\.arrow"):
+        stable.get_tables(key(2))
     with pytest.raises(CheckpointError, match="not recomputed"):
-        stable.put_arrow(typed_frame(spark), key(2))
+        stable.put_tables(key(2), df.schema, lambda: {"out": df.toArrow()})

@@ -23,6 +23,12 @@ Stable batch output
     reads the copy back instead of recomputing the batch, so a non-deterministic
     transform (``rand()``, ``uuid()``, ``current_timestamp()``, a lookup) gives every
     store the same rows. A copy is deleted once every group's ledger covers its batch.
+    When every output's sink collects its rows on the driver anyway (the SQL sinks), the
+    copy is made there: each output's rows are collected once as an Arrow table (the batch
+    persisted meanwhile, so it runs once), the tables are written as Arrow IPC files, and
+    every sink takes its rows from them (:meth:`OutputSet.collect_tables`,
+    :meth:`OutputSet.output_arrow`). Otherwise (a Kafka or two-phase output, a late-data
+    output) Spark writes the copy as Parquet and every group reads it back.
     Without stable output, each group's rows come from the same persisted DataFrame in
     one run, but a replay recomputes them: stores that commit a batch in different runs
     can then hold different values of non-deterministic columns (the runner warns).
@@ -135,11 +141,11 @@ class _GroupStager(Stager):
         batch was collected on the driver, else from the DataFrame (:meth:`prepare`)."""
         if not source.on_driver:
             return self.prepare(ctx, source.rows(), seq)
-        table = source.arrow()
+        tables = source.tables()
         parts: list[Staged | None] = []
         rows: dict[str, int] = {}
         for name, stager in zip(self.group.names, self.stagers, strict=True):
-            out = self.owner.output_arrow(table, name, ctx, seq)
+            out = self.owner.output_arrow(tables, name, ctx, seq)
             # The schema the DataFrame path would give (analysis only; nothing runs).
             schema = self.owner.output_rows(source.df, name, ctx, seq).schema
             staged = stager.prepare_arrow(ctx, out, schema, seq)
@@ -470,22 +476,48 @@ class OutputSet(Sink):
             out = late.filter_late(out, watermark)
         return out
 
-    def output_arrow(self, table: pa.Table, name: str, ctx: BatchContext, seq: int) -> pa.Table:
-        """Output ``name``'s rows of a combined batch collected as Arrow: the same rows and
-        columns :meth:`output_rows` gives, selected with pyarrow on the driver."""
+    def output_arrow(
+        self, tables: Mapping[str, pa.Table], name: str, ctx: BatchContext, seq: int
+    ) -> pa.Table:
+        """Output ``name``'s rows, from the batch's outputs collected as Arrow tables (one
+        per branch): the same rows and columns :meth:`output_rows` gives."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        layout = self._layout()
         branch = self.aliases.get(name, name)
-        picked = table.filter(pc.equal(table.column(OUTPUT_TAG), branch))
-        fields = layout.schemas[branch].fields
-        out = pa.table(picked.column(branch).flatten(), names=[f.name for f in fields])
-        if is_dead_letter_schema(layout.schemas[branch]):
+        out = tables[branch]
+        if is_dead_letter_schema(self._layout().schemas[branch]):
             n = out.num_rows
             out = out.append_column("pipeline", pa.array([ctx.pipeline] * n, pa.string()))
             out = out.append_column("batch_seq", pa.array([seq] * n, pa.int64()))
         return out
+
+    def collect_tables(self, batch: DataFrame) -> dict[str, pa.Table]:
+        """Each branch's rows of a combined ``batch``, collected on the driver as Arrow.
+
+        The batch is persisted for the collection, so it runs once."""
+        layout = self._layout()
+        cached = batch.persist()
+        try:
+            return {b: select_output(cached, layout, b).toArrow() for b in layout.names}
+        finally:
+            cached.unpersist()
+
+    def combined_from_tables(self, batch: DataFrame, tables: Mapping[str, pa.Table]) -> DataFrame:
+        """A combined DataFrame holding the branches' collected rows (for sinks that stage in
+        Spark, given a copy an earlier run wrote on the driver)."""
+        from sparkonce.outputs.combine import combine, nullable_type
+
+        layout = self._layout()
+        spark = batch.sparkSession
+        frames = {
+            b: spark.createDataFrame(
+                tables[b],  # type: ignore[call-overload]  # pyarrow Tables are accepted
+                schema=nullable_type(layout.schemas[b]),
+            )
+            for b in layout.names
+        }
+        combined, _ = combine(frames)
+        return combined
 
     def uses_driver_copy(self) -> bool:
         """Whether stable copies are collected and written on the driver (pyarrow): every
@@ -546,7 +578,7 @@ class _BatchRows:
         self.executed = False
         self.on_driver = owner.uses_driver_copy()
         self._rows: DataFrame | None = None
-        self._arrow: pa.Table | None = None
+        self._tables: dict[str, pa.Table] | None = None
         self._persisted = False
 
     def _key(self) -> BatchKey:
@@ -556,18 +588,25 @@ class _BatchRows:
             self.ctx.checkpoint_id or "", self.ctx.spark_batch_id, self.ctx.ranges.to_json()
         )
 
-    def arrow(self) -> pa.Table:
-        """The batch's combined rows collected on the driver, from its stable copy (written
-        now with pyarrow, or read back on a replay)."""
-        if self._arrow is None:
+    def tables(self) -> dict[str, pa.Table]:
+        """Each branch's rows collected on the driver, from the batch's stable copy (written
+        now, or read back on a replay)."""
+        if self._tables is None:
             stable = self.owner.stable_output()
             key = self._key()
-            table = stable.get_arrow(self.df.sparkSession, key)
-            if table is None:
-                table = stable.put_arrow(self.df, key)
-                self.executed = True
-            self._arrow = table
-        return self._arrow
+            if stable.copy_writer(key) == "spark":  # an earlier run's copy, by Spark's writer
+                copy = stable.get(self.df.sparkSession, key)
+                assert copy is not None
+                self._tables = self.owner.collect_tables(copy)
+            else:
+                self._tables = stable.put_tables(
+                    key, self.df.schema, functools.partial(self._collect_once)
+                )
+        return self._tables
+
+    def _collect_once(self) -> dict[str, pa.Table]:
+        self.executed = True
+        return self.owner.collect_tables(self.df)
 
     def rows(self) -> DataFrame:
         if self._rows is not None:
@@ -575,6 +614,9 @@ class _BatchRows:
         if self.owner.stable:
             stable = self.owner.stable_output()
             key = self._key()
+            if stable.copy_writer(key) == "arrow":  # an earlier run's copy, from the driver
+                self._rows = self.owner.combined_from_tables(self.df, self.tables())
+                return self._rows
             copy = stable.get(self.df.sparkSession, key)
             if copy is None:
                 copy = stable.put(self.df, key, partition_by=OUTPUT_TAG)
@@ -587,6 +629,6 @@ class _BatchRows:
         return self._rows
 
     def release(self) -> None:
-        self._arrow = None
+        self._tables = None
         if self._persisted and self._rows is not None:
             self._rows.unpersist()

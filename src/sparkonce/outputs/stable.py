@@ -14,8 +14,9 @@ drops a copy once every sink's ledger covers its batch.
 Layout under ``root`` (all on one local filesystem)::
 
     <root>/000000000007-1f2e3d4c5b6a7988/      a committed copy (BatchKey.dirname)
-        manifest.json                           key, rows, schema, writer, files, created_at
-        data/part-*.parquet                     the Parquet files (Spark's, or one of pyarrow's)
+        manifest.json                           key, rows, schema, writer, tables, files, ...
+        data/part-*.parquet                     Spark's Parquet files (put), or
+        data/table-0000.arrow ...               one Arrow IPC file per output (put_tables)
     <root>/.tmp-<dirname>-<uuid>/               a copy being written (never read)
     <root>/.trash-<dirname>-<uuid>/             a copy being deleted (never read)
 
@@ -25,11 +26,12 @@ directory its final name. A final directory without ``manifest.json`` (which onl
 crash or a hand edit can leave) is never read: :meth:`StableOutput.get` returns None for
 it and :meth:`StableOutput.put` removes it and writes again.
 
-Two writers: :meth:`StableOutput.put` has Spark's tasks write the Parquet files and
-returns a DataFrame reading them; :meth:`StableOutput.put_arrow`, for sinks that collect
-their rows on the driver anyway, collects the batch once and writes it with pyarrow, and
-returns the Arrow table (no Spark read-back). The manifest's ``writer`` says which, and
-either kind of copy can be read back both ways.
+Two writers: :meth:`StableOutput.put` has Spark's tasks write Parquet files and returns a
+DataFrame reading them; :meth:`StableOutput.put_tables`, for sinks that collect their rows
+on the driver anyway, writes the rows they collected (one Arrow table per output) to Arrow
+IPC files and returns the tables, with no Spark write or read-back. The manifest's
+``writer`` says which (``"spark"`` or ``"arrow"``), and ``tables`` names the IPC file of
+each output.
 
 Everything here runs on the **driver**, except the Spark tasks that :meth:`~StableOutput.put`
 starts.
@@ -47,7 +49,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,8 +73,6 @@ FORMAT = 1
 # exactly (Spark would read an empty-string partition value back as null, and re-type
 # partition values from their directory names); this one only groups the files.
 PARTITION_COLUMN = "sparkonce_partition"
-# The one data file of a copy written with pyarrow (StableOutput.put_arrow).
-_ARROW_FILE = "part-00000.parquet"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 # Spark expands these in a path it reads (Hadoop glob syntax), so a root holding them
@@ -155,6 +155,11 @@ class StableOutput:
         manifest = self._committed_manifest(final, key)
         if manifest is None:
             return None
+        if manifest.get("writer") == "arrow":
+            raise CheckpointError(
+                f"stable output {final} holds per-output Arrow tables (written on the driver, "
+                "as sinks that collect their rows there get them); read it with get_tables"
+            )
         return _read_copy(spark, final, manifest)
 
     def _committed_manifest(self, final: Path, key: BatchKey) -> dict[str, Any] | None:
@@ -236,51 +241,67 @@ class StableOutput:
             return winner
         return _read_copy(spark, self.root / key.dirname, manifest)
 
-    def put_arrow(self, df: DataFrame, key: BatchKey) -> pa.Table:
-        """Like :meth:`put`, for sinks that collect their rows on the driver: the batch is
-        collected once (``df.toArrow()``, the only Spark action) and written with pyarrow
-        as one Parquet file; returns the rows as an Arrow table.
+    def put_tables(
+        self, key: BatchKey, schema: StructType, collect: Callable[[], Mapping[str, pa.Table]]
+    ) -> dict[str, pa.Table]:
+        """Like :meth:`put`, for rows collected on the driver: ``collect()`` returns the
+        batch's rows as named Arrow tables (one per output), each written to an Arrow IPC
+        file; returns the tables.
 
-        A replay (a committed copy exists) reads the copy back instead, without running
-        ``df``. The table returned by the first attempt and the one a replay reads hold
-        the same columns, types and values. The copy is read back by :meth:`get` too.
+        A replay (a committed copy exists) reads the copy back instead, without calling
+        ``collect``. The tables the first attempt returns and those a replay reads hold
+        the same names, columns, types and values. ``schema`` is recorded in the manifest
+        (the batch's DataFrame schema). :meth:`get_tables` reads the copy back.
         """
-        import pyarrow.parquet as pq
-
-        spark = df.sparkSession
-        existing = self.get_arrow(spark, key)
+        existing = self.get_tables(key)
         if existing is not None:
             log.info("stable output %s exists (a replay): read back, not recomputed", key.dirname)
             return existing
-        table = _loosened(df).toArrow()
+        tables = dict(collect())
 
         def write(data: Path) -> int:
-            data.mkdir()
-            pq.write_table(table, data / _ARROW_FILE)
-            return int(table.num_rows)
+            import pyarrow as pa
 
-        manifest = self._publish(key, df.schema, write, partition_by=None, writer="arrow")
-        if manifest is None:
-            winner = self.get_arrow(spark, key)
+            data.mkdir()
+            for i, table in enumerate(tables.values()):
+                path = str(data / _table_file(i))
+                with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+                    w.write_table(table)
+            return sum(t.num_rows for t in tables.values())
+
+        names = {name: _table_file(i) for i, name in enumerate(tables)}
+        manifest = self._publish(
+            key, schema, write, partition_by=None, writer="arrow", tables=names
+        )
+        if manifest is None:  # another writer published the same key first: its copy wins
+            winner = self.get_tables(key)
             assert winner is not None
             return winner
-        return table
+        return tables
 
-    def get_arrow(self, spark: SparkSession, key: BatchKey) -> pa.Table | None:
-        """The committed copy of ``key``'s batch as an Arrow table (driver memory), or None.
+    def get_tables(self, key: BatchKey) -> dict[str, pa.Table] | None:
+        """The committed copy of ``key``'s batch written by :meth:`put_tables`, or None.
 
-        The same checks as :meth:`get`. A copy written by :meth:`put_arrow` is read with
-        pyarrow; one written by :meth:`put` is read with Spark and collected.
+        The same checks as :meth:`get`. A copy written by :meth:`put` (Spark's writer) is
+        not read here: :meth:`is_spark_copy` tells it apart, and :meth:`get` reads it.
         """
-        import pyarrow.parquet as pq
+        import pyarrow as pa
 
         final = self.root / key.dirname
         manifest = self._committed_manifest(final, key)
-        if manifest is None:
+        if manifest is None or manifest.get("writer") != "arrow":
             return None
-        if manifest.get("writer") == "arrow":
-            return pq.read_table(final / DATA / _ARROW_FILE)
-        return _read_copy(spark, final, manifest).toArrow()
+        tables: dict[str, pa.Table] = {}
+        for name, file in manifest["tables"].items():
+            with pa.memory_map(str(final / DATA / file)) as source:
+                tables[name] = pa.ipc.open_file(source).read_all()
+        return tables
+
+    def copy_writer(self, key: BatchKey) -> str | None:
+        """Which writer made ``key``'s committed copy ("spark" or "arrow"), or None."""
+        final = self.root / key.dirname
+        manifest = self._committed_manifest(final, key)
+        return None if manifest is None else str(manifest.get("writer", "spark"))
 
     def _publish(
         self,
@@ -290,6 +311,7 @@ class StableOutput:
         *,
         partition_by: str | None,
         writer: str,
+        tables: Mapping[str, str] | None = None,
     ) -> dict[str, Any] | None:
         """Write a copy into a temp directory with ``write(data_dir) -> rows``, then publish
         it atomically. Returns its manifest, or None if another writer published first."""
@@ -309,6 +331,7 @@ class StableOutput:
                 "schema": json.loads(schema.json()),
                 "partition_by": partition_by,
                 "writer": writer,
+                "tables": dict(tables or {}),
                 "files": _data_files(tmp / DATA),
                 "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
             }
@@ -422,25 +445,8 @@ def _local_root(root: str | Path) -> Path:
     return path
 
 
-def _loosened(df: DataFrame) -> DataFrame:
-    """``df`` with every nested field, array element and map value nullable.
-
-    PySpark's ``toArrow`` refuses a field declared non-nullable inside a struct that is
-    itself null in some rows (as every output's struct is in a combined batch: null in the
-    other outputs' rows). Widening nullability is a cast that changes no value.
-    """
-    from pyspark.sql import functions as F
-
-    from sparkonce.outputs.combine import nullable_type
-
-    if all(nullable_type(f.dataType) == f.dataType for f in df.schema.fields):
-        return df
-    return df.select(
-        *[
-            F.col(_quoted(f.name)).cast(nullable_type(f.dataType)).alias(f.name)
-            for f in df.schema.fields
-        ]
-    )
+def _table_file(index: int) -> str:
+    return f"table-{index:04d}.arrow"
 
 
 def _quoted(column: str) -> str:
