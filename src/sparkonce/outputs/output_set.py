@@ -599,9 +599,7 @@ class _BatchRows:
                 assert copy is not None
                 self._tables = self.owner.collect_tables(copy)
             else:
-                self._tables = stable.put_tables(
-                    key, self.df.schema, functools.partial(self._collect_once)
-                )
+                self._tables = stable.put_tables(key, self.df.schema, self._collect_once)
         return self._tables
 
     def _collect_once(self) -> dict[str, pa.Table]:
