@@ -19,8 +19,8 @@ What is removed (measured on PySpark 4.2.1, checked batch by batch against a pla
 oracle and Spark's own counters in ``tests/outputs/test_dedup.py``)
     Let ``W(B)`` be the watermark Spark filters late records with in micro-batch ``B``:
     ``batchWatermarkMs`` of the offset log entry ``offsets/<B-1>`` (0 for the first batch),
-    which is ``max(event_time of every record in the batches before B) - within``, never
-    below 0 and never going back. A record whose id is not NULL is then, in batch ``B``:
+    which is the greatest event time of the batches before ``B-1``, minus ``within`` (0
+    before any data; it never goes back). A record whose id is not NULL is then, in ``B``:
 
     1. **dropped as late** when ``event_time <= W(B)`` (compared in microseconds; a record
        exactly at the watermark is late), whether or not its id was seen: Spark filters late
