@@ -40,11 +40,12 @@ WITHIN_MS = WITHIN_S * 1000
 @dataclass(frozen=True)
 class Rec:
     """One log record: ``n`` its serial number (= its offset), ``id`` the application's
-    record id (None: the client sent none), ``t`` its event time in ms after BASE_MS."""
+    record id (None: the client sent none), ``t`` its event time in ms after BASE_MS (None:
+    the record has none)."""
 
     n: int
     id: str | None
-    t: int
+    t: int | None
 
 
 # -- the oracle: the documented rule in plain Python ------------------------------------------
@@ -70,6 +71,7 @@ def _oracle(batches: list[list[Rec]], within_ms: int = WITHIN_MS) -> list[Batch]
     a record is late when its time is <= own[B-1]; else it is a duplicate when its id is in
     the state (kept earlier, ``kept time + within`` still past the watermark); else it is
     kept, and its id stays until ``own[B] >= kept time + within`` at the end of a batch.
+    A NULL event time is never late, and Spark takes it as 1970 for the expiry.
     """
     epoch = -BASE_MS  # Spark's watermark starts at 0 (1970), far below every event here
     own: list[int] = []
@@ -78,7 +80,8 @@ def _oracle(batches: list[list[Rec]], within_ms: int = WITHIN_MS) -> list[Batch]
         previous = own[-1] if own else epoch
         own.append(previous if latest is None else max(previous, latest - within_ms))
         for r in rows:
-            latest = r.t if latest is None else max(latest, r.t)
+            if r.t is not None:
+                latest = r.t if latest is None else max(latest, r.t)
     state: dict[str, int] = {}  # id -> expiry (ms)
     out = []
     for b, rows in enumerate(batches):
@@ -87,12 +90,12 @@ def _oracle(batches: list[list[Rec]], within_ms: int = WITHIN_MS) -> list[Batch]
             if r.id is None:
                 exp.nulls += 1
                 exp.kept.add(r.n)
-            elif r.t <= exp.watermark:
+            elif r.t is not None and r.t <= exp.watermark:
                 exp.late.add(r.n)
             elif r.id in state:
                 exp.duplicates += 1
             else:
-                state[r.id] = r.t + within_ms
+                state[r.id] = (epoch if r.t is None else r.t) + within_ms
                 exp.kept.add(r.n)
         state = {i: expiry for i, expiry in state.items() if expiry > own[b]}
         exp.state = len(state)
@@ -105,35 +108,39 @@ def _oracle(batches: list[list[Rec]], within_ms: int = WITHIN_MS) -> list[Batch]
 CHUNK = 10  # records per micro-batch (max_records_per_partition on the one partition)
 
 
-def _named_chunks() -> list[list[tuple[str | None, float]]]:
-    """Hand-written micro-batches, each case named; seconds after BASE. The oracle's verdict
-    on each is asserted in test_oracle_names_each_case."""
+def _named_chunks() -> list[list[tuple[str | None, float | None]]]:
+    """Hand-written micro-batches, each case named; seconds after BASE (None: no event
+    time). The oracle's verdict on each is asserted in test_oracle_names_each_case."""
     return [
         # W = 0. 'a' twice in one batch: the first copy is kept. Two NULL ids: both pass.
         [("a", 100), ("b", 100), ("a", 100), (None, 100), (None, 100), ("c", 95)],
         # W = 0 (offsets/0). 'a' 5 s later: a duplicate. 'b' 11 s later, beyond the bound,
         # but b is still in the state (evicted only once the watermark reaches 110): removed.
-        [("a", 105), ("b", 111), ("d", 120)],
+        # 'x' has no event time: kept, and forgotten at the end of the batch (1970 + 10 s).
+        [("a", 105), ("b", 111), ("d", 120), ("x", None)],
         # W = 90 (offsets/1: 100 - 10). 'c' exactly at the watermark: late (its id is even
-        # in the state). 'e' 1 ms after it: kept. 'a' again: a duplicate.
-        [("c", 90), ("e", 90.001), ("a", 101)],
+        # in the state). 'e' 1 ms after it: kept. 'a' again: a duplicate. 'x' without an
+        # event time is not late: kept again, and its copy in this batch removed.
+        [("c", 90), ("e", 90.001), ("a", 101), ("x", None), ("x", None)],
         # W = 110 (offsets/2: 120 - 10); a, b (110) and c, e left the state at the end of the
         # last batch. 'a' 12 s after its kept copy: passes through as a new record. 'b' at
         # 110 is behind the watermark: late. A NULL id behind the watermark still passes.
-        [("a", 112), ("b", 110), (None, 50), ("f", 110.001), ("f", 110.001)],
+        [("a", 112), ("b", 110), (None, 50), ("f", 110.001), ("f", 110.001), ("x", None)],
     ]
 
 
-def _steady_chunks(count: int, seed: int, start_s: float) -> list[list[tuple[str | None, float]]]:
+def _steady_chunks(
+    count: int, seed: int, start_s: float
+) -> list[list[tuple[str | None, float | None]]]:
     """Steady traffic: event time moves 5 s per batch; each batch has new ids, exact re-sends
-    (same event time), late re-sends (up to 25 s later), stragglers and a few NULL ids.
+    (same event time), re-sends 3 to 30 s later, stragglers and a few NULL ids.
     NULL ids stop after the first half, so the state must also shrink without them."""
     rng = random.Random(seed)
     sent: list[tuple[str, float]] = []
     chunks = []
     for k in range(count):
         base = start_s + 5 * k
-        rows: list[tuple[str | None, float]] = []
+        rows: list[tuple[str | None, float | None]] = []
         for i in range(5):
             rid, t = f"s{k}-{i}", base + rng.randrange(5000) / 1000
             rows.append((rid, t))
@@ -156,34 +163,43 @@ def _steady_chunks(count: int, seed: int, start_s: float) -> list[list[tuple[str
     return chunks
 
 
-def _write(root: Path, chunks: list[list[tuple[str | None, float]]], chunk: int) -> list[Rec]:
+def _ms(t: float | None) -> int | None:
+    return None if t is None else round(t * 1000)
+
+
+def _write(
+    root: Path, chunks: list[list[tuple[str | None, float | None]]], chunk: int
+) -> list[Rec]:
     """Append the chunks to topic 'events' (one partition), each padded to ``chunk`` records
-    with unique filler ids at the chunk's latest time; returns the records in offset order."""
+    with unique filler ids at the chunk's latest time; returns the records in offset order.
+    The log's timestamp is the event time; a record without one says so in its value."""
     topic = Topic.create(root, "events", 1, exist_ok=True)
     records: list[Rec] = []
     with topic, IdempotentProducer(topic, "test-producer") as producer:
         for k, rows in enumerate(chunks):
             assert len(rows) <= chunk
-            top = max(t for _, t in rows)
+            top = max(t for _, t in rows if t is not None)
             padded = rows + [(f"pad{k}-{i}", top) for i in range(chunk - len(rows))]
             for rid, t in padded:
-                ms = round(t * 1000)
-                rec = Rec(len(records), rid, ms)
-                value = json.dumps({"id": rid, "n": rec.n}).encode()
-                producer.send(value, partition=0, timestamp_us=(BASE_MS + ms) * 1000)
+                rec = Rec(len(records), rid, _ms(t))
+                value = json.dumps({"id": rid, "n": rec.n, "timed": t is not None}).encode()
+                ts_us = (BASE_MS + (rec.t or 0)) * 1000
+                producer.send(value, partition=0, timestamp_us=ts_us)
                 records.append(rec)
     return records
 
 
 def _events(df: DataFrame) -> DataFrame:
-    """The application's records: id (NULL when the client sent none), serial, event time."""
+    """The application's records: id (NULL when the client sent none), serial, event time
+    (NULL when the record has none)."""
     from pyspark.sql import functions as F
 
     value = F.col("value").cast("string")
+    timed = F.get_json_object(value, "$.timed") == F.lit("true")
     return df.select(
         F.get_json_object(value, "$.id").alias("id"),
         F.get_json_object(value, "$.n").cast("int").alias("n"),
-        F.col("timestamp").alias("ts"),
+        F.when(timed, F.col("timestamp")).alias("ts"),
     )
 
 
@@ -252,8 +268,8 @@ def test_oracle_names_each_case() -> None:
     records = []
     for rows in _named_chunks():
         for rid, t in rows:
-            records.append(Rec(len(records), rid, round(t * 1000)))
-    cut = [0, 6, 9, 12, 17]
+            records.append(Rec(len(records), rid, _ms(t)))
+    cut = [0, 6, 10, 15, 21]
     batches = [records[a:b] for a, b in itertools.pairwise(cut)]
     exp = _oracle(batches)
     verdict = {}
@@ -269,6 +285,8 @@ def test_oracle_names_each_case() -> None:
         (1, "a", 105_000): "dup",
         (1, "b", 111_000): "dup",  # beyond the bound, but still in the state
         (1, "d", 120_000): "kept",
+        (1, "x", None): "kept",  # no event time: never late
+        (2, "x", None): "keptdup",  # its id was forgotten at the end of the batch before
         (2, "c", 90_000): "late",  # exactly at the watermark
         (2, "e", 90_001): "kept",
         (2, "a", 101_000): "dup",
@@ -276,6 +294,7 @@ def test_oracle_names_each_case() -> None:
         (3, "b", 110_000): "late",
         (3, None, 50_000): "kept",  # behind the watermark, but without an id: passes
         (3, "f", 110_001): "keptdup",
+        (3, "x", None): "kept",
     }
     assert [e.watermark for e in exp] == [-BASE_MS, -BASE_MS, 90_000, 110_000]
     assert [e.state for e in exp] == [3, 4, 1, 3]  # a b c | +d | +e, then only d | +a f
@@ -312,7 +331,7 @@ def test_each_case_occurs_in_the_run(steady_run: Run) -> None:
     kept_at: dict[str, list[int]] = {}  # id -> event times of its kept copies
     for rows, e in zip(run.batches, exp, strict=True):
         for r in rows:
-            if r.id is not None and r.n in e.kept:
+            if r.id is not None and r.t is not None and r.n in e.kept:
                 kept_at.setdefault(r.id, []).append(r.t)
     again = {i: ts for i, ts in kept_at.items() if len(ts) > 1}
     assert again, "no copy after the bound passed through"

@@ -46,6 +46,11 @@ oracle and Spark's own counters in ``tests/outputs/test_dedup.py``)
     in the id's shuffle partition): make the copies of a record carry the same values, or
     expect the kept row's other columns (offset, partition, a timestamp) to be any copy's.
 
+    A record whose event time is NULL is never late, and Spark takes the NULL as 1970 for
+    its expiry: once the watermark has moved at all, its id is forgotten at the end of its
+    own batch, so its copies are removed within that batch only. Give every record an event
+    time.
+
 Records without an id
     A record whose id is NULL is never deduplicated, not even against other NULLs (Spark's
     ``dropDuplicates`` would treat all NULLs as one id): it goes around the dedup operator,
