@@ -473,7 +473,8 @@ _WORKER_START_TIMEOUT = "Python worker failed to connect back"
 
 class _ProgressNotes:
     """Reads Spark's progress of the batches reported since the last call: what the dedup
-    steps did goes to the log and ``report.dedup``. Monitoring only: a failure is logged."""
+    steps did goes to the log and ``report.dedup``. Monitoring only: a failure to read it
+    is logged at debug level and changes nothing."""
 
     def __init__(self, pipeline: Pipeline, report: RunReport) -> None:
         self.pipeline = pipeline
@@ -492,8 +493,8 @@ class _ProgressNotes:
             for progress in entries:
                 self.seen = max(self.seen, int(progress["batchId"]))
                 self._note(progress)
-        except Exception as exc:  # monitoring only
-            log.warning(
+        except Exception as exc:  # monitoring only; the JVM may be going away on a signal
+            log.debug(
                 "pipeline %s: could not read the query's progress: %s", self.pipeline.name, exc
             )
 
