@@ -436,8 +436,10 @@ def test_restart_keeps_the_seen_ids(spark: SparkSession, tmp_path: Path) -> None
 
 
 def test_pipeline_reports_counts_routes_late_and_refuses_a_lost_checkpoint(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    import logging
+
     from pyspark.sql import functions as F
 
     chunks = _named_chunks()
@@ -461,6 +463,7 @@ def test_pipeline_reports_counts_routes_late_and_refuses_a_lost_checkpoint(
         checkpoint=tmp_path / "checkpoint",
         output_mode="append",
     )
+    caplog.set_level(logging.INFO, logger="sparkonce.run")
     report = pipeline.run(spark, timeout=300)
 
     import sqlite3
@@ -476,6 +479,13 @@ def test_pipeline_reports_counts_routes_late_and_refuses_a_lost_checkpoint(
         assert report.dedup[b] == DedupCounts(
             b, exp.nulls, exp.duplicates, len(exp.late), exp.state
         ), f"batch {b}"
+    exp = expected[2]
+    line = (
+        f"pipeline dedup batch 2: dedup removed {exp.duplicates} duplicates, dropped "
+        f"{len(exp.late)} late records, passed {exp.nulls} records without an id; "
+        f"{exp.state} ids in the state"
+    )
+    assert line in caplog.messages, caplog.messages
 
     # A lost checkpoint: the ids seen are gone with it, so the run is refused.
     shutil.rmtree(tmp_path / "checkpoint")
