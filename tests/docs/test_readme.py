@@ -72,10 +72,12 @@ SETUP = (
 ORDERS = (
     "# examples/orders.py: JSON orders -> totals and dead letters (PostgreSQL) + an audit (SQLite)"
 )
+DEDUP = "# dedup.py: orders that a collector re-sent after a restart count once"
 
 # Block -> the test that runs it as written.
 RUN = {
     ORDERS: "test_orders_example",
+    DEDUP: "test_dedup_example",
     QUICK_PY: "test_quick_start",
     QUICK_SH: "test_quick_start",
     KAFKA_PIPELINE: "test_kafka_pipeline",
@@ -395,3 +397,38 @@ def test_orders_example(
         ).fetchone()
     good = sum(len(a) for a in totals.values())
     assert audit == (good, good, good)
+
+
+@pytest.mark.spark
+def test_dedup_example(
+    tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dedupe block: a collector sends 100 orders, restarts (a new producer id) and
+    re-sends the last 20 under the same record ids, then sends 10 new ones: 110 count.
+    The block's paths are relative: it is built and run in the test's directory."""
+    from sparkonce import Pipeline
+    from sparkonce.log import IdempotentProducer, Topic
+
+    monkeypatch.chdir(tmp_path)
+    b = block(DEDUP)
+    topic = Topic.create(tmp_path / "data" / "log", "orders", 2)
+    with topic:
+        with IdempotentProducer(topic, "collector") as producer:
+            for i in range(100):
+                producer.send(f"amount {i}".encode(), record_id=f"order-{i}")
+        with IdempotentProducer(topic, "collector-restarted") as producer:
+            for i in range(80, 110):
+                producer.send(f"amount {i}".encode(), record_id=f"order-{i}")
+        assert sum(topic.end_offsets().values()) == 130
+
+    ns = exec_block(b, b.text, tmp_path)
+    pipeline = ns["pipeline"]
+    assert isinstance(pipeline, Pipeline)
+    report = pipeline.run(spark)
+
+    with sqlite3.connect(tmp_path / "data" / "orders.db") as db:
+        ids = [r for (r,) in db.execute("SELECT record_id FROM orders")]
+        late = db.execute("SELECT count(*) FROM late_orders").fetchone()[0]
+    assert sorted(ids) == sorted(f"order-{i}" for i in range(110))
+    assert late == 0
+    assert sum(c.duplicates_removed for c in report.dedup.values()) == 20

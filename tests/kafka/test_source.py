@@ -212,6 +212,8 @@ def test_pipeline_runner_commits_every_record_once(
     finally:
         p.sink.close()
     assert sorted(r["n"] for r in rows) == list(range(150))
+    # Sent without the sparkonce-record-id header: no record id (dedupe counts these).
+    assert {r["record_id"] for r in rows} == {None}
     assert not check_chain(e.ranges for e in entries)
     assert entries[-1].ranges.ends() == {(topic, q): 50 for q in range(3)}
     # The runner reported each commit to the source: group offsets for lag monitoring.

@@ -8,6 +8,9 @@
 * :mod:`~sparkonce.outputs.stable`: a micro-batch's output written once (Parquet under the
   checkpoint), so a replay reads the copy instead of recomputing a non-deterministic
   transform;
+* :mod:`~sparkonce.outputs.dedup`: :func:`~sparkonce.outputs.dedup.dedupe` removes the records a
+  producer re-sent, by record id, within an event-time bound (Spark's state store, collected by
+  the watermark);
 * :mod:`~sparkonce.outputs.quality`: parse helpers built on Spark's own functions that route
   records failing parsing or validation to dead letters instead of failing the query.
 """
@@ -21,6 +24,7 @@ from sparkonce.outputs.combine import (
     select_output,
     split,
 )
+from sparkonce.outputs.dedup import DedupCounts, dedup_counts, dedupe
 from sparkonce.outputs.quality import (
     DEAD_LETTER_SCHEMA,
     Parsed,
@@ -36,12 +40,15 @@ __all__ = [
     "DEAD_LETTER_SCHEMA",
     "OUTPUT_TAG",
     "BatchKey",
+    "DedupCounts",
     "OutputLayout",
     "Parsed",
     "StableOutput",
     "check_output_mode",
     "check_output_name",
     "combine",
+    "dedup_counts",
+    "dedupe",
     "mark_bad",
     "parse_delimited",
     "parse_json",

@@ -40,6 +40,7 @@ from sparkonce.errors import (
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import BatchRanges, TopicPartition
+from sparkonce.outputs.dedup import DedupCounts, dedup_counts
 from sparkonce.outputs.output_set import OutputSet
 from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.pipeline.failure import find_cause, rebuild
@@ -75,6 +76,9 @@ class RunReport:
     rows_committed: int = 0
     end_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     batches: list[BatchReport] = field(default_factory=list)
+    # Per Spark batch id, what the query's dedup steps did (read from Spark's progress,
+    # which comes after the batch's commit; monitoring only). Empty without ``dedupe``.
+    dedup: dict[int, DedupCounts] = field(default_factory=dict)
 
 
 class _BatchHandler:
@@ -384,6 +388,7 @@ def _run(
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
         handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch)
+        notes = _ProgressNotes(pipeline, report)
         trigger = Trigger.parse(pipeline.trigger)
         writer = (
             out.writeStream.foreachBatch(handler)
@@ -409,6 +414,7 @@ def _run(
                 # Poll, so that a stop request (a signal handler setting ``stop``) is seen
                 # within a second, and handled here, in the main thread, between batches.
                 while not query.awaitTermination(1):
+                    notes(query)
                     if stop is not None and stop.is_set():
                         why = _stopped(pipeline, handler, stop)
                         handler.stop_between_batches(query, why)
@@ -449,6 +455,7 @@ def _run(
                 if stop is not None and stop.is_set():  # the JVM went away on the signal
                     raise _stopped(pipeline, handler, stop) from None
                 raise
+        notes(query, everything=True)
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
         report.end_offsets = sink.end_offsets(pipeline.name)
@@ -462,6 +469,51 @@ STOP_WAIT_S = 60.0
 # A query whose Python worker missed Spark's start-up deadline is started again, this often.
 QUERY_START_ATTEMPTS = 3
 _WORKER_START_TIMEOUT = "Python worker failed to connect back"
+
+
+class _ProgressNotes:
+    """Reads Spark's progress of the batches reported since the last call: what the dedup
+    steps did goes to the log and ``report.dedup``. Monitoring only: a failure to read it
+    is logged at debug level and changes nothing."""
+
+    def __init__(self, pipeline: Pipeline, report: RunReport) -> None:
+        self.pipeline = pipeline
+        self.report = report
+        self.seen = -1  # the last Spark batch id whose progress was read
+
+    def __call__(self, query: StreamingQuery, *, everything: bool = False) -> None:
+        try:
+            last = query.lastProgress
+            if last is None or (not everything and int(last["batchId"]) <= self.seen):
+                return
+            if int(last["batchId"]) == self.seen + 1:
+                entries = [last]
+            else:  # several batches since the last call (or the query's end): up to 100
+                entries = [p for p in query.recentProgress if int(p["batchId"]) > self.seen]
+            for progress in entries:
+                self.seen = max(self.seen, int(progress["batchId"]))
+                self._note(progress)
+        except Exception as exc:  # monitoring only; the JVM may be going away on a signal
+            log.debug(
+                "pipeline %s: could not read the query's progress: %s", self.pipeline.name, exc
+            )
+
+    def _note(self, progress: Mapping[str, object]) -> None:
+        counts = dedup_counts(progress)
+        if counts is None:
+            return
+        self.report.dedup[counts.spark_batch_id] = counts
+        if counts.null_ids or counts.duplicates_removed or counts.late_dropped:
+            log.info(
+                "pipeline %s batch %d: dedup removed %d duplicates, dropped %d late records, "
+                "passed %d records without an id; %d ids in the state",
+                self.pipeline.name,
+                counts.spark_batch_id,
+                counts.duplicates_removed,
+                counts.late_dropped,
+                counts.null_ids,
+                counts.state_ids,
+            )
 
 
 def _stopped(

@@ -29,7 +29,9 @@ Limits, stated plainly:
 
 Record ids: ``record_id`` is the value of a record header named
 ``sparkonce-record-id`` when there is one (decoded as UTF-8, invalid bytes
-escaped), else ``"<topic>/<partition>/<offset>"``.
+escaped), else NULL: a record its producer sent without an id has none, and
+``sparkonce.outputs.dedupe`` passes it through and counts it. ``topic``,
+``partition`` and ``offset`` always name the record.
 
 Value formats: ``"binary"`` (default) gives BINARY ``key`` and ``value`` columns
 and never fails. ``"utf8"`` gives STRING columns decoded as strict UTF-8; a
@@ -491,7 +493,6 @@ class _Columns:
             self.ids,
         )
         utf8 = self.utf8
-        prefix = f"{self.part.topic}/{self.part.partition}/"
         for m in messages:
             off = m.offset()
             if off >= end:
@@ -519,7 +520,7 @@ class _Columns:
             keys.append(key)
             values.append(value)
             stamps.append(ms * 1000 if kind else None)  # kind 0: TIMESTAMP_NOT_AVAILABLE
-            ids.append(rid if rid is not None else f"{prefix}{off}")
+            ids.append(rid)
         return False
 
     def flush(self) -> Any:
