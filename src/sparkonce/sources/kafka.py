@@ -478,7 +478,7 @@ class _Columns:
         self.keys: list[Any] = []
         self.values: list[Any] = []
         self.stamps: list[int | None] = []
-        self.ids: list[str] = []
+        self.ids: list[str | None] = []
 
     def __len__(self) -> int:
         return len(self.offsets)
