@@ -233,3 +233,30 @@ def test_kafka_to_kafka_passes_a_small_campaign(
     assert sum(t["fault_fired"] for t in report["trials"]) >= 3
     assert {t["worker"] for t in report["trials"]} == {0, 1}
     assert report["oracle"]["rows"] == 900
+
+
+def test_a_kill_planned_after_the_run_ends_is_planned_again_on_that_run(
+    tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """A kill delay drawn from an oracle time far longer than a trial's run (here the
+    recorded oracle time is set to 400 s, as a cold first run on a busy machine could
+    measure) would land after the driver finished and test nothing. The trial measures
+    the run that finished first and kills the next one at the same fraction of it."""
+    log_dir = make_log(600, partitions=3, keys=6)
+    pipeline = write_pipeline(
+        tmp_path, log_dir, f"sink_from_url('sqlite:///{tmp_path}/k.db', 'out')"
+    )
+    out = tmp_path / "out"
+    args = ["verify", str(pipeline), "--trials", "1", "--faults", "kill", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads((out / "verify.json").read_text())
+    report["oracle"]["seconds"] = 400.0
+    report["trials"][0].update(fault_fired=False)
+    (out / "verify.json").write_text(json.dumps(report))
+    assert main([*args, "--resume"]) == 0
+    trial = json.loads((out / "verify.json").read_text())["trials"][0]
+    assert trial["fault_fired"] and trial["passed"], trial
+    # A plan from the recorded 400 s draws 120 s or more, after the driver's end; the
+    # delay used was re-planned on the run that finished: first run finished, second
+    # killed, third to the end.
+    assert trial["fault"]["delay_s"] < 120.0 and trial["driver_runs"] >= 3, trial

@@ -88,9 +88,12 @@ the sinks' inspectors, :func:`sparkonce.sinks.inspect.inspector_for`:
 box. Each trial's fault schedule derives from ``(seed, trial)``. A kill's delay
 is a fraction of the oracle's run time, so ``--resume`` plans on the oracle time
 recorded in ``verify.json`` rather than a new measurement that a busy machine
-would skew. ``--replay TRIAL`` takes the fault recorded for that trial
-(a kill lands at the same delay, though not necessarily at the same instruction),
-and plans it from the seed only if the report does not hold the trial.
+would skew. A trial's driver usually runs faster than the oracle's, whose JVM and
+caches started cold: when it finishes before its kill, the trial starts again from a
+clean slate with the delay at the same fraction of the time that run took (at most
+twice), and the report records the delay used. ``--replay TRIAL`` takes the fault
+recorded for that trial (a kill lands at the same delay, though not necessarily at the
+same instruction), and plans it from the seed only if the report does not hold the trial.
 
 A fault that did not fire (a kill planned after the driver had already
 finished, say) tested nothing: the report counts it under ``fired``, and
@@ -110,7 +113,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +160,9 @@ EXIT_FENCED = 3  # sparkonce.cli.EXIT_FENCED; the CLI is above this layer
 RETRY_MASTER = "local[2,4]"  # local mode with up to 4 attempts per task
 DRIVER_TIMEOUT_S = 600.0
 MAX_RESTARTS = 4
+# A kill planned after the driver had finished is planned again, on that run's own time, at
+# most this many times in a trial.
+KILL_RESCALES = 2
 
 
 @dataclass(frozen=True)
@@ -701,16 +707,26 @@ class Campaign:
     def _inject(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
         """Run the faulty part of a trial. Returns True if the input is fully consumed."""
         if fault.kind == "kill":
-            d = self._driver(logs / "fault.log").start()
-            out.driver_runs += 1
-            assert fault.delay_s is not None
-            while d.poll() is None and d.seconds < fault.delay_s:
-                time.sleep(0.05)
-            if d.poll() is None:
-                d.kill()
-                out.fault_fired = True
-            code = d.wait(60)
-            return code == 0 and not out.fault_fired
+            assert fault.delay_s is not None and self.oracle is not None
+            fraction = fault.delay_s / max(self.oracle.seconds, 0.01)
+            for attempt in range(KILL_RESCALES + 1):
+                d = self._driver(logs / f"fault{attempt or ''}.log").start()
+                out.driver_runs += 1
+                while d.poll() is None and d.seconds < fault.delay_s:
+                    time.sleep(0.05)
+                if d.poll() is None:
+                    d.kill()
+                    out.fault_fired = True
+                code = d.wait(60)
+                if out.fault_fired or code != 0 or attempt == KILL_RESCALES:
+                    return code == 0 and not out.fault_fired
+                # The driver finished before the kill: trials often run faster than the
+                # oracle, whose JVM and caches started cold. Start again from a clean slate
+                # with the delay at the same fraction of the run time just measured.
+                fault = replace(fault, delay_s=round(fraction * d.seconds, 2))
+                out.fault = fault
+                self.clean()
+            return False  # not reached
         if fault.kind == "crash-point":
             d = self._driver(logs / "fault.log", crash=fault).start()
             out.driver_runs += 1
