@@ -267,7 +267,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         hint = failure_hint(outcomes)
         if hint:
-            console.print(hint, highlight=False)
+            console.print(hint, markup=False, highlight=False)
         return EXIT_FAIL
     unfired = [o.trial for o in outcomes if not o.fault_fired]
     if unfired:

@@ -51,11 +51,13 @@ Fault kinds (``--faults``):
     ``verify.json``); it fired when the producer was killed after at least one record and
     re-sent at least one. A pipeline that removes the copies by record id
     (:func:`sparkonce.outputs.dedupe`, copies within its bound: they keep their original
-    timestamps) matches the oracle; one that does not shows the window as duplicated rows,
-    or as other aggregate values. The trial's output is compared with the oracle's, which
-    ran on the original source in other micro-batches, so the pipeline's output must not
-    depend on where batch boundaries fall (true of stateless pipelines, and of watermarked
-    aggregations none of whose records is late).
+    timestamps) is effectively-once per record id and matches the oracle; one that does
+    not is at-least-once per logical record and shows the window as duplicated rows, or
+    as other aggregate values (the CLI then points at ``dedupe``: :func:`failure_hint`).
+    The trial's output is compared with the oracle's, which ran on the original source in
+    other micro-batches, so the pipeline's output must not depend on where batch
+    boundaries fall (true of stateless pipelines, and of watermarked aggregations none of
+    whose records is late).
 
 What every trial checks:
 
