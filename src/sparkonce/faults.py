@@ -28,7 +28,8 @@ that ends fenced, which is how a zombie run's end is recognised. Every line is
 one object with these keys:
 
 ``event``
-    ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"`` or ``"fenced"``.
+    ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"``, ``"fenced"``,
+    ``"resend-pause"`` or ``"resend-done"``.
 ``pid``, ``at``
     The process that wrote the line, and when (Unix time, seconds).
 ``point``, ``hit`` (crash, pause, drop-connection)
@@ -39,6 +40,11 @@ one object with these keys:
 ``pipeline``, ``epoch``, ``owner_epoch`` (fenced)
     The fenced run's pipeline and epoch, and the newer owner's epoch (``null``
     when the fencing was reported by a Spark task, whose error carries only text).
+``acked``, ``persisted`` (resend-pause); ``resumed_from``, ``sent``, ``records`` (resend-done)
+    Written by the producer of a ``resend`` trial (:mod:`sparkonce.verify.resend`), not by
+    a driver: the records acknowledged when it stopped to be killed and the count in its
+    progress file then; the progress a finished run started from, the records it sent,
+    and the records of the source.
 
 For example::
 
@@ -77,7 +83,15 @@ from sparkonce.protocol import (
 )
 
 EVENTS_ENV = "SPARKONCE_FAULT_EVENTS"
-EVENT_KINDS = ("crash", "pause", "drop-connection", "task-failure", "fenced")
+EVENT_KINDS = (
+    "crash",
+    "pause",
+    "drop-connection",
+    "task-failure",
+    "fenced",
+    "resend-pause",
+    "resend-done",
+)
 _TASK_STAGES = ("read", "write")
 
 Spec = tuple[CrashPoint, int]

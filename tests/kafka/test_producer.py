@@ -180,6 +180,45 @@ def test_explicit_partition(kafka_broker: KafkaBroker, kafka_topic: Callable[...
     assert [(g.partition, g.value) for g in got] == [(2, b"a"), (2, b"b")]
 
 
+def test_a_given_timestamp_is_the_records_timestamp(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str]
+) -> None:
+    """A re-sent record keeps its original timestamp; without one the broker sees now."""
+    topic = kafka_topic("kp-ts", partitions=1)
+    given = 1_704_067_200_123  # 2024-01-01T00:00:00.123Z
+    before_ms = int(time.time() * 1000)
+    with KafkaProducer(kafka_broker.bootstrap, topic) as producer:
+        producer.send("old", record_id="r1", timestamp_ms=given)
+        producer.send("new", record_id="r2")
+        for bad in (-1, 1.5, True, "1704067200123"):
+            with pytest.raises(ConfigError, match="timestamp_ms must be milliseconds"):
+                producer.send("x", timestamp_ms=bad)  # type: ignore[arg-type]
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "group.id": f"test-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    stamps: dict[bytes, tuple[int, int]] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while len(stamps) < 2 and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                stamps[msg.value()] = msg.timestamp()
+    finally:
+        consumer.close()
+    from confluent_kafka import TIMESTAMP_CREATE_TIME
+
+    assert stamps[b"old"] == (TIMESTAMP_CREATE_TIME, given)
+    kind, now_ms = stamps[b"new"]
+    assert kind == TIMESTAMP_CREATE_TIME and now_ms >= before_ms
+    assert [g.value for g in read_all(kafka_broker.bootstrap, topic, 1)] == [b"old", b"new"]
+
+
 def test_flush_reports_a_failed_delivery(
     kafka_broker: KafkaBroker, kafka_topic: Callable[..., str]
 ) -> None:

@@ -157,7 +157,7 @@ def test_an_unknown_fault_kind_is_a_usage_error_listing_the_kinds(
 ) -> None:
     err = refused(["verify", "p.py"], {"SPARKONCE_VERIFY_FAULTS": bad}, monkeypatch, capsys)
     expected = (
-        "a comma-separated list of kill, crash-point, task-failure, db-drop, zombie; "
+        "a comma-separated list of kill, crash-point, task-failure, db-drop, zombie, resend; "
         "crash-point may name its point: crash-point:after-ledger-commit|after-rows|"
         "before-commit|before-ledger-commit"
     )
@@ -208,6 +208,36 @@ def test_a_malformed_sink_url_is_refused_naming_the_variable_with_the_password_m
     else:
         usage_error(err, "--sink", env, shown, SINK_URL)
     assert problem in err.strip().splitlines()[-1]
+    assert "s3cret" not in err
+
+
+# -- source URIs -------------------------------------------------------------------------------
+SOURCE_URI = (
+    "a source URI of the pipeline's kind: sparkonce-log://PATH?topic=TOPIC or "
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
+)
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown", "problem"),
+    [
+        ("data/log", "data/log", "(it is neither a sparkonce-log:// nor a kafka:// URI)"),
+        ("sparkonce-log:///data/log", "sparkonce-log:///data/log", "and a valid ?topic=TOPIC)"),
+        ("sparkonce-log:///d?topic=a/b", "sparkonce-log:///d?topic=a/b", "valid ?topic=TOPIC)"),
+        ("kafka://broker:9092", "kafka://broker:9092", "(host:port[,host:port...]) and a topic)"),
+        ("kafka://u:s3cret@h:9092/t", "kafka://u:***@h:9092/t", "host:port...]) and a topic)"),
+    ],
+)
+def test_a_malformed_source_uri_is_refused_naming_the_variable_with_the_password_masked(
+    bad: str,
+    shown: str,
+    problem: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = refused(["run", "p.py"], {"SPARKONCE_RUN_SOURCE": bad}, monkeypatch, capsys)
+    usage_error(err, "--source", "SPARKONCE_RUN_SOURCE", shown, SOURCE_URI)
+    assert err.rstrip().endswith(problem), err
     assert "s3cret" not in err
 
 
@@ -335,6 +365,7 @@ COVERED = (
         "SPARKONCE_VERIFY_OUT",
         "SPARKONCE_DEMO_DIR",
         "SPARKONCE_RUN_CHECKPOINT",
+        "SPARKONCE_RUN_SOURCE",
         "SPARKONCE_LOG_FILE",
     }
 )
@@ -380,11 +411,18 @@ def test_good_values_reach_the_command_as_plain_strings(
         "SPARKONCE_RUN_SINK": "postgresql://u:pw@db:5432/x",
         "SPARKONCE_RUN_CHECKPOINT": str(tmp_path / "ckpt"),
         "SPARKONCE_LOG_FILE": str(tmp_path / "run.log"),
+        "SPARKONCE_RUN_SOURCE": "kafka://b1:9092/orders-copy",
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args(["run", "p.py"])
-    got = {"master": args.master, "sink": args.sink, "ckpt": args.checkpoint, "log": args.log_file}
+    got = {
+        "master": args.master,
+        "sink": args.sink,
+        "ckpt": args.checkpoint,
+        "log": args.log_file,
+        "source": args.source,
+    }
     assert list(got.values()) == list(values.values())
     assert all(type(v) is str for v in got.values())
     monkeypatch.setenv("SPARKONCE_SINK", "kafka://b1:9092,b2:9092/orders")

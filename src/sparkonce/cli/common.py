@@ -273,6 +273,10 @@ SINK_URL_EXPECTED = (
     "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME or "
     "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
 )
+SOURCE_URI_EXPECTED = (
+    "a source URI of the pipeline's kind: sparkonce-log://PATH?topic=TOPIC or "
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
+)
 BOOTSTRAP_EXPECTED = "Kafka bootstrap servers, host:port[,host:port...]"
 MASTER_EXPECTED = (
     "a Spark master URL: local, local[N], local[*], local[N,MAXFAILURES], "
@@ -316,6 +320,24 @@ def _check_sink_url(text: str) -> None:
         parse_bootstrap(parts.netloc)
     except ConfigError:
         raise ConfigError("its brokers are not host:port[,host:port...]") from None
+
+
+def _check_source_uri(text: str) -> None:
+    """Only the form of the URI: whether it is the pipeline's kind is checked once the
+    pipeline file is loaded (:meth:`~sparkonce.sources.base.Source.relocated`). The
+    problems never quote the URI, which may hold a password."""
+    from sparkonce.sources import source_from_uri
+
+    if text.startswith("sparkonce-log://"):
+        problem = "an embedded log URI names its directory and a valid ?topic=TOPIC"
+    elif text.startswith("kafka://"):
+        problem = "a Kafka source URI names its brokers (host:port[,host:port...]) and a topic"
+    else:
+        raise ConfigError("it is neither a sparkonce-log:// nor a kafka:// URI")
+    try:
+        source_from_uri(text)
+    except ConfigError:
+        raise ConfigError(problem) from None
 
 
 def _check_bootstrap(text: str) -> None:

@@ -11,11 +11,13 @@ from sparkonce.cli.common import (
     FILE_EXPECTED,
     MASTER_EXPECTED,
     SINK_URL_EXPECTED,
+    SOURCE_URI_EXPECTED,
     _add_env_switch,
     _check_checkpoint,
     _check_file,
     _check_master,
     _check_sink_url,
+    _check_source_uri,
     _env,
     _env_checked,
     _help,
@@ -39,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     faults = FaultPlan.from_env()  # the run's fault plan, parsed once (none set: no faults)
     pipeline = load_pipeline(args.pipeline_file).with_overrides(
-        sink_url=args.sink, checkpoint=args.checkpoint
+        sink_url=args.sink, checkpoint=args.checkpoint, source_uri=args.source
     )
     log_file = Path(args.log_file) if args.log_file else _default_log_file(pipeline.name)
     file_handler = _log_to_file(log_file)
@@ -100,6 +102,16 @@ def add_parser(sub: SubParsers) -> None:
         type=_env_checked("--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True),
         default=_env("SPARKONCE_RUN_SINK"),
         help=_help("write to this store instead of the file's sink URL", "SPARKONCE_RUN_SINK"),
+    )
+    p.add_argument(
+        "--source",
+        type=_env_checked("--source", SOURCE_URI_EXPECTED, _check_source_uri, secret=True),
+        default=_env("SPARKONCE_RUN_SOURCE"),
+        help=_help(
+            "read from this location instead of the file source's: the same kind of source "
+            "(an embedded log or a Kafka topic), every other option of the file's source kept",
+            "SPARKONCE_RUN_SOURCE",
+        ),
     )
     p.add_argument(
         "--checkpoint",

@@ -54,6 +54,20 @@ non-deterministic columns (--nondeterministic):
   failure-free run differ from the reference: verify then names the columns that
   alone explain it, and stops before the trials.
 
+resend (opt-in: --faults resend, or e.g. --faults kill,resend; needs an embedded-log or
+  Kafka source): a real producer process copies the input into a fresh trial source of
+  the same kind (a new log directory in the trial's directory, or a new Kafka topic,
+  deleted after the trial), keeping each record's partition, key, value, timestamp and
+  record id, and persisting its progress every M records. It is SIGKILLed once it has
+  acknowledged k records, restarted with a new producer identity, and re-sends the
+  records acknowledged since its last progress write under the same record ids; the
+  pipeline then runs on the trial source (sparkonce run --source). A pipeline that
+  removes copies by record id (sparkonce.outputs.dedupe) matches the oracle; one that
+  does not shows duplicated rows (or other aggregate values). verify.json records k, M,
+  the window re-sent and the trial source. The oracle ran on the original source in
+  other micro-batches: the output must not depend on where batch boundaries fall (true
+  of stateless pipelines, and of watermarked aggregations with no late records).
+
 several outputs (Pipeline(outputs=...)): counts per output and in total in
   verify.json ("outputs" of each trial, and per output over all trials). --sink
   moves every output to one store, so it is refused when the outputs live in
@@ -82,6 +96,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         Campaign,
         Fault,
         ReferenceMismatchError,
+        failure_hint,
         parse_fault_kinds,
         run_trials,
         summarize,
@@ -250,6 +265,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"sparkonce verify {args.pipeline_file} --seed {args.seed} --replay {failed[0]}"
             + (f" --faults {args.faults}" if args.faults else "")
         )
+        hint = failure_hint(outcomes)
+        if hint:
+            console.print(hint, markup=False, highlight=False)
         return EXIT_FAIL
     unfired = [o.trial for o in outcomes if not o.fault_fired]
     if unfired:
@@ -354,11 +372,11 @@ def _check_faults(text: str) -> None:
 
 def _faults_expected() -> str:
     from sparkonce.protocol import CrashPoint
-    from sparkonce.verify import FAULT_KINDS
+    from sparkonce.verify import KNOWN_KINDS
 
     points = "|".join(sorted(p.value for p in CrashPoint))
     return (
-        f"a comma-separated list of {', '.join(FAULT_KINDS)}; crash-point may name its "
+        f"a comma-separated list of {', '.join(KNOWN_KINDS)}; crash-point may name its "
         f"point: crash-point:{points}"
     )
 
@@ -390,8 +408,10 @@ def add_parser(sub: SubParsers) -> None:
         type=_env_checked("--faults", _faults_expected, _check_faults),
         default=_env("SPARKONCE_VERIFY_FAULTS"),
         help=_help(
-            "comma-separated kinds: kill, crash-point, task-failure, db-drop, "
-            "zombie (default: all)",
+            "comma-separated kinds: kill, crash-point, task-failure, db-drop, zombie "
+            "(default: these five), and resend, only when named: the input's producer is "
+            "killed and restarted and re-sends records under the same ids (needs an "
+            "embedded-log or Kafka source; see below)",
             "SPARKONCE_VERIFY_FAULTS",
         ),
     )

@@ -171,6 +171,29 @@ class KafkaConnection:
         self._wait_for_topic(topic, timeout)
         return True
 
+    def delete_topic(self, topic: str, *, timeout: float = 30.0) -> bool:
+        """Delete ``topic`` and wait until the cluster no longer lists it; True if this call
+        deleted it, False if there was no such topic. Its records are gone for good."""
+        import time
+
+        from confluent_kafka import KafkaError, KafkaException
+
+        admin = self.admin()  # keep a reference: a collected client cancels its futures
+        futures = admin.delete_topics([topic], operation_timeout=timeout, request_timeout=timeout)
+        try:
+            futures[topic].result(timeout=timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if getattr(err, "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return False
+            raise self.unavailable(f"deleting topic {topic!r}", exc) from None
+        deadline = time.monotonic() + timeout
+        while topic in self.topics(timeout=min(TIMEOUT_S, timeout)):
+            if time.monotonic() > deadline:
+                raise self.unavailable(f"waiting for deleted topic {topic!r} to disappear")
+            time.sleep(0.2)
+        return True
+
     def _wait_for_topic(self, topic: str, timeout: float) -> None:
         import time
 

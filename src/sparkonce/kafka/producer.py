@@ -242,12 +242,15 @@ class KafkaProducer:
         *,
         record_id: str | None = None,
         partition: int | None = None,
+        timestamp_ms: int | None = None,
     ) -> None:
         """Queue one record; ``flush()`` says whether it was delivered.
 
         ``record_id`` (the logical record's stable id) goes in the
         ``sparkonce-record-id`` header. ``partition`` overrides the key
-        partitioner. A record Kafka refuses at once (an unknown partition once
+        partitioner. ``timestamp_ms`` sets the record's timestamp (milliseconds since
+        the epoch; default: now): a producer re-sending a record gives it the original's,
+        so that it keeps its event time. A record Kafka refuses at once (an unknown partition once
         the producer knows the topic, a fatal producer error) raises
         :class:`KafkaDeliveryError` here and is not queued.
         """
@@ -261,8 +264,17 @@ class KafkaProducer:
             raise ConfigError(f"record_id must be a non-empty string, got {record_id!r}")
         if partition is not None and (isinstance(partition, bool) or partition < 0):
             raise ConfigError(f"partition must be >= 0, got {partition!r}")
+        if timestamp_ms is not None and (
+            isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0
+        ):
+            raise ConfigError(
+                f"timestamp_ms must be milliseconds since the epoch (an integer >= 0), "
+                f"got {timestamp_ms!r}"
+            )
         headers = [(RECORD_ID_HEADER, record_id.encode("utf-8"))] if record_id else None
         kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
         on_delivery = self._delivery_callback(record_id, key_b, partition)
         ck = require_confluent_kafka()
         deadline: float | None = None

@@ -152,11 +152,18 @@ class Pipeline:
         object.__setattr__(self, "sink", sink)
 
     def with_overrides(
-        self, *, sink_url: str | None = None, checkpoint: str | Path | None = None
+        self,
+        *,
+        sink_url: str | None = None,
+        checkpoint: str | Path | None = None,
+        source_uri: str | None = None,
     ) -> Pipeline:
-        """A copy writing to another sink store and/or checkpoint (same table, mode, keys).
+        """A copy writing to another sink store and/or checkpoint (same table, mode, keys),
+        and/or reading from another location of the same kind of source.
 
-        The sink is moved by its inspector (:func:`sparkonce.sinks.inspect.relocate`).
+        The sink is moved by its inspector (:func:`sparkonce.sinks.inspect.relocate`), the
+        source by :meth:`~sparkonce.sources.base.Source.relocated` (every option but the
+        location kept; another kind of source is a ``ConfigError``).
         """
         import dataclasses
 
@@ -180,6 +187,8 @@ class Pipeline:
             changes["sink"] = relocate(base, sink_url)
         if checkpoint:
             changes["checkpoint"] = checkpoint
+        if source_uri:
+            changes["source"] = self.source.relocated(source_uri)
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
     @property

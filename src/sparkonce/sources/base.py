@@ -11,6 +11,8 @@ pipeline runner (on the driver) calls:
     batch_ranges(prev, offset)      once per micro-batch: the batch's offset ranges from
                                     Spark's offset log entries (this batch and the one before)
     latest_offsets()                for status and lag, never as the truth
+    relocated(uri)                  before a run (``sparkonce run --source``): the same source
+                                    reading from another location of the same kind
     committed(pipeline, ranges)     after each sink commit: progress for monitoring only
                                     (Kafka consumer-group offsets); never read back as truth
 
@@ -23,6 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from sparkonce.config import mask_url
+from sparkonce.errors import ConfigError
 from sparkonce.offsets import BatchRanges, TopicPartition, batch_from_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +42,31 @@ def register_data_source(spark: SparkSession, data_source: type) -> None:
     if key not in _registered:
         spark.dataSource.register(data_source)
         _registered.add(key)
+
+
+# The URI scheme of each kind of source, and what a relocated source of that kind is called.
+_KINDS = {"sparkonce-log": "an embedded log", "kafka": "a Kafka topic"}
+
+
+def relocation_error(
+    source: Source, uri: object, form: str, problem: str | None = None
+) -> ConfigError:
+    """The error of :meth:`Source.relocated` for ``uri``: what is wrong and what to give
+    (``form``, the URI form of ``source``'s kind). Passwords in ``uri`` are masked."""
+    shown = mask_url(uri)
+    if problem is None:
+        scheme = uri.partition("://")[0] if isinstance(uri, str) and "://" in uri else None
+        kind = _KINDS.get(scheme or "")
+        problem = (
+            f"it names {kind}, another kind of source than the pipeline's"
+            if kind
+            else "it is not a source URI"
+        )
+    return ConfigError(
+        f"--source {shown!r}: {mask_url(problem)}. The pipeline reads {source.describe()}; "
+        "--source moves it to another location of the same kind, keeping every other option "
+        f"of the file's source: give {form}"
+    )
 
 
 class Source(ABC):
@@ -67,6 +96,21 @@ class Source(ABC):
         Failures here must not fail the pipeline: the sink's ledger already holds
         the truth. The default does nothing.
         """
+
+    def relocated(self, uri: str) -> Source:
+        """A copy of this source that reads from ``uri`` instead (``sparkonce run --source``).
+
+        Only the location changes (for example the log directory and topic, or the
+        bootstrap servers and topic); every other option (read limits, value format,
+        client settings...) is kept. ``uri`` must name a source of the same kind, in the
+        form :meth:`uri` writes; anything else is a :class:`~sparkonce.errors.ConfigError`.
+        Runs on the driver. The default refuses: a source that cannot move says so.
+        """
+        raise ConfigError(
+            f"--source {mask_url(uri)!r}: {self.describe()} cannot read from another "
+            "location; only EmbeddedLogSource and KafkaSource can. Leave --source out, or "
+            "edit the pipeline file"
+        )
 
     @abstractmethod
     def uri(self) -> str:

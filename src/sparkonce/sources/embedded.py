@@ -32,7 +32,7 @@ from sparkonce.errors import ConfigError
 from sparkonce.log.storage import Topic, validate_topic_name
 from sparkonce.offsets import OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
-from sparkonce.sources.base import Source, register_data_source
+from sparkonce.sources.base import Source, register_data_source, relocation_error
 from sparkonce.sources.reader import (
     RangeStreamReader,
     injected_failure_offset,
@@ -89,13 +89,26 @@ class EmbeddedLogSource(Source):
 
     @classmethod
     def from_uri(cls, uri: str) -> EmbeddedLogSource:
-        from urllib.parse import parse_qs, urlsplit
+        path, topic = _parse_uri(uri)
+        return cls(path, topic)
 
-        parts = urlsplit(uri)
-        topics = parse_qs(parts.query).get("topic")
-        if parts.scheme != URI_SCHEME or not topics:
-            raise ConfigError(f"{uri!r} is not an embedded log URI ({URI_SCHEME}://PATH?topic=T)")
-        return cls(parts.path, topics[0])
+    def relocated(self, uri: str) -> EmbeddedLogSource:
+        """The same source (read limits, starting offsets) over the log directory and topic
+        that ``uri`` (``sparkonce-log://PATH?topic=TOPIC``) names; see :meth:`Source.relocated`."""
+        form = f"{URI_SCHEME}://PATH?topic=TOPIC"
+        if not isinstance(uri, str) or not uri.startswith(f"{URI_SCHEME}://"):
+            raise relocation_error(self, uri, form)
+        try:
+            path, topic = _parse_uri(uri)
+            return EmbeddedLogSource(
+                path,
+                topic,
+                max_records_per_partition=self.max_records_per_partition,
+                max_records_per_batch=self.max_records_per_batch,
+                starting_offsets=self.starting_offsets,
+            )
+        except ConfigError as exc:
+            raise relocation_error(self, uri, form, str(exc)) from None
 
     def __repr__(self) -> str:
         return self.describe()
@@ -128,6 +141,19 @@ class EmbeddedLogSource(Source):
     def latest_offsets(self) -> dict[TopicPartition, int]:
         with Topic(self.path, self.topic) as t:
             return {(self.topic, p): o for p, o in t.end_offsets().items()}
+
+
+def _parse_uri(uri: str) -> tuple[str, str]:
+    """(log directory, topic) of ``sparkonce-log://PATH?topic=TOPIC``; PATH may be relative
+    (``sparkonce-log://data/log?topic=t``) or absolute (``sparkonce-log:///srv/log?topic=t``)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(uri) if isinstance(uri, str) else None
+    topics = parse_qs(parts.query).get("topic") if parts else None
+    path = (parts.netloc + parts.path) if parts else ""
+    if parts is None or parts.scheme != URI_SCHEME or not topics or not path:
+        raise ConfigError(f"{uri!r} is not an embedded log URI ({URI_SCHEME}://PATH?topic=T)")
+    return path, topics[0]
 
 
 def register(spark: SparkSession) -> None:

@@ -61,7 +61,7 @@ from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
 from sparkonce.kafka.consumer import KafkaReader, new_consumer
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
-from sparkonce.sources.base import Source, register_data_source
+from sparkonce.sources.base import Source, register_data_source, relocation_error
 from sparkonce.sources.reader import (
     RangeStreamReader,
     injected_failure_offset,
@@ -239,6 +239,27 @@ class KafkaSource(Source):
         if not bootstrap or not topic:
             raise ConfigError(f"{uri!r} is not a Kafka source URI ({prefix}HOST:PORT/TOPIC)")
         return cls(bootstrap, topic, **kwargs)
+
+    def relocated(self, uri: str) -> KafkaSource:
+        """The same source (read limits, value format, client settings, group, timeout,
+        starting offsets) over the brokers and topic that ``uri``
+        (``kafka://HOST:PORT[,HOST:PORT...]/TOPIC``) names; see :meth:`Source.relocated`."""
+        form = f"{URI_SCHEME}://HOST:PORT[,HOST:PORT...]/TOPIC"
+        if not isinstance(uri, str) or not uri.startswith(f"{URI_SCHEME}://"):
+            raise relocation_error(self, uri, form)
+        try:
+            return KafkaSource.from_uri(
+                uri,
+                max_records_per_partition=self.max_records_per_partition,
+                max_records_per_batch=self.max_records_per_batch,
+                starting_offsets=self.starting_offsets,
+                value_format=self.value_format,
+                client_config=dict(self.connection.config),
+                group_id=self.group_id,
+                timeout=self.timeout,
+            )
+        except ConfigError as exc:
+            raise relocation_error(self, uri, form, str(exc)) from None
 
     def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
         """The data source options (contain client_config secrets: never log them)."""

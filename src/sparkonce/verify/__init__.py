@@ -2,12 +2,15 @@
 
 from sparkonce.verify.campaign import (
     FAULT_KINDS,
+    KNOWN_KINDS,
+    OPT_IN_KINDS,
     Campaign,
     Fault,
     KindSummary,
     Recorded,
     TrialOutcome,
     compare_rows,
+    failure_hint,
     load_report,
     parse_fault_kinds,
     run_trials,
@@ -25,6 +28,8 @@ from sparkonce.verify.reference import (
 
 __all__ = [
     "FAULT_KINDS",
+    "KNOWN_KINDS",
+    "OPT_IN_KINDS",
     "Campaign",
     "Driver",
     "Fault",
@@ -39,6 +44,7 @@ __all__ = [
     "canonical_value",
     "compare_rows",
     "diff_rows",
+    "failure_hint",
     "load_report",
     "parse_fault_kinds",
     "run_trials",

@@ -36,6 +36,28 @@ Fault kinds (``--faults``):
 ``zombie``
     The driver is frozen (SIGSTOP) just before a commit; a newer run starts and
     finishes; the old one is then thawed (SIGCONT) and must be fenced.
+``resend`` (opt-in: not in the default set; needs an embedded-log or Kafka source)
+    The *producer* crashes and re-sends. A real producer process
+    (:mod:`.resend`) copies the pipeline's input into a fresh trial source of the same
+    kind (a new log directory in the trial's directory, or a new Kafka topic, deleted
+    after the trial), keeping each record's partition, key, value, timestamp and id, and
+    persisting its progress only every M records. It is SIGKILLed once it has
+    acknowledged k records and restarted with a new producer identity; it resumes from
+    its last persisted progress, so it re-sends the window acknowledged since then under
+    the same record ids, and finishes the copy. The pipeline then runs on the trial
+    source (``sparkonce run --source``) until it is consumed. k (inside the input, as
+    counted by the oracle's ledger) and M (3 to 40) come from the trial's seed. The trial
+    records k, M, the window re-sent and the trial source (``resend`` of the trial in
+    ``verify.json``); it fired when the producer was killed after at least one record and
+    re-sent at least one. A pipeline that removes the copies by record id
+    (:func:`sparkonce.outputs.dedupe`, copies within its bound: they keep their original
+    timestamps) is effectively-once per record id and matches the oracle; one that does
+    not is at-least-once per logical record and shows the window as duplicated rows, or
+    as other aggregate values (the CLI then points at ``dedupe``: :func:`failure_hint`).
+    The trial's output is compared with the oracle's, which ran on the original source in
+    other micro-batches, so the pipeline's output must not depend on where batch
+    boundaries fall (true of stateless pipelines, and of watermarked aggregations none of
+    whose records is late).
 
 What every trial checks:
 
@@ -117,6 +139,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sparkonce.config import mask_url
 from sparkonce.errors import ConfigError, VerificationError
 from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.offsets import check_chain
@@ -131,6 +154,7 @@ from sparkonce.protocol import (
 )
 from sparkonce.sinks.base import Sink
 from sparkonce.sinks.inspect import Inspector, inspector_for
+from sparkonce.sources.base import Source
 from sparkonce.verify.checks import (
     ColumnSpec,
     Inconsistency,
@@ -155,7 +179,15 @@ from sparkonce.verify.reference import (
     sink_semantics,
 )
 
-FAULT_KINDS = ("kill", "crash-point", "task-failure", "db-drop", "zombie")
+FAULT_KINDS = ("kill", "crash-point", "task-failure", "db-drop", "zombie")  # the default set
+OPT_IN_KINDS = ("resend",)  # only when --faults names them
+KNOWN_KINDS = FAULT_KINDS + OPT_IN_KINDS
+RESEND_PROGRESS_EVERY = (3, 40)  # M: the producer persists its progress every M records
+RESEND_HINT = (
+    "records the producer re-sent under the same record ids took effect again: remove them "
+    'by record id with sparkonce.outputs.dedupe (README: "Removing duplicates a producer '
+    're-sent")'
+)
 EXIT_FENCED = 3  # sparkonce.cli.EXIT_FENCED; the CLI is above this layer
 RETRY_MASTER = "local[2,4]"  # local mode with up to 4 attempts per task
 DRIVER_TIMEOUT_S = 600.0
@@ -173,10 +205,17 @@ class Fault:
     point: str | None = None  # crash point name (crash-point, db-drop, zombie)
     hit: int = 1  # which time the point is reached (1 = first batch)
     delay_s: float | None = None  # kill: seconds after the driver started
+    kill_after: int | None = None  # resend: k, records acknowledged before the kill
+    progress_every: int | None = None  # resend: M, records between progress writes
 
     def describe(self) -> str:
         if self.kind == "kill":
             return f"kill after {self.delay_s:.1f} s"
+        if self.kind == "resend":
+            return (
+                f"resend: producer killed after {self.kill_after} records, progress "
+                f"every {self.progress_every}"
+            )
         if self.point:
             return f"{self.kind} at {self.point}@{self.hit}"
         return self.kind
@@ -208,6 +247,10 @@ class TrialOutcome:
     # Per output (pipelines with named outputs only): lost_rows, duplicated_rows,
     # value_mismatches (null_values included), null_values.
     outputs: dict[str, dict[str, int]] = field(default_factory=dict)
+    # resend trials only: the trial source (``source``, its URI), ``records`` copied,
+    # ``killed_after`` (acknowledged when killed), ``resumed_from`` (the progress the
+    # restart read) and ``resent`` (the window sent twice); see sparkonce.verify.resend.
+    resend: dict[str, Any] | None = None
 
 
 @dataclass
@@ -219,6 +262,7 @@ class Oracle:
     seconds: float
     batches: int  # ledger entries (of each store)
     outputs: dict[str, list[dict[str, Any]]] | None = None
+    records: int = 0  # input offsets its batches covered (the first store's ledger)
 
     def output_rows(self) -> dict[str, list[dict[str, Any]]]:
         """Each output's rows (a single sink's under ``"output"``)."""
@@ -259,10 +303,20 @@ def plan_fault(kind: str, rng: random.Random, oracle: Oracle, stores: int = 1) -
         return Fault(kind, point=CrashPoint.BEFORE_COMMIT.value, hit=rng.randint(1, batches))
     if kind == "task-failure":
         return Fault(kind)
-    raise ConfigError(f"unknown fault kind {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+    if kind == "resend":
+        # k inside the input; M gives windows of a few to a few dozen records.
+        records = max(1, oracle.records)
+        return Fault(
+            kind,
+            kill_after=rng.randint(max(1, records // 10), max(1, records * 9 // 10)),
+            progress_every=rng.randint(*RESEND_PROGRESS_EVERY),
+        )
+    raise ConfigError(f"unknown fault kind {kind!r}; choose from {', '.join(KNOWN_KINDS)}")
 
 
 def parse_fault_kinds(text: str | None) -> tuple[str, ...]:
+    """The kinds ``--faults`` names; none: the default set, :data:`FAULT_KINDS` (the
+    opt-in kinds, :data:`OPT_IN_KINDS`, run only when named)."""
     if not text:
         return FAULT_KINDS
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
@@ -270,12 +324,12 @@ def parse_fault_kinds(text: str | None) -> tuple[str, ...]:
     bad = [
         k
         for k in kinds
-        if k.partition(":")[0] not in FAULT_KINDS
+        if k.partition(":")[0] not in KNOWN_KINDS
         or (":" in k and (not k.startswith("crash-point:") or k.partition(":")[2] not in points))
     ]
     if bad or not kinds:
         raise ConfigError(
-            f"--faults {text!r}: unknown kind(s) {bad}; choose from {', '.join(FAULT_KINDS)} "
+            f"--faults {text!r}: unknown kind(s) {bad}; choose from {', '.join(KNOWN_KINDS)} "
             f"(crash-point may name its point: crash-point:{'|'.join(sorted(points))})"
         )
     return kinds
@@ -312,6 +366,10 @@ class Campaign:
         base = load_pipeline(self.pipeline_file)
         if sink_url:
             _check_one_store(base)
+        if "resend" in self.kinds:
+            from sparkonce.verify.resend import check_source
+
+            check_source(base.source, base.name)
         self.checkpoint = self.workdir / "checkpoint"
         self.pipeline: Pipeline = base.with_overrides(sink_url=sink_url, checkpoint=self.checkpoint)
         # The outputs, each with its sink (a single sink is the output "output"), and the
@@ -356,6 +414,7 @@ class Campaign:
         self._reference_columns: dict[str, list[str]] = {}
         self._columns: dict[str, set[str]] = {}  # each output's columns, once known
         self._drivers: list[Driver] = []  # started by this campaign, for abort()
+        self._trial_source: Source | None = None  # a resend trial's (drivers' --source)
         self._aborted = threading.Event()
         # One long-lived connection per output (its own) for polling the ledgers while
         # drivers run, resetting the stores and reading the rows.
@@ -403,6 +462,8 @@ class Campaign:
         args = ["--checkpoint", str(self.checkpoint)]
         if self.sink_url:
             args += ["--sink", self.sink_url]
+        if self._trial_source is not None:
+            args += ["--source", self._trial_source.uri()]
         if master:
             args += ["--master", master]
         if self.quick_start:
@@ -510,6 +571,7 @@ class Campaign:
             driver.seconds if seconds is None else seconds,
             len(ledgers[0]),
             rows if self.multi else None,
+            records=sum(e.ranges.count for e in ledgers[0]),
         )
         per_output = (
             " (" + ", ".join(f"{n} {len(r)}" for n, r in rows.items()) + ")" if self.multi else ""
@@ -688,6 +750,8 @@ class Campaign:
         except VerificationError as exc:
             out.error = str(exc)
             out.passed = False
+        finally:
+            self._end_trial_source(out)
         out.seconds = time.monotonic() - started
         if out.passed and not self.keep_logs:
             shutil.rmtree(logs, ignore_errors=True)  # a failed trial keeps its driver logs
@@ -755,7 +819,83 @@ class Campaign:
             return True
         if fault.kind == "zombie":
             return self._zombie(fault, out, logs)
+        if fault.kind == "resend":
+            return self._resend(fault, out, logs)
         raise ConfigError(f"unknown fault kind {fault.kind!r}")
+
+    def _resend(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
+        """A producer crash and re-send into a fresh trial source, then the pipeline on it
+        (see the module docstring and :mod:`.resend`)."""
+        from sparkonce.verify import resend
+
+        assert fault.kill_after is not None and fault.progress_every is not None
+        source = resend.trial_source(
+            self.pipeline.source, log_dir=logs / "source", workdir=self.workdir, trial=out.trial
+        )
+        self._trial_source = source
+        out.resend = {"source": mask_url(source.uri())}
+        every = str(fault.progress_every)
+        progress = str(logs / "producer.progress")
+        common = ("--to", source.uri(), "--progress", progress, "--every", every)
+        first = self._producer(
+            logs / "producer1.log",
+            (*common, "--producer-id", f"resend-{out.trial}-1"),
+            ("--pause-after", str(fault.kill_after)),
+        )
+        if not _wait_stopped(first, DRIVER_TIMEOUT_S):
+            code = first.wait(60)  # the copy ended before the k-th record: nothing to re-send
+            if code != 0:
+                raise VerificationError(
+                    f"the resend producer exited with {code}: {first.log_tail(8)}"
+                )
+            out.resend.update(resend.window([], first.events(resend.DONE_EVENT)))
+        else:
+            first.kill()
+            killed = first.wait(60) == SIGKILL_EXIT
+            second = self._producer(
+                logs / "producer2.log", (*common, "--producer-id", f"resend-{out.trial}-2")
+            )
+            code = second.wait(DRIVER_TIMEOUT_S)
+            if code != 0:
+                raise VerificationError(
+                    f"the restarted resend producer exited with {code}: {second.log_tail(8)}"
+                )
+            found = resend.window(
+                first.events(resend.PAUSE_EVENT), second.events(resend.DONE_EVENT)
+            )
+            out.resend.update(found)
+            out.fault_fired = (
+                killed and (found["killed_after"] or 0) >= 1 and (found["resent"] or 0) >= 1
+            )
+        d = self._driver(logs / "pipeline.log").start()
+        out.driver_runs += 1
+        return d.wait(DRIVER_TIMEOUT_S) == 0
+
+    def _producer(self, log: Path, args: tuple[str, ...], more: tuple[str, ...] = ()) -> Driver:
+        """Start a resend producer process (see :mod:`.resend`) in its own process group."""
+        from sparkonce.verify.resend import ENTRY
+
+        if self._aborted.is_set():
+            raise VerificationError("the campaign was stopped")
+        producer = Driver(self.pipeline_file, log, entry=ENTRY, extra_args=(*args, *more))
+        self._drivers.append(producer)
+        return producer.start()
+
+    def _end_trial_source(self, out: TrialOutcome) -> None:
+        """After a resend trial: drivers read the file's source again, and a Kafka trial
+        topic is deleted (a failure to delete is reported, not a failed trial)."""
+        source, self._trial_source = self._trial_source, None
+        if source is None:
+            return
+        from sparkonce.errors import SparkOnceError
+        from sparkonce.verify.resend import drop_trial_source
+
+        try:
+            drop_trial_source(source)
+        except SparkOnceError as exc:
+            self.on_event(
+                f"trial {out.trial}: could not delete its source {mask_url(source.uri())}: {exc}"
+            )
 
     def _zombie(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
         old = self._driver(logs / "zombie.log", env={PAUSE_ENV: f"{fault.point}@{fault.hit}"})
@@ -1006,6 +1146,19 @@ class KindSummary:
     inconsistent: int = 0
 
 
+def failure_hint(outcomes: Sequence[TrialOutcome]) -> str | None:
+    """One line for failed ``resend`` trials that counted re-sent records again (duplicated
+    rows or other values): how to remove such duplicates. None if there are none."""
+    trials = [
+        o.trial
+        for o in outcomes
+        if o.fault.kind == "resend" and not o.passed and (o.duplicated_rows or o.value_mismatches)
+    ]
+    if not trials:
+        return None
+    return f"resend trials {trials[:20]}: {RESEND_HINT}"
+
+
 def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[KindSummary]:
     out = []
     for kind in dict.fromkeys(k.partition(":")[0] for k in kinds):
@@ -1108,12 +1261,23 @@ def write_json(
         },
         "trial_seconds": round(sum(o.seconds for o in outcomes), 1),
         "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
-        "trials": [asdict(o) for o in sorted(outcomes, key=lambda o: o.trial)],
+        "trials": [_trial_json(o) for o in sorted(outcomes, key=lambda o: o.trial)],
     }
     doc.update(_outputs_section(campaign, outcomes))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2, default=str))
     tmp.replace(path)
+
+
+def _trial_json(outcome: TrialOutcome) -> dict[str, Any]:
+    """A trial as the report holds it: the fields of resend trials only appear in those."""
+    doc = asdict(outcome)
+    if outcome.resend is None:
+        del doc["resend"]
+    for name in ("kill_after", "progress_every"):
+        if doc["fault"][name] is None:
+            del doc["fault"][name]
+    return doc
 
 
 def _outputs_section(campaign: Campaign, outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
