@@ -142,6 +142,7 @@ def test_with_dedupe_every_resend_trial_matches_the_oracle(
     assert sum(sink.values()) == RECORDS and max(sink.values()) == 1  # each record once
 
 
+@pytest.mark.crash_lane
 def test_without_dedupe_the_resend_trial_reports_the_duplicates(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
@@ -188,6 +189,7 @@ def assert_trial_topic_deleted(bootstrap: str, original: str, uri: str, trial: i
 
 
 @pytest.mark.kafka
+@pytest.mark.crash_lane
 def test_kafka_with_dedupe_passes_a_resend_trial(
     tmp_path: Path, kafka_broker: KafkaBroker, kafka_topic: Callable[..., str]
 ) -> None:
