@@ -32,15 +32,12 @@ ALSO_IN_MAKE_TEST = {
     "tests/crash/test_pause_point.py::test_pause_stops_the_calling_thread_at_once": (
         "starts no driver: a small child process, under a second"
     ),
-    "tests/verify/test_reference.py::test_a_correct_per_key_sum_passes_the_reference_check": (
-        "the one end-to-end `sparkonce verify` in make test: reference check, one trial, report"
-    ),
     # A whole file: every test in it.
     "tests/verify/test_checks.py": "pure Python (verify's row checks), a few seconds in all",
-    # The resend fault (issue 18): one real producer crash-and-resend in make test (an
-    # oracle run and one trial, about 75 s); without dedupe and into Kafka: make test-crash.
+    # The resend fault (issue 18) once; without dedupe and into Kafka: make test-crash.
     "tests/verify/test_resend.py::test_with_dedupe_every_resend_trial_matches_the_oracle": (
-        "the resend fault kind once: the embedded log with dedupe, a trial passes"
+        "the one end-to-end `sparkonce verify` in make test: reference check, one trial of "
+        "the resend fault kind (the embedded log with dedupe), report"
     ),
 }
 DRIVER_DIRS = ("tests/crash/", "tests/verify/")

@@ -120,7 +120,7 @@ def test_reference_catches_a_sink_that_loses_a_batch_without_any_fault(
     assert not (out / "work" / "trials").exists(), "no trial may run on a broken oracle"
 
 
-# In make test: the one end-to-end `sparkonce verify` there (reference, one trial, report).
+@pytest.mark.crash_lane
 def test_a_correct_per_key_sum_passes_the_reference_check(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:

@@ -7,9 +7,9 @@ the same record ids. The pipeline, with and without ``dedupe``, then runs on the
 source in a real driver, and the campaign compares its output with the oracle.
 
 What each output must hold is known from the records the test wrote (every record once;
-without dedupe, the window twice), never from the code under test. Three of these run in
-``make test`` (tests/unit/test_lanes.py says why); the Kafka campaign without dedupe, which
-goes through the whole command, runs in the crash lane.
+without dedupe, the window twice), never from the code under test. The embedded log with
+dedupe runs in ``make test``, through the whole command (tests/unit/test_lanes.py says
+why); the others run in the crash lane.
 """
 
 from __future__ import annotations
@@ -96,10 +96,15 @@ def sink_rows(tmp_path: Path) -> Counter[str]:
 
 def trial_log_ids(outcome: TrialOutcome) -> Counter[str]:
     """Records per record id in a trial's embedded log, read from its files."""
+    assert outcome.resend is not None
+    return log_ids(outcome.resend["source"])
+
+
+def log_ids(source_uri: str) -> Counter[str]:
+    """Records per record id in the embedded log a ``sparkonce-log://`` URI names."""
     from sparkonce.log import Topic
 
-    assert outcome.resend is not None
-    uri = urlsplit(outcome.resend["source"])
+    uri = urlsplit(source_uri)
     assert uri.scheme == "sparkonce-log"
     with Topic(Path(uri.path), parse_qs(uri.query)["topic"][0]) as t:
         return Counter(r.record_id for p, end in t.end_offsets().items() for r in t.read(p, 0, end))
@@ -125,19 +130,40 @@ def check_fired(outcome: TrialOutcome) -> int:
 def test_with_dedupe_every_resend_trial_matches_the_oracle(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
+    """The one end-to-end `sparkonce verify` in make test: the whole command, reference
+    check included, one resend trial and the report it writes."""
+    from sparkonce.cli import main
+
     log_dir = make_log(RECORDS, partitions=3, keys=6)
     source = f"EmbeddedLogSource({str(log_dir)!r}, 'events', max_records_per_partition=40)"
     pipeline = write_pipeline(tmp_path, source, dedupe=True)
-    [outcome] = run_campaign(pipeline, tmp_path / "work", trials=1, seed=4)
-    window = check_fired(outcome)
-    assert outcome.passed, outcome
-    assert (outcome.lost_rows, outcome.duplicated_rows, outcome.value_mismatches) == (0, 0, 0)
-    # The copies really landed: the trial log holds the window twice.
-    in_log = trial_log_ids(outcome)
-    original = {f"test-producer-{p}-{s}" for p in range(3) for s in range(RECORDS)}
-    assert sum(in_log.values()) == RECORDS + window
-    assert len(in_log) == RECORDS and set(in_log) <= original
-    assert sum(1 for c in in_log.values() if c == 2) == window
+    out = tmp_path / "out"
+    args = ["verify", str(pipeline), "--faults", "resend", "--trials", "1", "--seed", "4"]
+    assert main([*args, "--out", str(out)]) == 0
+    report = json.loads((out / "verify.json").read_text())
+    ref = report["reference"]
+    assert ref["matched"] is True and (ref["rows"], ref["missing"], ref["extra"]) == (RECORDS, 0, 0)
+    assert report["oracle"]["rows"] == RECORDS
+    [trial] = report["trials"]
+    record, fault = trial["resend"], trial["fault"]
+    assert fault["kind"] == "resend" and trial["fault_fired"], trial
+    assert record["killed_after"] == fault["kill_after"] and record["records"] == RECORDS
+    window = record["resent"]
+    assert 1 <= window <= fault["progress_every"]
+    assert record["resumed_from"] == fault["kill_after"] - window
+    assert trial["passed"] and trial["error"] is None, trial
+    assert (trial["lost_rows"], trial["duplicated_rows"], trial["value_mismatches"]) == (0, 0, 0)
+    # The copies really landed: the trial's batches, in the store's ledger, covered the
+    # window twice (the trial log itself goes with a passing trial's directory).
+    from sparkonce import SQLiteSink
+
+    store = SQLiteSink(f"sqlite:///{tmp_path / 'sink.db'}", "events_out")
+    store.open()
+    try:
+        covered = sum(e.ranges.count for e in store.ledger("resend-test"))
+    finally:
+        store.close()
+    assert covered == RECORDS + window
     sink = sink_rows(tmp_path)
     assert sum(sink.values()) == RECORDS and max(sink.values()) == 1  # each record once
 
