@@ -452,9 +452,10 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
     if dedup:
         ops = [b["operator"] for b in dedup]
         rows_total = max(op["numRowsTotal"] for op in ops)
+        rocksdb = "rocksdbGetCount" in ops[0]["custom"]
         result.update(
             {
-                "provider": "rocksdb" if "rocksdbGetCount" in ops[0]["custom"] else "hdfs",
+                "provider": "rocksdb" if rocksdb else "hdfs",
                 "duplicates_removed": sum(
                     op["custom"].get("numDroppedDuplicateRows", 0) for op in ops
                 ),
@@ -466,7 +467,9 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
                 "state_updates_s": sum(op["allUpdatesTimeMs"] for op in ops) / 1000,
                 "state_removals_s": sum(op["allRemovalsTimeMs"] for op in ops) / 1000,
                 "state_commit_s": sum(op["commitTimeMs"] for op in ops) / 1000,
-                "rocksdb": {
+                "rocksdb": None
+                if not rocksdb
+                else {
                     k: sum(op["custom"].get(k, 0) for op in ops)
                     for k in (
                         "rocksdbGetCount",
@@ -599,7 +602,7 @@ def main() -> None:
 
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 160)
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(wanted) - set(VARIANTS))
     if unknown:
@@ -793,6 +796,7 @@ def print_report(console: Any, report: dict) -> None:
         "variant",
         "records/s",
         "vs no-dedup",
+        f"goal {GOAL}x",
         "steady",
         "rec/CPU s",
         "peak ids",
@@ -806,13 +810,12 @@ def print_report(console: Any, report: dict) -> None:
         table.add_column(col, justify="left" if col in ("variant", "check") else "right")
     for name, r in report["results"].items():
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        if r["verdict"]:
-            ratio += f" {r['verdict']}"
         removed = r["duplicates_removed"]
         table.add_row(
             name,
             f"{r['records_per_s']:,.0f}",
             ratio,
+            r["verdict"] or "-",
             "-" if r["steady_records_per_s"] is None else f"{r['steady_records_per_s']:,.0f}",
             f"{r['records_per_cpu_s']:,.0f}",
             "-" if r["state_rows_peak"] is None else f"{r['state_rows_peak']:,.0f}",
