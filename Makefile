@@ -69,7 +69,7 @@ bench-outputs: setup
 
 # What dedupe costs: the same SQLite pipeline with and without it, RocksDB state at Spark's
 # settings and tuned (and the in-memory state store and a bare dropDuplicatesWithinWatermark
-# for context), on 10 million records with 1% re-sent copies (about TODO minutes). Results:
+# for context), on 10 million records with 1% re-sent copies (about 30 minutes). Results:
 # benchmarks/results/dedup.json and dedup.png. BENCH_ARGS="--records 1000000" for less.
 .PHONY: bench-dedup
 bench-dedup: setup
