@@ -67,6 +67,14 @@ bench-outputs: setup
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/stable_output.py $(BENCH_ARGS)
 
+# What dedupe costs: the same SQLite pipeline with and without it, RocksDB state at Spark's
+# settings and tuned (and the in-memory state store and a bare dropDuplicatesWithinWatermark
+# for context), on 10 million records with 1% re-sent copies (about 30 minutes). Results:
+# benchmarks/results/dedup.json and dedup.png. BENCH_ARGS="--records 1000000" for less.
+.PHONY: bench-dedup
+bench-dedup: setup
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/dedup.py $(BENCH_ARGS)
+
 # The protocol simulation at volume: SOAK_SCHEDULES seeded schedules (default 1,000,000)
 # against SQLite on SOAK_WORKERS processes (default 2), from seed SOAK_SEED, with a
 # progress bar; prints the rate and every failing seed with the command that replays
