@@ -64,7 +64,8 @@ Records without an id
     Cost: the records with and without an id are two filters of the input unioned back, so
     Spark scans the source twice per micro-batch, and its ``numInputRows`` counts every
     input record twice. On 600,000 records (2 cores) this cost no measurable time against a
-    bare ``dropDuplicatesWithinWatermark``: the shuffle and the state store dominate.
+    bare ``dropDuplicatesWithinWatermark``; shorter runs of ``benchmarks/dedup.py`` beside
+    other work found the bare operator faster in four of five, so that is still open.
 
 The guarantee, in DESIGN.md's words
     With an effectively-once sink, a logical record re-sent under the same id takes effect
