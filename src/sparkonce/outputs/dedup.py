@@ -145,13 +145,12 @@ def dedupe(
     if not isinstance(df, DataFrame):
         raise ConfigError(f"dedupe takes a pyspark DataFrame, got {type(df).__name__}")
     fields = {f.name: f for f in df.schema.fields}
-    id_field = fields.get(id_column) if isinstance(id_column, str) else None
-    if id_field is None:
-        raise ConfigError(
-            f"dedupe: id column {id_column!r} is not a column of the DataFrame (its columns: "
-            f"{list(fields)}){_near(id_column, fields)}; name the column that holds the "
-            "producer's record id (both sources call it 'record_id')"
-        )
+    id_field = _field_named(
+        fields,
+        id_column,
+        "id column",
+        "name the column that holds the producer's record id (both sources call it 'record_id')",
+    )
     if id_field.dataType.simpleString() not in _ID_TYPES:
         raise ConfigError(
             f"dedupe: id column {id_column!r} is {id_field.dataType.simpleString()}; a record id "
@@ -159,13 +158,12 @@ def dedupe(
             "and maps cannot be compared at all). Convert it first, for example "
             f"F.col({id_column!r}).cast('string')"
         )
-    time_field = fields.get(event_time) if isinstance(event_time, str) else None
-    if time_field is None:
-        raise ConfigError(
-            f"dedupe: event time column {event_time!r} is not a column of the DataFrame (its "
-            f"columns: {list(fields)}){_near(event_time, fields)}; the state of each id is "
-            "kept for `within` of event time, so name a TIMESTAMP column"
-        )
+    time_field = _field_named(
+        fields,
+        event_time,
+        "event time column",
+        "the state of each id is kept for `within` of event time, so name a TIMESTAMP column",
+    )
     if not isinstance(time_field.dataType, TimestampType):
         raise ConfigError(
             f"dedupe: event time column {event_time!r} is "
@@ -234,6 +232,18 @@ def _within_ms(within: object) -> int:
             "watermark delays in milliseconds"
         )
     return us // 1000
+
+
+def _field_named(fields: Mapping[str, Any], name: object, role: str, advice: str) -> Any:
+    """The schema field ``name`` of ``fields``, or :class:`ConfigError` naming the columns
+    there are, a near miss in case, and ``advice``."""
+    found = fields.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise ConfigError(
+            f"dedupe: {role} {name!r} is not a column of the DataFrame (its columns: "
+            f"{list(fields)}){_near(name, fields)}; {advice}"
+        )
+    return found
 
 
 def _near(name: object, fields: Mapping[str, object]) -> str:
