@@ -61,11 +61,13 @@ Records without an id
     counters, from a progress entry, and ``Pipeline.run`` logs them per batch and keeps them
     in ``RunReport.dedup``.
 
-    Cost: the records with and without an id are two filters of the input unioned back, so
-    Spark scans the source twice per micro-batch, and its ``numInputRows`` counts every
-    input record twice. On 600,000 records (2 cores) this cost no measurable time against a
-    bare ``dropDuplicatesWithinWatermark``; shorter runs of ``benchmarks/dedup.py`` beside
-    other work found the bare operator faster in four of five, so that is still open.
+    Cost: the source is read once per micro-batch. Every record is shuffled by id (the
+    shuffle Spark's dedup operator needs anyway), and the records with and without an id
+    are split after that shuffle and unioned back; Spark reuses the one shuffle for both
+    paths (``ReusedExchange`` in the query plan), and ``numInputRows`` counts each record
+    once. An earlier form split before the shuffle, so Spark read the source twice: against
+    a bare ``dropDuplicatesWithinWatermark`` it ran at 0.5x to 0.7x of the bare operator's
+    throughput in ``benchmarks/dedup.py``.
 
 The guarantee, in DESIGN.md's words
     With an effectively-once sink, a logical record re-sent under the same id takes effect
@@ -205,12 +207,29 @@ def dedupe(
         )
 
     ident = F.col(_quote(id_column))
-    keyed = watermarked.where(ident.isNotNull())
-    unkeyed = watermarked.where(ident.isNull())
     if not df.isStreaming:  # Spark refuses dropDuplicatesWithinWatermark on a static one
-        return keyed.dropDuplicates([id_column]).unionByName(unkeyed)
+        keyed = watermarked.where(ident.isNotNull())
+        return keyed.dropDuplicates([id_column]).unionByName(watermarked.where(ident.isNull()))
+    # One read of the source for both paths: shuffle every record by id once (the exchange
+    # the dedup operator needs anyway), then split. The split's filters refer to a
+    # non-deterministic column, so the optimizer cannot push them below the shuffle, and the
+    # two paths' identical shuffles become one (Spark's ReusedExchange).
+    barrier = _unused_name(df.columns)
+    shuffled = watermarked.repartition(ident).withColumn(barrier, F.spark_partition_id())
+    after_shuffle = F.col(barrier) >= 0  # always true
+    keyed = shuffled.where(ident.isNotNull() & after_shuffle)
+    unkeyed = shuffled.where(ident.isNull() & after_shuffle)
     out = keyed.dropDuplicatesWithinWatermark([id_column]).unionByName(unkeyed)
+    out = out.select([F.col(_quote(c)) for c in df.columns])
     return out.observe(metric, F.count(F.when(ident.isNull(), 1)).alias(NULL_IDS))
+
+
+def _unused_name(columns: list[str]) -> str:
+    """A column name that is not in ``columns``."""
+    name = "_sparkonce_dedup_partition"
+    while name in columns:
+        name = "_" + name
+    return name
 
 
 def _within_ms(within: object) -> int:
