@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker jars and the Spark Kafka connector jars (versions pinned in
-# kafka/pom.xml) from Maven Central into the git-ignored jar cache:
+# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars and the Delta Lake jars
+# (versions pinned in
+# jars/pom.xml) from Maven Central into the git-ignored jar cache:
 #
 #   .cache/jars/broker/       single-node KRaft broker: java -cp '.cache/jars/broker/*' kafka.Kafka
 #   .cache/jars/spark-kafka/  spark-sql-kafka connector + kafka-clients + commons-pool2, for
 #                             spark.jars (nothing that pyspark already ships)
+#   .cache/jars/delta/        delta-spark + delta-storage, for spark.jars (DeltaSink)
 #
-# Idempotent: a directory whose stamp file matches the current kafka/pom.xml checksum is left
+# Idempotent: a directory whose stamp file matches the current jars/pom.xml checksum is left
 # alone. Set SPARKONCE_JAR_CACHE to use another cache directory; pass --force to refetch.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-POM="$ROOT/kafka/pom.xml"
+POM="$ROOT/jars/pom.xml"
 CACHE="${SPARKONCE_JAR_CACHE:-$ROOT/.cache/jars}"
 FORCE=0
 case "${1:-}" in
@@ -74,8 +76,12 @@ fetch() {
 
 fetch broker "$CACHE/broker"
 fetch spark-kafka "$CACHE/spark-kafka"
+fetch delta "$CACHE/delta"
 
 echo "broker jars:      $CACHE/broker   (java -cp '$CACHE/broker/*' kafka.Kafka server.properties)"
 echo "spark-kafka jars: $CACHE/spark-kafka   (spark.jars = $(
   ls "$CACHE"/spark-kafka/*.jar | paste -sd, -
+))"
+echo "delta jars:       $CACHE/delta   (spark.jars = $(
+  ls "$CACHE"/delta/*.jar | paste -sd, -
 ))"

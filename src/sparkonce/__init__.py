@@ -22,6 +22,7 @@ from sparkonce.log import IdempotentProducer, Topic
 from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import (
+    DeltaSink,
     KafkaSink,
     PostgresSink,
     PostgresTwoPhaseSink,
@@ -39,6 +40,7 @@ __all__ = [
     "CheckpointLostError",
     "ConfigError",
     "CrashPoint",
+    "DeltaSink",
     "EmbeddedLogSource",
     "FencedError",
     "IdempotentProducer",

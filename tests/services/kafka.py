@@ -1,7 +1,7 @@
 """A throwaway single-node Apache Kafka broker (KRaft) for the tests and for local use.
 
 ``start(DIR)`` runs the official broker jars from Maven Central (fetched once by
-``scripts/fetch-jars.sh`` into ``.cache/jars/broker``; versions pinned in ``kafka/pom.xml``) as
+``scripts/fetch-jars.sh`` into ``.cache/jars/broker``; versions pinned in ``jars/pom.xml``) as
 one combined broker+controller process on 127.0.0.1, formats its storage the first time, and
 waits until a client can fetch metadata. ``stop(DIR)`` stops it: SIGTERM, then SIGKILL to the
 process group after 30 s. Everything lives in DIR::

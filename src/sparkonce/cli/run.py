@@ -58,6 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             app_name=f"sparkonce:{pipeline.name}",
             quick_start=args.quick_start,
             log_file=log_file,
+            conf=pipeline.spark_conf(),
         )
         # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -417,6 +417,15 @@ class OutputSet(Sink):
     def last_entry(self, pipeline: str) -> LedgerEntry | None:
         return self.groups[0].sinks[0].last_entry(pipeline)
 
+    def spark_conf(self) -> dict[str, str]:
+        conf: dict[str, str] = {}
+        for sink in self.outputs.values():
+            for key, value in sink.spark_conf().items():
+                if key == "spark.jars" and conf.get(key):
+                    value = ",".join(dict.fromkeys(conf[key].split(",") + value.split(",")))
+                conf[key] = value
+        return conf
+
     def describe(self) -> str:
         inner = ", ".join(f"{n}={s.describe()}" for n, s in self.outputs.items())
         stable = ", stable output" if self.stable else ""

@@ -191,6 +191,12 @@ class Pipeline:
             changes["source"] = self.source.relocated(source_uri)
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
+    def spark_conf(self) -> dict[str, str]:
+        """Settings the SparkSession needs for this pipeline's sinks (for example a Delta
+        Lake sink's jars and extension); :func:`sparkonce.build_session` takes them as
+        ``conf``, and ``sparkonce run`` passes them."""
+        return self.sink.spark_conf()
+
     @property
     def output_set(self) -> OutputSet | None:
         """The pipeline's outputs as one sink (None for a single sink without stable output)."""

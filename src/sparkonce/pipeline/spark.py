@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ def build_session(
     jars: list[str] | None = None,
     quick_start: bool = False,
     log_file: str | Path | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """A session with RocksDB state (changelog checkpointing) and few shuffle partitions.
 
@@ -37,7 +39,9 @@ def build_session(
     effect when this call creates the session. ``quick_start`` starts the driver's
     JVM with :data:`QUICK_START_JAVA_OPTIONS`, for short runs; it changes timing
     only, never results. ``log_file`` sends the JVM's own log (Spark's warnings and
-    errors, with their Java stacks) to that file instead of the terminal.
+    errors, with their Java stacks) to that file instead of the terminal. ``conf``
+    adds settings, such as :meth:`Pipeline.spark_conf` (a Delta Lake sink's jars,
+    extension and catalog); its ``spark.jars`` is joined with ``jars``.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -49,8 +53,12 @@ def build_session(
     if quick_start:
         java_options += " " + QUICK_START_JAVA_OPTIONS
     builder = SparkSession.builder
-    if jars:
-        builder = builder.config("spark.jars", ",".join(jars))
+    extra = dict(conf or {})
+    all_jars = list(jars or []) + [j for j in extra.pop("spark.jars", "").split(",") if j]
+    if all_jars:
+        builder = builder.config("spark.jars", ",".join(dict.fromkeys(all_jars)))
+    for key, value in extra.items():
+        builder = builder.config(key, value)
     spark = (
         builder.master(master)
         .appName(app_name)

@@ -3,6 +3,7 @@
 from sparkonce.config import StoreURL
 from sparkonce.errors import ConfigError
 from sparkonce.sinks.base import Sink
+from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
 from sparkonce.sinks.sql import PostgresSink, SQLiteSink, SqlSink
 from sparkonce.sinks.twophase import PostgresTwoPhaseSink
@@ -12,11 +13,16 @@ def sink_from_url(
     url: str, table: str | None = None, *, two_phase: bool = False, **kwargs: object
 ) -> Sink:
     """A sink for ``url``: ``sqlite:///FILE`` or ``postgresql://...`` (with ``table``), or
-    ``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` (the topic is in the URL).
+    ``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` (the topic is in the URL), or
+    ``delta:///PATH`` / ``delta:URI`` (a Delta Lake table; the path is in the URL).
 
     ``two_phase=True`` picks :class:`PostgresTwoPhaseSink` for a PostgreSQL URL (rows are
     pre-committed by the executors instead of passing through the driver).
     """
+    if url.startswith("delta:"):
+        from sparkonce.sinks.delta import DeltaSink, delta_path
+
+        return DeltaSink(delta_path(url), **kwargs)  # type: ignore[arg-type]
     if url.startswith("kafka://"):
         from sparkonce.sinks.kafka import kafka_sink_from_uri
 
@@ -36,6 +42,7 @@ def sink_from_url(
 
 
 __all__ = [
+    "DeltaSink",
     "KafkaSink",
     "PostgresSink",
     "PostgresTwoPhaseSink",

@@ -121,6 +121,11 @@ class Sink(ABC):
             "cannot be one of a pipeline's outputs; use it as the pipeline's only sink"
         )
 
+    def spark_conf(self) -> dict[str, str]:
+        """Settings the SparkSession needs for this sink, applied when it is created
+        (:func:`sparkonce.build_session`); most sinks need none."""
+        return {}
+
     @abstractmethod
     def describe(self) -> str:
         """A one-line description, safe for logs (no secrets)."""

@@ -21,9 +21,9 @@ operations live here, beside the sinks, so that the
 
 Each store has its own inspector: :class:`SqlInspector` (SQLite and PostgreSQL),
 :class:`TwoPhaseInspector` (the two-phase PostgreSQL sink: its view, data and
-stage tables and its attempts) and :class:`KafkaInspector` (the output and
-ledger topics). A sink subclass finds the inspector of its nearest registered
-base class.
+stage tables and its attempts), :class:`KafkaInspector` (the output and ledger
+topics) and :class:`DeltaInspector` (the Delta table, read through Spark). A sink
+subclass finds the inspector of its nearest registered base class.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from sparkonce.db import qi, write_transaction
 from sparkonce.errors import ConfigError
 from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.sinks.base import Sink
+from sparkonce.sinks.delta import DeltaSink, delta_path
 from sparkonce.sinks.kafka import KafkaSink, kafka_sink_from_uri
 from sparkonce.sinks.sql import PostgresSink, SQLiteSink, SqlSink
 from sparkonce.sinks.twophase import (
@@ -248,12 +249,42 @@ def _text(b: bytes | None) -> str | bytes | None:
         return b
 
 
+class DeltaInspector(Inspector):
+    """A Delta Lake table (:class:`~sparkonce.sinks.delta.DeltaSink`), read through Spark."""
+
+    sink: DeltaSink
+
+    def rows(self) -> list[dict[str, Any]]:
+        sink = self.sink
+        if not sink.table.exists():
+            return []
+        df = sink.table.spark.read.format("delta").load(sink.path)
+        return [r.asDict() for r in df.collect()]
+
+    def reset(self, pipeline: str) -> None:
+        """Delete the whole table directory (its rows, Delta log and every pipeline's ledger)."""
+        sink = self.sink
+        table = sink.table
+        table.delete(sink.path)
+        table.jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+        sink.forget_table()
+
+    def relocated(self, url: str | StoreURL) -> DeltaSink:
+        s = self.sink
+        return DeltaSink(delta_path(str(url)), mode=s.mode, keys=s.keys)
+
+    def fresh(self) -> DeltaSink:
+        s = self.sink
+        return DeltaSink(s.path, mode=s.mode, keys=s.keys)
+
+
 # -- which inspector -----------------------------------------------------------------------
 
 _INSPECTORS: dict[type[Sink], type[Inspector]] = {
     SqlSink: SqlInspector,
     PostgresTwoPhaseSink: TwoPhaseInspector,
     KafkaSink: KafkaInspector,
+    DeltaSink: DeltaInspector,
 }
 
 

@@ -34,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             master=args.master,
             app_name=f"sparkonce-reference:{pipeline.name}",
             quick_start=args.quick_start,
+            conf=pipeline.spark_conf(),
         )
         try:
             batches = record(pipeline, spark, Path(args.out), Path(args.checkpoint))

@@ -1,0 +1,668 @@
+"""The ledger of a Delta Lake sink: in the table's own transaction log, plus entry files.
+
+A Delta table has no rows of ours to hold a ledger in, and no multi-table
+transactions, so the ledger lives in two places, each written by the rule that
+keeps it exact:
+
+**The progress version, in Delta's log.** Each pipeline has one Delta
+application id, ``sparkonce:<pipeline>``. Every commit of the pipeline carries a
+``txn`` action (Delta's ``SetTransaction``) for it, whose version packs two
+numbers::
+
+    version = epoch << 32 | entries        (entries: how many batches are committed)
+
+``txn`` actions are kept in Delta's checkpoints: log retention never loses the
+newest one (unless the table sets ``delta.setTransactionRetentionDuration``, which
+the sink refuses). Delta's own rules then do the protocol's work, atomically with
+the batch's rows:
+
+* A batch commit is a Delta write (``append``, ``overwrite`` or ``MERGE``) with
+  ``txnAppId``/``txnVersion`` = ``(epoch, seq + 1)``. Inside the write's Delta
+  transaction, Delta reads the stored version and **skips** the write when it is
+  greater than or equal to ours. Stored ``(epoch, seq)`` means this is the next batch
+  of the owner: it commits. Anything else skips, and the sink then reads the stored
+  version to say why (:meth:`DeltaLedgerStore.after_write`): the same ``(epoch,
+  seq + 1)`` means an earlier attempt of this very commit went through (a retry), a
+  newer epoch means the run was fenced (:class:`~sparkonce.errors.FencedError`, never
+  a silent skip), anything else is a :class:`~sparkonce.errors.LedgerError`.
+* Taking an epoch (``acquire``) is a Delta transaction of its own that reads the
+  stored version (``txnVersion``, which records the read) and commits ``(epoch + 1,
+  entries)``. A batch commit or another acquire that commits the same application id
+  meanwhile makes one of them fail with Delta's ``ConcurrentTransactionException``:
+  two runs can never both take the same epoch, and an acquire never misses a batch
+  that committed while it ran. A run's batch write that loses such a race also fails,
+  and the sink reports it as fenced.
+* The rows and the new version are in **one Delta commit**: readers see both or
+  neither. The commit's ``userMetadata`` holds the ledger entry (JSON) and its
+  ``operationMetrics`` the row count, for Delta's history.
+
+**Entry files, under the table's directory.** The stored version says how many
+batches committed, not their offsets. Each entry's content (ranges, epoch, Spark
+batch id, checkpoint id) is written to ``_sparkonce/<pipeline>/entries/<seq>/<epoch>.json``
+*before* the Delta write that commits it, and never changed after (a retry of the
+same ``(epoch, seq)`` finds it and keeps it). Delta ignores directories whose name
+starts with ``_`` (``VACUUM`` included), and commit files expire, these do not. Which
+file of a ``seq`` is the committed one: the one with the **highest epoch**. Proof:
+say epoch ``e`` committed ``seq``. A run with a higher epoch ``f`` took ``f``
+either before that commit, and then ``e``'s write would have found ``f`` stored and
+skipped, a contradiction; or after it, and then it read ``entries > seq`` and never
+staged ``seq``. So no file of ``seq`` has an epoch above ``e``. Files of lower
+epochs are from fenced or crashed attempts, never committed.
+
+After the commit, ``<epoch>.rows`` beside the entry file records the row count (the
+commit's ``numOutputRows``, or ``numSourceRows`` for a ``MERGE``); written through a
+temporary file and a rename, so a crash leaves it whole or absent. An entry without
+it (a crash right after the commit) reads its count from the commit in Delta's
+history, or ``-1`` once that has expired.
+
+The owner's details (host, pid, source) go to ``_sparkonce/<pipeline>/owners/<epoch>.json``
+before the acquire commits; the epoch itself is the stored version's.
+
+Everything here runs on the **driver**, through the session's JVM (Delta's
+``DeltaLog`` and Hadoop's ``FileSystem``, so any filesystem Spark can write Delta
+tables on works).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
+from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
+from sparkonce.offsets import BatchRanges
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+SEQ_BITS = 32
+SEQ_MASK = (1 << SEQ_BITS) - 1
+LEDGER_DIR = "_sparkonce"
+ACQUIRE_ATTEMPTS = 10  # an acquire that loses a race on the application id starts over
+
+# Delta's SQL options for idempotent DML (MERGE, INSERT...): the writer options' twins.
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def app_id(pipeline: str) -> str:
+    """The Delta application id of ``pipeline``'s commits."""
+    return f"sparkonce:{pipeline}"
+
+
+def pack(epoch: int, entries: int) -> int:
+    """The ``txn`` version of ``epoch`` after ``entries`` committed batches."""
+    if not 0 <= entries <= SEQ_MASK:
+        raise LedgerError(f"ledger entry count {entries} does not fit in {SEQ_BITS} bits")
+    if not 0 <= epoch < 1 << (63 - SEQ_BITS):
+        raise LedgerError(f"epoch {epoch} does not fit in a Delta txn version")
+    return epoch << SEQ_BITS | entries
+
+
+def unpack(version: int) -> tuple[int, int]:
+    """``(epoch, entries)`` of a ``txn`` version."""
+    return version >> SEQ_BITS, version & SEQ_MASK
+
+
+def is_concurrent_transaction(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta's conflict on an application id (another commit of it)."""
+    text = str(exc)
+    return "ConcurrentTransactionException" in text or "DELTA_CONCURRENT_TRANSACTION" in text
+
+
+def is_retryable_conflict(exc: BaseException) -> bool:
+    """Delta's other write conflicts (a concurrent writer changed files this write read).
+
+    Nothing of the losing write was committed, so it may run again.
+    """
+    text = str(exc)
+    if is_concurrent_transaction(exc):
+        return False
+    return any(
+        name in text
+        for name in (
+            "ConcurrentAppendException",
+            "ConcurrentDeleteReadException",
+            "ConcurrentDeleteDeleteException",
+            "MetadataChangedException",
+            "ProtocolChangedException",
+        )
+    )
+
+
+class DeltaTable:
+    """One Delta table at ``path``, reached through the session's JVM (driver only)."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        jvm = spark._jvm
+        assert jvm is not None
+        self.jvm = jvm
+        self._jpath = jvm.org.apache.hadoop.fs.Path(path)
+        self.fs = self._jpath.getFileSystem(spark._jsc.hadoopConfiguration())
+        self._log: Any = None
+
+    # -- Delta's log -----------------------------------------------------------------
+    @property
+    def delta_log(self) -> Any:
+        if self._log is None:
+            self._log = self.jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+                self.spark._jsparkSession,
+                self.path,
+            )
+        return self._log
+
+    def snapshot(self) -> Any:
+        """The table's newest snapshot (reads the log's listing; state is built lazily)."""
+        none = self.jvm.scala.Option.empty()
+        return self.delta_log.update(False, none, none)
+
+    def exists(self) -> bool:
+        return bool(self.delta_log.tableExists())
+
+    def version(self) -> int:
+        return int(self.snapshot().version())
+
+    def txn_version(self, app: str) -> int | None:
+        """The stored version of application ``app`` (None: never committed)."""
+        txns = self.snapshot().transactions()
+        return int(txns.apply(app)) if txns.contains(app) else None
+
+    def property(self, key: str) -> str | None:
+        conf = self.snapshot().metadata().configuration()
+        return str(conf.apply(key)) if conf.contains(key) else None
+
+    def commit_actions(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of commit ``version`` (its JSON file), or None once it expired."""
+        name = f"{self.path.rstrip('/')}/_delta_log/{version:020d}.json"
+        text = self.read_text(name)
+        if text is None:
+            return None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def start_transaction(self) -> Any:
+        return self.delta_log.startTransaction()
+
+    def _commit_set_transaction(self, txn: Any, app: str, version: int, metadata: str) -> bool:
+        jvm = self.jvm
+        now = jvm.java.lang.Long.valueOf(int(datetime.now(UTC).timestamp() * 1000))
+        txn.updateSetTransaction(app, version, jvm.scala.Option.apply(now))
+        op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$").__getattr__(
+            "MODULE$"
+        )
+        no_actions = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
+            jvm.java.util.ArrayList()
+        ).toSeq()
+        with session_conf(self.spark, {USER_METADATA_CONF: metadata}):
+            txn.commit(no_actions, op)
+        return True
+
+    # -- files beside the table ----------------------------------------------------
+    def read_text(self, path: str) -> str | None:
+        p = self.jvm.org.apache.hadoop.fs.Path(path)
+        if not self.fs.exists(p):
+            return None
+        stream = self.fs.open(p)
+        try:
+            reader = self.jvm.java.io.BufferedReader(
+                self.jvm.java.io.InputStreamReader(stream, "UTF-8")
+            )
+            lines = []
+            while True:
+                line = reader.readLine()
+                if line is None:
+                    break
+                lines.append(line)
+            return "\n".join(lines)
+        except Exception as exc:
+            if "FileNotFoundException" in str(exc):
+                return None
+            raise
+        finally:
+            stream.close()
+
+    def write_text(self, path: str, text: str, *, overwrite: bool) -> bool:
+        """Write ``text`` to ``path``. Without ``overwrite``, a file already there is kept
+        (returns False). With it, the text goes to a temporary file renamed into place,
+        so a crash leaves the old file or the new one, never a torn one."""
+        jvm = self.jvm
+        target = jvm.org.apache.hadoop.fs.Path(path)
+        if not overwrite and self.fs.exists(target):
+            return False
+        tmp = jvm.org.apache.hadoop.fs.Path(f"{path}.{os.getpid()}.tmp")
+        out = self.fs.create(tmp, True)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+        if overwrite and self.fs.exists(target):
+            self.fs.delete(target, False)
+        if not self.fs.rename(tmp, target):
+            self.fs.delete(tmp, False)
+            if not overwrite and self.fs.exists(target):
+                return False  # another writer of the same file got there first
+            raise SinkError(f"could not move {tmp} to {path} on the table's filesystem")
+        return True
+
+    def list_names(self, path: str) -> list[str]:
+        p = self.jvm.org.apache.hadoop.fs.Path(path)
+        if not self.fs.exists(p):
+            return []
+        return [str(s.getPath().getName()) for s in self.fs.listStatus(p)]
+
+    def delete(self, path: str) -> None:
+        p = self.jvm.org.apache.hadoop.fs.Path(path)
+        if self.fs.exists(p):
+            self.fs.delete(p, True)
+
+
+@contextmanager
+def session_conf(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
+    """Set SQL options for the duration of the block, then restore what was there."""
+    before = {k: spark.conf.get(k, None) for k in values}
+    for k, v in values.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in before.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)
+
+
+@dataclass
+class PipelineView:
+    """What this run knows of one pipeline's ledger (refreshed by reads of the table)."""
+
+    epoch: int = 0  # the owner's epoch (0: never acquired)
+    entries: int = 0  # committed batches
+    last: LedgerEntry | None = None
+
+
+@dataclass
+class DeltaTxn:
+    """One batch commit in the making: the steps record into it, the exit writes it."""
+
+    pipeline: str = ""
+    entry: LedgerEntry | None = None
+    publish: Any = None  # the sink's write: a callable(app, version, metadata) -> None
+    staged: Any = None  # the stager's Staged: its row count is set from the commit's metrics
+    rows: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class DeltaLedgerStore(LedgerStore):
+    """Owner epochs and the batch ledger of one Delta table (see the module docstring).
+
+    ``transaction()`` yields a :class:`DeltaTxn`; the committer's steps fill it and
+    the block's exit runs the Delta write that commits the batch's rows, the ``txn``
+    version and the entry together. Steps 1 and 2 inside the block read this run's
+    view, which only this run changes while it owns the pipeline: Delta's write
+    checks both again, atomically, against the table (see the module docstring).
+    """
+
+    def __init__(self, table: Any, describe: str, *, inspect_hint: str = "") -> None:
+        # ``table`` is a callable returning the DeltaTable (the session may come later).
+        self._table_of = table
+        self._describe = describe
+        self.inspect_hint = inspect_hint
+        self._views: dict[str, PipelineView] = {}
+
+    @property
+    def table(self) -> DeltaTable:
+        t: DeltaTable = self._table_of()
+        return t
+
+    def describe(self) -> str:
+        return self._describe
+
+    def _dir(self, pipeline: str, *parts: str) -> str:
+        return "/".join([self.table.path.rstrip("/"), LEDGER_DIR, pipeline, *parts])
+
+    def _hint(self, pipeline: str) -> str:
+        return self.inspect_hint.replace("{pipeline}", pipeline)
+
+    # -- reading -----------------------------------------------------------------------
+    def read_view(self, pipeline: str) -> PipelineView:
+        """Read the pipeline's stored version and its newest entry from the table."""
+        t = self.table
+        if not t.exists():
+            view = PipelineView()
+        else:
+            stored = t.txn_version(app_id(pipeline))
+            if stored is None:
+                view = PipelineView()
+            else:
+                epoch, entries = unpack(stored)
+                last = self._entry(pipeline, entries - 1) if entries else None
+                view = PipelineView(epoch, entries, last)
+        self._views[pipeline] = view
+        return view
+
+    def _view(self, pipeline: str) -> PipelineView:
+        view = self._views.get(pipeline)
+        return view if view is not None else self.read_view(pipeline)
+
+    def _entry(self, pipeline: str, seq: int) -> LedgerEntry:
+        """The committed entry ``seq``: the file of the highest epoch (module docstring)."""
+        t = self.table
+        names = t.list_names(self._dir(pipeline, "entries", str(seq)))
+        epochs = sorted(
+            (int(n[: -len(".json")]) for n in names if n.endswith(".json") and n[:-5].isdigit()),
+            reverse=True,
+        )
+        if not epochs:
+            raise LedgerError(
+                f"pipeline {pipeline!r}: Delta table {t.path} says batch {seq} is committed, "
+                f"but its ledger entry file is missing from {self._dir(pipeline, 'entries')}. "
+                f"The table's {LEDGER_DIR} directory was changed by hand; restore it from a "
+                "backup of the table directory, or start the pipeline under a new name."
+            )
+        epoch = epochs[0]
+        base = self._dir(pipeline, "entries", str(seq), str(epoch))
+        text = t.read_text(base + ".json")
+        assert text is not None
+        data = json.loads(text)
+        rows_text = t.read_text(base + ".rows")
+        if rows_text is not None and rows_text.strip().lstrip("-").isdigit():
+            rows = int(rows_text.strip())
+        else:
+            rows = self._rows_from_history(pipeline, epoch, seq)
+        return _entry_from_json(pipeline, data, rows)
+
+    def _rows_from_history(self, pipeline: str, epoch: int, seq: int) -> int:
+        """The row count of the commit of ``(epoch, seq)``, read from Delta's history
+        (newest first); -1 once that commit's file has expired."""
+        t = self.table
+        want = pack(epoch, seq + 1)
+        app = app_id(pipeline)
+        v = t.version()
+        while v >= 0:
+            actions = t.commit_actions(v)
+            if actions is None:
+                break
+            for a in actions:
+                txn = a.get("txn")
+                if txn and txn.get("appId") == app:
+                    if int(txn["version"]) == want:
+                        return _rows_of(actions)
+                    if int(txn["version"]) < want:
+                        return -1
+            v -= 1
+        return -1
+
+    def owner(self, pipeline: str) -> Owner | None:
+        view = self.read_view(pipeline)
+        if view.epoch == 0:
+            return None
+        text = self.table.read_text(self._dir(pipeline, "owners", f"{view.epoch}.json"))
+        data = json.loads(text) if text else {}
+        at = data.get("at")
+        return Owner(
+            pipeline,
+            view.epoch,
+            datetime.fromisoformat(at) if at else datetime.fromtimestamp(0, UTC),
+            str(data.get("holder", "unknown")),
+            data.get("source"),
+        )
+
+    def entries(self, pipeline: str) -> list[LedgerEntry]:
+        view = self.read_view(pipeline)
+        return [self._entry(pipeline, s) for s in range(view.entries)]
+
+    def last(self, pipeline: str) -> LedgerEntry | None:
+        return self._view(pipeline).last
+
+    def pipelines(self) -> list[str]:
+        t = self.table
+        base = "/".join([t.path.rstrip("/"), LEDGER_DIR])
+        return sorted(p for p in t.list_names(base) if t.txn_version(app_id(p)) is not None)
+
+    # -- owner epochs ----------------------------------------------------------------
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        """Take ``epoch + 1`` in one Delta transaction that reads the stored version."""
+        t = self.table
+        app = app_id(pipeline)
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
+            txn = t.start_transaction()
+            read = int(txn.txnVersion(app))
+            epoch, entries = unpack(read) if read >= 0 else (0, 0)
+            new = epoch + 1
+            now = datetime.now(UTC)
+            t.write_text(
+                self._dir(pipeline, "owners", f"{new}.json"),
+                json.dumps(
+                    {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
+                ),
+                overwrite=True,
+            )
+            meta = json.dumps({"sparkonce": "acquire", "pipeline": pipeline, "epoch": new})
+            try:
+                t._commit_set_transaction(txn, app, pack(new, entries), meta)
+            except Exception as exc:
+                if is_concurrent_transaction(exc) and attempt < ACQUIRE_ATTEMPTS:
+                    log.info(
+                        "pipeline %r: another commit took %s first; acquiring again", pipeline, app
+                    )
+                    continue
+                raise
+            last = self._entry(pipeline, entries - 1) if entries else None
+            self._views[pipeline] = PipelineView(new, entries, last)
+            return Owner(pipeline, new, now, holder, source)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the committer's steps -----------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[DeltaTxn]:
+        txn = DeltaTxn()
+        yield txn
+        # Leaving the block without an error: the Delta write commits everything (step 5).
+        if txn.entry is None:
+            return  # a replay or an empty no-data batch: nothing to commit
+        self._write(txn)
+
+    def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
+        if txn is None:
+            view = self.read_view(pipeline)  # the early look and after a failed stage: read
+        else:
+            view = self._view(pipeline)
+            txn.pipeline = pipeline
+        if view.epoch != epoch:
+            self._fenced(pipeline, epoch, view.epoch)
+
+    def _fenced(self, pipeline: str, epoch: int, current: int) -> None:
+        owner = self.owner(pipeline) if current else None
+        raise FencedError(
+            pipeline, epoch, current, self._hint(pipeline), owner.holder if owner else ""
+        )
+
+    def last_in(self, txn: Any, pipeline: str) -> LedgerEntry | None:
+        return self._view(pipeline).last
+
+    def find(self, txn: Any | None, pipeline: str, ctx: BatchContext) -> LedgerEntry | None:
+        """The committed entry of exactly ``ctx``'s batch: newest first, through the entry
+        files (a replay of an older batch, after a checkpoint behind the ledger)."""
+        view = self._view(pipeline)
+        for seq in range(view.entries - 1, -1, -1):
+            e = self._entry(pipeline, seq)
+            if e.ranges == ctx.ranges and (
+                not ctx.ranges.empty
+                or (e.checkpoint_id == ctx.checkpoint_id and e.spark_batch_id == ctx.spark_batch_id)
+            ):
+                return e
+            starts = ctx.ranges.starts()
+            if not ctx.ranges.empty and all(
+                e.ranges.ends().get(tp, 0) <= start for tp, start in starts.items()
+            ):
+                return None  # entries this old end before the batch starts
+        return None
+
+    def record(self, txn: Any, entry: LedgerEntry) -> None:
+        """Step 4: the entry file, written before the Delta write that commits it."""
+        self.table.write_text(
+            self._dir(entry.pipeline, "entries", str(entry.seq), f"{entry.epoch}.json"),
+            json.dumps(_entry_to_json(entry)),
+            overwrite=False,
+        )
+        txn.entry = entry
+
+    # -- the write --------------------------------------------------------------------
+    def _write(self, txn: DeltaTxn) -> None:
+        entry = txn.entry
+        assert entry is not None and txn.publish is not None
+        t = self.table
+        app = app_id(entry.pipeline)
+        version = pack(entry.epoch, entry.seq + 1)
+        before = t.version()
+        metadata = json.dumps({"sparkonce": "batch", **_entry_to_json(entry)})
+        try:
+            txn.publish(app, version, metadata)
+        except Exception as exc:
+            if is_concurrent_transaction(exc):
+                # Another commit of this pipeline's application id won the race: a newer run
+                # took the pipeline (or, if not, the ledger says what happened below).
+                self._explain_skip(entry, version, exc)
+            raise
+        rows = self.after_write(entry, version, before)
+        txn.rows = rows
+        if txn.staged is not None and rows >= 0:
+            txn.staged.rows = rows
+
+    def after_write(self, entry: LedgerEntry, version: int, before: int) -> int:
+        """Did the write commit? Returns its row count, or raises why it was skipped."""
+        t = self.table
+        app = app_id(entry.pipeline)
+        after = t.version()
+        for v in range(after, before, -1):
+            actions = t.commit_actions(v)
+            if actions is None:
+                break
+            for a in actions:
+                txn = a.get("txn")
+                if txn and txn.get("appId") == app and int(txn["version"]) == version:
+                    return self._committed(entry, _rows_of(actions))
+        self._explain_skip(entry, version, None)
+        # The same (epoch, seq) was stored already: an earlier attempt of this commit.
+        return self._committed(
+            entry, self._rows_from_history(entry.pipeline, entry.epoch, entry.seq)
+        )
+
+    def _explain_skip(self, entry: LedgerEntry, version: int, exc: BaseException | None) -> None:
+        """Raise why Delta did not commit ``version``, unless it was committed before."""
+        stored = self.table.txn_version(app_id(entry.pipeline))
+        if stored == version:
+            return
+        epoch, entries = unpack(stored) if stored is not None else (0, 0)
+        if epoch != entry.epoch:
+            self._views.pop(entry.pipeline, None)
+            self._fenced(entry.pipeline, entry.epoch, epoch)
+        raise LedgerError(
+            f"pipeline {entry.pipeline!r}: Delta table {self.table.path} did not commit batch "
+            f"{entry.seq} ({entry.ranges}): the table's ledger says epoch {epoch} with "
+            f"{entries} batches, and this run expected {entry.seq} batches before it. Another "
+            "writer is using this pipeline's application id "
+            f"{app_id(entry.pipeline)!r}. Nothing of the batch was committed."
+        ) from exc
+
+    def _committed(self, entry: LedgerEntry, rows: int) -> int:
+        t = self.table
+        base = self._dir(entry.pipeline, "entries", str(entry.seq), str(entry.epoch))
+        if rows >= 0:
+            try:
+                t.write_text(base + ".rows", str(rows), overwrite=False)
+            except Exception as exc:  # only the count is lost: history still has it
+                log.warning(
+                    "pipeline %r: could not record batch %d's row count: %s",
+                    entry.pipeline,
+                    entry.seq,
+                    exc,
+                )
+        committed = LedgerEntry(
+            pipeline=entry.pipeline,
+            seq=entry.seq,
+            ranges=entry.ranges,
+            epoch=entry.epoch,
+            row_count=rows,
+            committed_at=entry.committed_at,
+            spark_batch_id=entry.spark_batch_id,
+            checkpoint_id=entry.checkpoint_id,
+            stateful=entry.stateful,
+        )
+        self._views[entry.pipeline] = PipelineView(entry.epoch, entry.seq + 1, committed)
+        return rows
+
+    def is_connection_error(self, exc: BaseException) -> bool:
+        """Delta's write conflicts other than on our application id: nothing of the write
+        was committed, so the committer runs it again (its retry policy)."""
+        return is_retryable_conflict(exc)
+
+    # -- tests and verification ------------------------------------------------------------
+    def forget(self) -> None:
+        """Drop this run's views (the next read goes to the table)."""
+        self._views.clear()
+
+
+def _rows_of(actions: list[dict[str, Any]]) -> int:
+    for a in actions:
+        info = a.get("commitInfo")
+        if info:
+            metrics = info.get("operationMetrics") or {}
+            op = str(info.get("operation", ""))
+            key = "numSourceRows" if op == "MERGE" else "numOutputRows"
+            if key in metrics:
+                return int(metrics[key])
+            return 0
+    return -1
+
+
+def _entry_to_json(entry: LedgerEntry) -> dict[str, Any]:
+    return {
+        "pipeline": entry.pipeline,
+        "seq": entry.seq,
+        "epoch": entry.epoch,
+        "ranges": entry.ranges.to_json_obj(),
+        "committed_at": entry.committed_at.isoformat(),
+        "spark_batch_id": entry.spark_batch_id,
+        "checkpoint_id": entry.checkpoint_id,
+        "stateful": entry.stateful,
+    }
+
+
+def _entry_from_json(pipeline: str, data: dict[str, Any], rows: int) -> LedgerEntry:
+    return LedgerEntry(
+        pipeline=pipeline,
+        seq=int(data["seq"]),
+        ranges=BatchRanges.from_json_obj(data["ranges"]),
+        epoch=int(data["epoch"]),
+        row_count=rows,
+        committed_at=datetime.fromisoformat(data["committed_at"]),
+        spark_batch_id=data.get("spark_batch_id"),
+        checkpoint_id=data.get("checkpoint_id"),
+        stateful=data.get("stateful"),
+    )
+
+
+def check_table_properties(table: DeltaTable) -> None:
+    """Refuse a table whose ``txn`` actions expire (the ledger's progress would vanish)."""
+    value = table.property("delta.setTransactionRetentionDuration")
+    if value:
+        raise ConfigError(
+            f"Delta table {table.path} sets delta.setTransactionRetentionDuration = {value!r}: "
+            "Delta would drop the pipeline's progress version once it is older than that, and a "
+            "restart would then read from the start again. Unset it (ALTER TABLE ... UNSET "
+            "TBLPROPERTIES ('delta.setTransactionRetentionDuration')) to use DeltaSink."
+        )

@@ -1,0 +1,472 @@
+"""Delta Lake sink: each batch's rows and its ledger entry in one Delta commit.
+
+Guarantee: **effectively-once**. Readers of the Delta table see each batch's rows
+exactly once, whatever crashes, retries or zombie runs occur: a batch's rows become
+visible in the same Delta commit that records the batch in the pipeline's ledger,
+and no other. Work may run more than once (a crashed batch is computed again); only
+one computation of a batch ever commits, so this holds for non-deterministic
+transforms too, as long as this is the pipeline's only sink.
+
+How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
+:mod:`sparkonce.protocol` with :class:`~sparkonce.ledger.delta.DeltaLedgerStore` as
+its ledger store and this sink as its stager. The store's module docstring has the
+ledger's layout and the proof of each property; in short:
+
+* the batch is one Delta write of the table (``append``, ``MERGE`` for
+  ``mode="upsert"``, ``overwrite`` in Spark's ``"complete"`` output mode) carrying
+  Delta's ``txnAppId`` ``sparkonce:<pipeline>`` and ``txnVersion`` ``epoch << 32 |
+  (seq + 1)``, and the ledger entry as the commit's ``userMetadata``;
+* **a replay is skipped**: the committer finds it in the ledger before anything runs;
+  had it not, Delta would skip the write itself (stored version >= ours);
+* **a new checkpoint resumes from the ledger**: the resume point is the newest entry's
+  end offsets, not Spark's batch ids, so no batch is dropped or repeated (the trap of
+  hand-built ``txnVersion = batchId`` writes, which a new checkpoint restarts at 0);
+* **a zombie is told**: a write Delta skipped, or lost to a concurrent commit of the
+  same application id, is looked up, and a newer epoch raises
+  :class:`~sparkonce.errors.FencedError`; nothing of it is visible;
+* **two runs never both commit a batch**: epochs are taken in Delta transactions that
+  read and write the application id, so no two runs hold the same epoch, and a write
+  commits only on top of its own epoch's previous batch;
+* **log retention never loses the resume point**: ``txn`` versions live in Delta's
+  checkpoints, and the entries' offsets in files under ``_sparkonce/`` beside the
+  table, which neither log cleanup nor ``VACUUM`` touches.
+
+Modes: ``mode="append"`` appends every row. ``mode="upsert"`` merges the batch into
+the table by ``keys`` (``MERGE ... WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED
+THEN INSERT *``); a batch that repeats a key, or has a NULL key, fails with
+:class:`~sparkonce.errors.SinkError` naming the key, and nothing is committed. With
+Spark's ``"complete"`` output mode every batch replaces the table's content.
+
+The table is created from the output's schema when missing; an existing table must
+have every output column, with the same type. The session needs Delta: use
+:func:`sparkonce.build_session` (it configures Delta when the pipeline has a
+``DeltaSink``) or set ``spark.jars`` to the Delta jars, ``spark.sql.extensions`` and
+``spark.sql.catalog.spark_catalog`` as :func:`delta_spark_conf` returns.
+
+Limits, stated plainly:
+
+* **Other writers of the table** are fine (their appends never conflict with the
+  sink's). A concurrent ``MERGE``, ``UPDATE`` or ``DELETE`` that conflicts with an
+  upsert makes the batch fail before it commits; it is retried on the run's next
+  attempt.
+* **The ``_sparkonce`` directory** in the table's directory is the ledger's offsets;
+  deleting it by hand loses the resume point, and the sink then refuses to run.
+* ``delta.setTransactionRetentionDuration`` must stay unset on the table (it would
+  let Delta drop the progress version): the sink refuses a table that sets it.
+* Iceberg is not supported: there is no Iceberg Spark runtime for Spark 4.2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Hashable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sparkonce.commit import Committer, Staged, Stager
+from sparkonce.config import Guarantee, OutputMode, WriteMode, check_identifier
+from sparkonce.errors import ConfigError, SinkError
+from sparkonce.faults import FaultPlan
+from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
+from sparkonce.ledger.delta import (
+    TXN_APP_ID_CONF,
+    TXN_VERSION_CONF,
+    USER_METADATA_CONF,
+    DeltaLedgerStore,
+    DeltaTable,
+    DeltaTxn,
+    check_table_properties,
+    session_conf,
+)
+from sparkonce.offsets import TopicPartition
+from sparkonce.sinks.base import Sink
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+DELTA_VERSION = "4.4.0"  # jars/pom.xml pins the same
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+DELTA_JARS = (f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar")
+
+
+def delta_jars() -> list[str]:
+    """The Delta jars: ``$SPARKONCE_DELTA_JARS`` (a directory), else ``delta/`` in
+    ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/delta`` of the sparkonce checkout (where
+    ``scripts/fetch-jars.sh`` puts them). Empty if none holds both."""
+    candidates: list[Path] = []
+    if os.environ.get("SPARKONCE_DELTA_JARS"):
+        candidates.append(Path(os.environ["SPARKONCE_DELTA_JARS"]))
+    if os.environ.get("SPARKONCE_JAR_CACHE"):
+        candidates.append(Path(os.environ["SPARKONCE_JAR_CACHE"]) / "delta")
+    here = Path(__file__).resolve()
+    candidates += [p / ".cache" / "jars" / "delta" for p in here.parents]
+    candidates.append(Path.cwd() / ".cache" / "jars" / "delta")
+    for d in candidates:
+        jars = [d / name for name in DELTA_JARS]
+        if all(j.is_file() for j in jars):
+            return [str(j) for j in jars]
+    return []
+
+
+def delta_spark_conf() -> dict[str, str]:
+    """What a session needs for Delta: the jars (when found) and Delta's extension and
+    catalog. :func:`sparkonce.build_session` applies it for a pipeline with a DeltaSink."""
+    conf = {
+        "spark.sql.extensions": DELTA_EXTENSION,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+    }
+    jars = delta_jars()
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    return conf
+
+
+def delta_path(url: str) -> str:
+    """The table path of a sink URL: ``delta:///ABS/PATH`` (local) or ``delta:URI`` (any
+    Hadoop filesystem URI, such as ``delta:s3a://bucket/table``)."""
+    if url.startswith("delta:///"):
+        return url[len("delta://") :]
+    if url.startswith("delta:") and not url.startswith("delta://"):
+        rest = url[len("delta:") :]
+        if rest:
+            return rest
+    raise ConfigError(
+        f"Delta sink URL {url!r} is not one of delta:///ABSOLUTE/PATH or delta:URI "
+        "(for example delta:s3a://bucket/table)"
+    )
+
+
+def _quote_path(path: str) -> str:
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
+class DeltaSink(Sink, Stager):
+    """Effectively-once sink into a Delta Lake table (see the module docstring)."""
+
+    guarantee: ClassVar[Guarantee] = "effectively-once"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        mode: WriteMode = "append",
+        keys: tuple[str, ...] | list[str] = (),
+    ) -> None:
+        raw = str(path)
+        if not raw.strip():
+            raise ConfigError("DeltaSink needs the table's path (a directory or a Hadoop URI)")
+        if "://" not in raw:
+            raw = str(Path(raw).expanduser().resolve())
+        self.path = raw
+        if mode not in ("append", "upsert"):
+            raise ConfigError(f"sink mode {mode!r} is not supported: use 'append' or 'upsert'")
+        self.mode: WriteMode = mode
+        self.keys = tuple(check_identifier(k, "key column") for k in keys)
+        if mode == "upsert" and not self.keys:
+            raise ConfigError(
+                "sink mode 'upsert' needs keys=[...]: the columns that identify a row"
+            )
+        if mode == "append" and self.keys:
+            raise ConfigError(
+                "keys=[...] only applies to mode='upsert'; remove keys or set the mode"
+            )
+        if len(set(self.keys)) != len(self.keys):
+            raise ConfigError(f"keys {list(self.keys)} name a column twice")
+        self.output_mode: OutputMode = "append"
+        self._table: DeltaTable | None = None
+        self._store = DeltaLedgerStore(
+            lambda: self.table, self.describe(), inspect_hint=self._status_hint("{pipeline}")
+        )
+        self._committer: Committer | None = None
+        self._cached: Staged | None = None  # the batch cached by prepare (upsert, no-data)
+
+    # -- lifecycle --------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return "delta://" + self.path if self.path.startswith("/") else "delta:" + self.path
+
+    def forget_table(self) -> None:
+        """Drop cached views of the table (after it was deleted, by tests and verify)."""
+        self._table = None
+        self._store.forget()
+
+    @property
+    def table(self) -> DeltaTable:
+        if self._table is None:
+            self._table = DeltaTable(_session(), self.path)
+        return self._table
+
+    def open(self) -> None:
+        if self._committer is None:
+            self._committer = Committer(self._store, self, faults=self.faults)
+
+    def close(self) -> None:
+        self._store.forget()
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
+
+    def describe(self) -> str:
+        keys = f" keys={list(self.keys)}" if self.keys else ""
+        return f"DeltaSink({self.path} mode={self.mode}{keys})"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def _status_hint(self, pipeline: str) -> str:
+        return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
+
+    def spark_conf(self) -> dict[str, str]:
+        return delta_spark_conf()
+
+    # -- ownership and progress ------------------------------------------------------------
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        if not self.table.exists():
+            raise ConfigError(
+                f"Delta table {self.path} does not exist yet; validate() creates it from the "
+                "output's schema before the run takes its epoch"
+            )
+        owner = self._store.acquire(pipeline, source)
+        log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.path)
+        return owner
+
+    def owner(self, pipeline: str) -> Owner | None:
+        return self._store.owner(pipeline)
+
+    def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
+        last = self._store.read_view(pipeline).last
+        return {} if last is None else last.end_offsets
+
+    def ledger(self, pipeline: str) -> list[LedgerEntry]:
+        return self._store.entries(pipeline)
+
+    def last_entry(self, pipeline: str) -> LedgerEntry | None:
+        return self._store.read_view(pipeline).last
+
+    def pipelines(self) -> list[str]:
+        return self._store.pipelines() if self.table.exists() else []
+
+    def store_key(self) -> Hashable:
+        return ("delta", self.path)
+
+    def committer_parts(self) -> tuple[DeltaLedgerStore, DeltaSink]:
+        self.open()
+        return self._store, self
+
+    # -- schema ---------------------------------------------------------------------------
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """Check the session, the output against the table, and create the table if missing."""
+        if output_mode not in ("append", "update", "complete"):
+            raise ConfigError(
+                f"output mode {output_mode!r} is not one of Spark's: 'append', 'update' or "
+                "'complete'"
+            )
+        names = [f.name for f in schema.fields]
+        missing = [k for k in self.keys if k not in names]
+        if missing:
+            raise ConfigError(
+                f"upsert keys {missing} are not columns of the pipeline's output "
+                f"(columns: {names}); fix keys=[...] or the transform"
+            )
+        spark = _session()
+        _check_delta_session(spark)
+        table = self.table
+        if table.exists():
+            check_table_properties(table)
+            existing = {
+                f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema
+            }
+            absent = [n for n in names if n not in existing]
+            if absent:
+                raise ConfigError(
+                    f"Delta table {self.path} has no column(s) {absent}; its columns are "
+                    f"{sorted(existing)}. Add them (ALTER TABLE ... ADD COLUMNS) or rename the "
+                    "output columns."
+                )
+            for f in schema.fields:
+                if existing[f.name] != f.dataType:
+                    raise ConfigError(
+                        f"column {f.name!r} of Delta table {self.path} is "
+                        f"{existing[f.name].simpleString()}, the output's is "
+                        f"{f.dataType.simpleString()}; cast it in the transform, e.g. "
+                        f"F.col({f.name!r}).cast({existing[f.name].simpleString()!r})"
+                    )
+        else:
+            self._create(spark, schema)
+        self.output_mode = output_mode
+
+    def _create(self, spark: SparkSession, schema: StructType) -> None:
+        try:
+            spark.createDataFrame([], schema).write.format("delta").mode("append").save(self.path)
+        except Exception:
+            if not self.table.exists():  # not a race with another creator: a real error
+                raise
+        log.info("created Delta table %s", self.path)
+
+    # -- committing -----------------------------------------------------------------------
+    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
+        self.open()
+        assert self._committer is not None
+        return self._committer.commit(ctx, df)
+
+    def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
+        """Outside the commit: nothing for an append (Delta's write runs at the commit).
+
+        An upsert batch is cached and checked for repeated and NULL keys first; a no-data
+        batch is cached and counted (the committer commits it only if it has rows).
+        """
+        self._unpersist(self._cached)  # a batch skipped inside the commit left its copy
+        self._cached = None
+        if (self.mode == "upsert" and self.output_mode != "complete") or ctx.ranges.empty:
+            df = df.persist()
+            self._cached = staged = Staged(rows=0, payload=df, notes={"cached": True})
+            if self.mode == "upsert" and self.output_mode != "complete":
+                self._check_keys(ctx, df)
+            staged.rows = df.count()
+            return staged
+        return Staged(rows=0, payload=df)
+
+    def _check_keys(self, ctx: BatchContext, df: DataFrame) -> None:
+        from pyspark.sql import functions as F
+
+        keys = list(self.keys)
+        null_key = F.lit(False)
+        for k in keys:
+            null_key = null_key | F.col(k).isNull()
+        bad = (
+            df.groupBy(*keys)
+            .agg(F.count(F.lit(1)).alias("_n"))
+            .where((F.col("_n") > 1) | null_key)
+            .limit(1)
+            .collect()
+        )
+        if bad:
+            row = bad[0]
+            key = tuple(row[k] for k in keys)
+            what = (
+                "has a NULL key" if any(v is None for v in key) else f"repeats it {row['_n']} times"
+            )
+            raise SinkError(
+                f"batch {ctx.ranges}: key {dict(zip(keys, key, strict=True))} of Delta table "
+                f"{self.path} {what}; an upsert batch needs exactly one row per key. Nothing "
+                "was committed. Aggregate the batch per key in the transform (or keep one row "
+                "per key), or use mode='append'."
+            )
+
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        """Step 3: hand the store the write that makes the rows visible at step 5."""
+        assert isinstance(txn, DeltaTxn)
+        df: DataFrame = staged.payload
+
+        def write(app: str, version: int, metadata: str) -> None:
+            if self.output_mode == "complete":
+                self._write_df(df, "overwrite", app, version, metadata)
+            elif self.mode == "append":
+                self._write_df(df, "append", app, version, metadata)
+            else:
+                self._merge(df, ctx, app, version, metadata)
+
+        txn.publish = write
+        txn.staged = staged
+
+    def _write_df(self, df: DataFrame, mode: str, app: str, version: int, metadata: str) -> None:
+        (
+            df.write.format("delta")
+            .mode(mode)
+            .option("txnAppId", app)
+            .option("txnVersion", version)
+            .option("userMetadata", metadata)
+            .save(self.path)
+        )
+
+    def _merge(
+        self, df: DataFrame, ctx: BatchContext, app: str, version: int, metadata: str
+    ) -> None:
+        spark = df.sparkSession
+        view = f"sparkonce_delta_batch_{abs(hash((self.path, ctx.pipeline))) % 10**12}"
+        df.createOrReplaceTempView(view)
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.keys)
+        sql = (
+            f"MERGE INTO {_quote_path(self.path)} AS t USING {view} AS s ON {on} "
+            "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+        )
+        try:
+            with session_conf(
+                spark,
+                {
+                    TXN_APP_ID_CONF: app,
+                    TXN_VERSION_CONF: str(version),
+                    USER_METADATA_CONF: metadata,
+                },
+            ):
+                spark.sql(sql)
+        finally:
+            spark.catalog.dropTempView(view)
+
+    def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
+        self._unpersist(staged)
+        self._cached = None
+
+    def after_commit(self, ctx: BatchContext) -> None:
+        self._unpersist(self._cached)
+        self._cached = None
+
+    @staticmethod
+    def _unpersist(staged: Staged | None) -> None:
+        if staged is not None and staged.notes.get("cached"):
+            try:
+                staged.payload.unpersist()
+            except Exception as exc:  # best effort
+                log.debug("unpersist failed: %s", exc)
+
+    def keeps_empty_no_data_batches(self) -> bool:
+        return self.output_mode == "complete"
+
+
+def _session() -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise ConfigError(
+            "DeltaSink needs a running SparkSession with Delta Lake: start one with "
+            "sparkonce.build_session() (which configures Delta for a pipeline with a DeltaSink) "
+            "before opening the sink"
+        )
+    return spark
+
+
+def _check_delta_session(spark: SparkSession) -> None:
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    jvm: Any = spark._jvm
+    loaded = True
+    try:
+        jvm.java.lang.Class.forName(
+            "org.apache.spark.sql.delta.DeltaLog",
+            True,
+            jvm.java.lang.Thread.currentThread().getContextClassLoader(),
+        )
+    except Exception:
+        loaded = False
+    if DELTA_EXTENSION not in extensions or not loaded:
+        conf = delta_spark_conf()
+        jars = conf.get("spark.jars") or (
+            "the jars of io.delta:delta-spark_4.2_2.13:4.4.0 and io.delta:delta-storage:4.4.0 "
+            "(none found: run scripts/fetch-jars.sh, or set SPARKONCE_DELTA_JARS to their "
+            "directory)"
+        )
+        raise ConfigError(
+            "the SparkSession has no Delta Lake"
+            + ("" if loaded else " classes")
+            + f": DeltaSink needs spark.jars = {jars}, spark.sql.extensions = {DELTA_EXTENSION} "
+            f"and spark.sql.catalog.spark_catalog = {DELTA_CATALOG} when the session is created. "
+            "sparkonce.build_session() sets them for a pipeline with a DeltaSink (sparkonce run "
+            "does); a session of your own needs them too."
+        )
