@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Fetch the Apache Kafka broker jars, the Spark Kafka connector jars and the Delta Lake jars
-# (versions pinned in
-# jars/pom.xml) from Maven Central into the git-ignored jar cache:
+# (versions pinned in jars/pom.xml) from Maven Central into the git-ignored jar cache:
 #
 #   .cache/jars/broker/       single-node KRaft broker: java -cp '.cache/jars/broker/*' kafka.Kafka
 #   .cache/jars/spark-kafka/  spark-sql-kafka connector + kafka-clients + commons-pool2, for
