@@ -44,12 +44,13 @@ _db_counter = itertools.count()
 # -- test lanes ------------------------------------------------------------------------------------
 
 LANE_MARK = "crash_lane"
-SINK_FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka")
+SINK_FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka", "delta")
 # Fault kind -> the sink families it applies to. A Kafka sink has no store connection to drop.
 FAULT_MATRIX: dict[str, tuple[str, ...]] = {
     "crash-point": SINK_FAMILIES,  # SIGKILL at a named protocol step, then recovery
     "zombie": SINK_FAMILIES,  # a paused (SIGSTOP) run resumes after a newer one: fenced
-    "db-drop": ("sqlite", "postgres", "postgres-2pc"),  # the store connection drops mid-commit
+    # The store connection drops mid-commit (Delta's commits have no connection to drop).
+    "db-drop": ("sqlite", "postgres", "postgres-2pc"),
     "task-failure": SINK_FAMILIES,  # Spark tasks fail once and are retried
 }
 
@@ -126,8 +127,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     from sparkonce.pipeline.spark import build_session
+    from sparkonce.sinks.delta import delta_jars, delta_spark_conf
 
-    session = build_session(master="local[2]", app_name="sparkonce-tests", shuffle_partitions=2)
+    # With Delta Lake (its jars are fetched by `make jars`, like Kafka's), for DeltaSink.
+    assert delta_jars(), "the Delta jars are missing: run scripts/fetch-jars.sh (make jars)"
+    session = build_session(
+        master="local[2]",
+        app_name="sparkonce-tests",
+        shuffle_partitions=2,
+        conf=delta_spark_conf(),
+    )
     yield session
     session.stop()
 

@@ -1,7 +1,8 @@
 """SIGKILL the driver at every named crash point of the commit protocol, then recover.
 
-For each crash point x store (SQLite, PostgreSQL): run 1 is killed the 2nd time it reaches the
-point (batch 1, ``crash_hit=2``); the intermediate state must be what the protocol promises;
+For each crash point x store (SQLite, PostgreSQL, Delta Lake): run 1 is killed the 2nd time
+it reaches the point (batch 1, ``crash_hit=2``); the intermediate state must be what the
+protocol promises;
 run 2 (same checkpoint, no crash) finishes; the output must equal the oracle's exactly.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from sparkonce.offsets import check_chain
 from sparkonce.pipeline.checkpoint import Checkpoint
@@ -82,6 +84,32 @@ def _check_final(sink_url: str, oracle: Oracle) -> None:
 
 @pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
 def test_crash_point_then_recover(
+    point: CrashPoint,
+    store_url: str,
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    oracle: Oracle,
+    drivers: list[Driver],
+) -> None:
+    _crash_then_recover(point, store_url, tmp_path, make_log, oracle, drivers)
+
+
+@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
+def test_delta_crash_point_then_recover(
+    point: CrashPoint,
+    spark: SparkSession,
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    oracle: Oracle,
+    drivers: list[Driver],
+) -> None:
+    """The same on a Delta Lake table: before the Delta commit nothing is visible, after it
+    the batch is, and the run after the crash ends with the oracle's rows."""
+    url = f"delta://{tmp_path / 'tables'}"
+    _crash_then_recover(point, url, tmp_path, make_log, oracle, drivers)
+
+
+def _crash_then_recover(
     point: CrashPoint,
     store_url: str,
     tmp_path: Path,

@@ -66,7 +66,7 @@ PID_NAME = "broker.pid"
 DATA_NAME = "data"
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-POM = REPO_ROOT / "kafka" / "pom.xml"
+POM = REPO_ROOT / "jars" / "pom.xml"
 FETCH_SCRIPT = REPO_ROOT / "scripts" / "fetch-jars.sh"
 
 _LOG4J2 = """\

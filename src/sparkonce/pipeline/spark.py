@@ -57,6 +57,10 @@ def build_session(
     all_jars = list(jars or []) + [j for j in extra.pop("spark.jars", "").split(",") if j]
     if all_jars:
         builder = builder.config("spark.jars", ",".join(dict.fromkeys(all_jars)))
+    if "DeltaSparkSessionExtension" in extra.get("spark.sql.extensions", ""):
+        # Delta rebuilds a table's state (at checkpoints, and for MERGE's txn check) in
+        # 50 partitions by default, sized for clusters; a few-core session wants few.
+        extra.setdefault("spark.databricks.delta.snapshotPartitions", str(shuffle_partitions))
     for key, value in extra.items():
         builder = builder.config(key, value)
     spark = (

@@ -14,7 +14,8 @@ def sink_from_url(
 ) -> Sink:
     """A sink for ``url``: ``sqlite:///FILE`` or ``postgresql://...`` (with ``table``), or
     ``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` (the topic is in the URL), or
-    ``delta:///PATH`` / ``delta:URI`` (a Delta Lake table; the path is in the URL).
+    ``delta:///PATH`` / ``delta:URI`` (a Delta Lake table: the directory ``PATH/table``
+    with ``table``, else ``PATH`` itself).
 
     ``two_phase=True`` picks :class:`PostgresTwoPhaseSink` for a PostgreSQL URL (rows are
     pre-committed by the executors instead of passing through the driver).
@@ -22,7 +23,7 @@ def sink_from_url(
     if url.startswith("delta:"):
         from sparkonce.sinks.delta import DeltaSink, delta_path
 
-        return DeltaSink(delta_path(url), **kwargs)  # type: ignore[arg-type]
+        return DeltaSink(delta_path(url), table=table, **kwargs)  # type: ignore[arg-type]
     if url.startswith("kafka://"):
         from sparkonce.sinks.kafka import kafka_sink_from_uri
 

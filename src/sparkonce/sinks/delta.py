@@ -39,8 +39,8 @@ Spark's ``"complete"`` output mode every batch replaces the table's content.
 
 The table is created from the output's schema when missing; an existing table must
 have every output column, with the same type. The session needs Delta: use
-:func:`sparkonce.build_session` (it configures Delta when the pipeline has a
-``DeltaSink``) or set ``spark.jars`` to the Delta jars, ``spark.sql.extensions`` and
+:func:`sparkonce.build_session` with ``conf=pipeline.spark_conf()`` (``sparkonce run``
+does) or set ``spark.jars`` to the Delta jars, ``spark.sql.extensions`` and
 ``spark.sql.catalog.spark_catalog`` as :func:`delta_spark_conf` returns.
 
 Limits, stated plainly:
@@ -156,12 +156,19 @@ class DeltaSink(Sink, Stager):
         *,
         mode: WriteMode = "append",
         keys: tuple[str, ...] | list[str] = (),
+        table: str | None = None,
     ) -> None:
+        """``path``: the table's directory, or any Hadoop filesystem URI of it. ``table``
+        (optional): a table name; the table is then the directory ``path/table``."""
         raw = str(path)
         if not raw.strip():
             raise ConfigError("DeltaSink needs the table's path (a directory or a Hadoop URI)")
         if "://" not in raw:
             raw = str(Path(raw).expanduser().resolve())
+        self.root = raw
+        self.table_name = None if table is None else check_identifier(table, "table")
+        if self.table_name is not None:
+            raw = raw.rstrip("/") + "/" + self.table_name
         self.path = raw
         if mode not in ("append", "upsert"):
             raise ConfigError(f"sink mode {mode!r} is not supported: use 'append' or 'upsert'")
@@ -365,26 +372,16 @@ class DeltaSink(Sink, Stager):
         assert isinstance(txn, DeltaTxn)
         df: DataFrame = staged.payload
 
-        def write(app: str, version: int, metadata: str) -> None:
+        def write(app: str, version: int, metadata: str) -> tuple[bool, int] | None:
             if self.output_mode == "complete":
-                self._write_df(df, "overwrite", app, version, metadata)
-            elif self.mode == "append":
-                self._write_df(df, "append", app, version, metadata)
-            else:
-                self._merge(df, ctx, app, version, metadata)
+                return self.table.append(df._jdf, app, version, metadata, overwrite=True)
+            if self.mode == "append":
+                return self.table.append(df._jdf, app, version, metadata)
+            self._merge(df, ctx, app, version, metadata)
+            return None
 
         txn.publish = write
         txn.staged = staged
-
-    def _write_df(self, df: DataFrame, mode: str, app: str, version: int, metadata: str) -> None:
-        (
-            df.write.format("delta")
-            .mode(mode)
-            .option("txnAppId", app)
-            .option("txnVersion", version)
-            .option("userMetadata", metadata)
-            .save(self.path)
-        )
 
     def _merge(
         self, df: DataFrame, ctx: BatchContext, app: str, version: int, metadata: str
@@ -431,14 +428,21 @@ class DeltaSink(Sink, Stager):
 
 
 def _session() -> SparkSession:
+    """The running SparkSession, or, in a process that has none (``sparkonce verify`` and
+    ``status`` reading a table), a small local one with Delta, started once."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
     if spark is None:
-        raise ConfigError(
-            "DeltaSink needs a running SparkSession with Delta Lake: start one with "
-            "sparkonce.build_session() (which configures Delta for a pipeline with a DeltaSink) "
-            "before opening the sink"
+        from sparkonce.pipeline.spark import build_session
+
+        log.info("starting a local Spark session to read Delta tables")
+        spark = build_session(
+            master="local[1]",
+            app_name="sparkonce-delta-reader",
+            shuffle_partitions=1,
+            quick_start=True,
+            conf=delta_spark_conf(),
         )
     return spark
 

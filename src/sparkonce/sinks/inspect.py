@@ -271,11 +271,11 @@ class DeltaInspector(Inspector):
 
     def relocated(self, url: str | StoreURL) -> DeltaSink:
         s = self.sink
-        return DeltaSink(delta_path(str(url)), mode=s.mode, keys=s.keys)
+        return DeltaSink(delta_path(str(url)), mode=s.mode, keys=s.keys, table=s.table_name)
 
     def fresh(self) -> DeltaSink:
         s = self.sink
-        return DeltaSink(s.path, mode=s.mode, keys=s.keys)
+        return DeltaSink(s.root, mode=s.mode, keys=s.keys, table=s.table_name)
 
 
 # -- which inspector -----------------------------------------------------------------------
