@@ -53,9 +53,10 @@ test-crash: setup jars
 unit: setup
 	$(PY) -m pytest -q tests/unit
 
-# Sinks side by side on 5 million records (a throwaway PostgreSQL server; about 15 minutes).
+# Sinks side by side on 5 million records (a throwaway PostgreSQL server, Delta tables in a
+# temp directory; about 25 minutes).
 # Results: benchmarks/results/sinks.json and sinks.png. BENCH_ARGS="--records 500000" for less.
-bench: setup
+bench: setup jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 

@@ -20,6 +20,12 @@ same rows: ``record_id, key, value`` (value is the record's integer payload).
 5. ``2pc-append`` and ``2pc-upsert``: sparkonce's :class:`~sparkonce.PostgresTwoPhaseSink`
    (upsert keyed on ``record_id``, so every record is merged at commit).
 6. ``parquet``: Spark's built-in exactly-once file sink, for reference.
+7. Delta Lake tables (a local directory), each against its at-least-once counterpart:
+   ``delta-alo-append`` (``foreachBatch`` appending each batch with ``df.write.format("delta")``,
+   no ledger: at-least-once, the baseline), ``delta-native`` (Delta's own
+   ``writeStream.format("delta")`` sink), ``deltasink-append`` (sparkonce's
+   :class:`~sparkonce.DeltaSink`), ``delta-alo-merge`` (``foreachBatch`` with a ``MERGE`` by
+   ``record_id``: at-least-once upsert, the baseline of) ``deltasink-upsert``.
 
 Streaming variants read with the same per-partition limit (``--batch-records`` per batch) on
 ``local[2]``. Reported per variant: records/s (records over the run's wall time, after the
@@ -64,7 +70,18 @@ VARIANTS = (
     "2pc-append",
     "2pc-upsert",
     "parquet",
+    "delta-alo-append",
+    "delta-native",
+    "deltasink-append",
+    "delta-alo-merge",
+    "deltasink-upsert",
 )
+# Each variant's at-least-once counterpart (the ratio the README reports); the rest: ALO COPY.
+COUNTERPART = {
+    "delta-native": "delta-alo-append",
+    "deltasink-append": "delta-alo-append",
+    "deltasink-upsert": "delta-alo-merge",
+}
 
 
 # -- input ------------------------------------------------------------------------------------
@@ -122,10 +139,11 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Path) -> dict:
     if name == "copy-limit":
         return copy_limit(log_dir, url)
-    from sparkonce import EmbeddedLogSource, Pipeline, PostgresSink, PostgresTwoPhaseSink
+    from sparkonce import DeltaSink, EmbeddedLogSource, Pipeline, PostgresSink, PostgresTwoPhaseSink
     from sparkonce.pipeline import build_session
+    from sparkonce.sinks.delta import delta_spark_conf
 
-    spark = build_session()
+    spark = build_session(conf=delta_spark_conf() if name.startswith("delta") else None)
     jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
     per_partition = max(1, batch_records // PARTITIONS)
     source = EmbeddedLogSource(log_dir, "events", max_records_per_partition=per_partition)
@@ -136,9 +154,21 @@ def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Pa
         df = transform(source.read_all(spark))
         df.write.format("noop").mode("overwrite").save()
         records = _log_records(log_dir)
-    elif name in ("driver-commit", "2pc-append", "2pc-upsert"):
+    elif name in (
+        "driver-commit",
+        "2pc-append",
+        "2pc-upsert",
+        "deltasink-append",
+        "deltasink-upsert",
+    ):
         sink: Any
-        if name == "driver-commit":
+        if name == "deltasink-append":
+            sink = DeltaSink(work / "delta", table="out_sink")
+        elif name == "deltasink-upsert":
+            sink = DeltaSink(
+                work / "delta", table="out_sink_upsert", mode="upsert", keys=["record_id"]
+            )
+        elif name == "driver-commit":
             sink = PostgresSink(url, "out_driver")
         elif name == "2pc-append":
             sink = PostgresTwoPhaseSink(url, "out_2pc")
@@ -176,6 +206,51 @@ def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Pa
         )
         q.awaitTermination()
         records = sum(counts)
+    elif name in ("delta-alo-append", "delta-alo-merge"):
+        path = str(work / "delta" / name)
+        counts = []
+        merge = name == "delta-alo-merge"
+
+        def write_delta(batch: Any, batch_id: int) -> None:
+            t0 = time.perf_counter()
+            if merge and (work / "delta" / name / "_delta_log").exists():
+                batch.createOrReplaceTempView("bench_batch")
+                metrics = batch.sparkSession.sql(
+                    f"MERGE INTO delta.`{path}` AS t USING bench_batch AS s "
+                    "ON t.record_id = s.record_id "
+                    "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+                ).collect()
+                counts.append(int(metrics[0]["num_affected_rows"]))
+            else:
+                batch.write.format("delta").mode("append").save(path)
+                counts.append(-1)
+            latencies.append(time.perf_counter() - t0)
+
+        q = (
+            transform(source.stream(spark, None))
+            .writeStream.foreachBatch(write_delta)
+            .option("checkpointLocation", str(work / f"{name}-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        records = spark.read.format("delta").load(path).count()
+    elif name == "delta-native":
+        path = str(work / "delta" / name)
+        q = (
+            transform(source.stream(spark, None))
+            .writeStream.format("delta")
+            .option("checkpointLocation", str(work / f"{name}-checkpoint"))
+            .trigger(availableNow=True)
+            .start(path)
+        )
+        q.awaitTermination()
+        latencies = [
+            p["durationMs"].get("addBatch", 0) / 1000
+            for p in q.recentProgress
+            if p["numInputRows"] > 0
+        ]
+        records = spark.read.format("delta").load(path).count()
     elif name == "stream-read":
         q = (
             transform(source.stream(spark, None))
@@ -433,9 +508,15 @@ def _fmt(v: float | None) -> str:
 def summarize(results: dict[str, dict], args: argparse.Namespace) -> dict:
     copy = results.get("copy-limit", {}).get("records_per_s")
     alo = results.get("alo-foreachbatch", {}).get("records_per_s")
-    for r in results.values():
+    for name, r in results.items():
         r["vs_copy_limit"] = r["records_per_s"] / copy if copy else None
-        r["vs_at_least_once"] = r["records_per_s"] / alo if alo else None
+        if name.startswith("delta"):  # Delta rows: against the Delta at-least-once writes
+            counterpart = COUNTERPART.get(name, name)
+            base = results.get(counterpart, {}).get("records_per_s")
+            r["at_least_once_counterpart"] = counterpart
+            r["vs_at_least_once"] = r["records_per_s"] / base if base else None
+        else:
+            r["vs_at_least_once"] = r["records_per_s"] / alo if alo else None
     cpu = platform.processor() or platform.machine()
     return {
         "benchmark": "sinks",

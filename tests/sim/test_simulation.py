@@ -3,14 +3,16 @@
 How many schedules each campaign runs comes from the environment; the defaults are
 what ``make test`` checks:
 
-* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 60,000), on
+* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 30,000), on
   ``SPARKONCE_SIM_WORKERS`` processes (default 2);
-* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 6,000), on
+* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 3,000), on
   ``SPARKONCE_SIM_PG_WORKERS`` processes (2) of ``SPARKONCE_SIM_PG_LANES`` lanes (8);
 * ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
 * ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
-  time box (default 40; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
+  time box (default 30; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
   (default 10,000);
+* ``SPARKONCE_SIM_DELTA_SECONDS``: Delta sink (crash lane): a time box (default 240), up
+  to ``SPARKONCE_SIM_DELTA_SCHEDULES`` (default 1,000);
 * ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i).
 
 Server stores run several schedules at once, each in its own namespace (lanes), so
@@ -83,7 +85,7 @@ def _faults_reached(summary: Summary, *, zombies: bool = True) -> None:
 
 
 def test_sqlite_schedules() -> None:
-    n = env_int("SPARKONCE_SIM_SCHEDULES", 60_000)
+    n = env_int("SPARKONCE_SIM_SCHEDULES", 30_000)
     workers = env_int("SPARKONCE_SIM_WORKERS", 2)
     c = Campaign(TargetSpec("sqlite"), seed=SEED, schedules=n, workers=workers)
     summary = run_campaign(c)
@@ -97,7 +99,7 @@ def test_sqlite_schedules() -> None:
 
 @pytest.mark.postgres
 def test_postgres_schedules(pg_url: str) -> None:
-    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 6_000)
+    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 3_000)
     workers, lanes = env_int("SPARKONCE_SIM_PG_WORKERS", 2), env_int("SPARKONCE_SIM_PG_LANES", 8)
     c = Campaign(
         TargetSpec("postgres", pg_url, namespace=uuid.uuid4().hex[:6]),
@@ -134,7 +136,7 @@ def test_postgres_twophase_schedules(pg_url: str) -> None:
 def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
     """As many Kafka schedules as fit in a time box (each costs about 0.5 s of CPU)."""
     n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 10_000)
-    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 40)
+    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 30)
     workers = env_int("SPARKONCE_SIM_KAFKA_WORKERS", 1)
     lanes = env_int("SPARKONCE_SIM_KAFKA_LANES", 48)
     c = Campaign(
@@ -151,6 +153,26 @@ def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
     assert summary.schedules >= min(n, 32), "too few Kafka schedules fit in the time box"
     if summary.schedules >= 100:
         _faults_reached(summary)
+
+
+@pytest.mark.crash_lane
+def test_delta_schedules(spark) -> None:  # type: ignore[no-untyped-def]
+    """The Delta ledger through the committer's simulation: real Delta commits (about 0.3 s
+    each), so a time box of schedules, in this process (the session's Spark)."""
+    n = env_int("SPARKONCE_SIM_DELTA_SCHEDULES", 1_000)
+    seconds = env_int("SPARKONCE_SIM_DELTA_SECONDS", 240)
+    c = Campaign(
+        TargetSpec("delta", sink="delta", namespace=uuid.uuid4().hex[:6]),
+        seed=SEED,
+        schedules=n,
+        workers=1,
+        lanes=1,
+        seconds=seconds or None,
+    )
+    summary = run_campaign(c)
+    record("Delta Lake, DeltaSink", summary, 1, 1)
+    _check(summary, c)
+    assert summary.schedules >= min(n, 20), "too few Delta schedules fit in the time box"
 
 
 def test_a_seed_replays_identically(sqlite_target: SqlTarget) -> None:

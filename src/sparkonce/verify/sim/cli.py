@@ -41,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Seeded schedules of runs, crashes, dropped connections and zombies, "
         "driving the real committer against a real store; invariants checked after each.",
     )
-    p.add_argument("--store", choices=("sqlite", "postgres", "kafka"), default="sqlite")
+    p.add_argument(
+        "--store", choices=("sqlite", "postgres", "kafka", "delta"), default="sqlite"
+    )
     p.add_argument("--url", help="PostgreSQL URL (--store postgres)")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (--store kafka)")
     p.add_argument("--sink", choices=("sql", "twophase"), default="sql", help="SQL stores only")
@@ -87,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = TargetSpec(
         store=args.store,
         url=url,
-        sink="kafka" if args.store == "kafka" else args.sink,
+        sink=args.store if args.store in ("kafka", "delta") else args.sink,
         fresh_connections=args.fresh_connections,
     )
     campaign = Campaign(

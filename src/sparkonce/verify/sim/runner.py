@@ -24,7 +24,7 @@ from sparkonce.verify.sim.schedule import Schedule, generate, simpler
 from sparkonce.verify.sim.target import Target
 from sparkonce.verify.sim.world import Failure, Stats
 
-StoreName = Literal["sqlite", "postgres", "kafka"]
+StoreName = Literal["sqlite", "postgres", "kafka", "delta"]
 
 
 def run_schedule(
@@ -210,6 +210,10 @@ class TargetSpec:
             if not self.url:
                 raise ValueError("the kafka store needs the bootstrap servers")
             return KafkaTarget(self.url, name=f"sim-{ns}-{worker}-{lane}")
+        if self.store == "delta":
+            from sparkonce.verify.sim.delta import DeltaTarget
+
+            return DeltaTarget(pipeline=f"sim_{ns}_{worker}_{lane}")
         raise ValueError(f"unknown store {self.store!r}")
 
     def replay_command(self, seed: int, *, with_restore: bool = True) -> str:
