@@ -41,9 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Seeded schedules of runs, crashes, dropped connections and zombies, "
         "driving the real committer against a real store; invariants checked after each.",
     )
-    p.add_argument(
-        "--store", choices=("sqlite", "postgres", "kafka", "delta"), default="sqlite"
-    )
+    p.add_argument("--store", choices=("sqlite", "postgres", "kafka", "delta"), default="sqlite")
     p.add_argument("--url", help="PostgreSQL URL (--store postgres)")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (--store kafka)")
     p.add_argument("--sink", choices=("sql", "twophase"), default="sql", help="SQL stores only")
