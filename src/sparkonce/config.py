@@ -8,6 +8,7 @@ masked in every string form, so they never reach logs or reprs.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,6 +32,21 @@ def check_identifier(value: object, what: str) -> str:
             "starting with a letter or '_', at most 63 characters"
         )
     return value
+
+
+def check_write_mode(mode: object, keys: Iterable[str]) -> tuple[WriteMode, tuple[str, ...]]:
+    """A sink's ``mode`` and upsert ``keys``, checked: ``("append", ())`` or
+    ``("upsert", keys)`` with distinct, valid column names."""
+    if mode not in ("append", "upsert"):
+        raise ConfigError(f"sink mode {mode!r} is not supported: use 'append' or 'upsert'")
+    checked = tuple(check_identifier(k, "key column") for k in keys)
+    if mode == "upsert" and not checked:
+        raise ConfigError("sink mode 'upsert' needs keys=[...]: the columns that identify a row")
+    if mode == "append" and checked:
+        raise ConfigError("keys=[...] only applies to mode='upsert'; remove keys or set the mode")
+    if len(set(checked)) != len(checked):
+        raise ConfigError(f"keys {list(checked)} name a column twice")
+    return mode, checked
 
 
 def check_pipeline_name(value: object) -> str:

@@ -25,18 +25,15 @@ from sparkonce.ledger.base import BatchContext
 from sparkonce.ledger.delta import DeltaTxn, app_id, pack, unpack
 from sparkonce.offsets import BatchRanges, OffsetRange
 from sparkonce.sinks.inspect import inspector_for
+from tests.spark.test_pipeline import forget_commit
+from tests.spark.test_pipeline import values as spark_values
 
 RECORDS = 300
 KEYS = 5
 
 
 def values(df: DataFrame) -> DataFrame:
-    return df.select(
-        "partition",
-        "offset",
-        F.col("key").cast("string").alias("key"),
-        F.col("value").cast("string").cast("long").alias("value"),
-    )
+    return spark_values(df).drop("record_id")
 
 
 def sums(df: DataFrame) -> DataFrame:
@@ -81,12 +78,6 @@ def assert_each_record_once(got: list[dict[str, Any]], records: int) -> None:
     twice = [k for k, n in positions.items() if n > 1]
     assert not twice, f"rows visible twice: {twice[:5]}"
     assert sorted(r["value"] for r in got) == list(range(1, records + 1))
-
-
-def forget_commit(checkpoint: Path, batch_id: int) -> None:
-    """Make Spark forget a finished batch, as a crash before its commit log would."""
-    (checkpoint / "commits" / str(batch_id)).unlink()
-    (checkpoint / "commits" / f".{batch_id}.crc").unlink(missing_ok=True)
 
 
 def test_append_replay_and_new_checkpoint(

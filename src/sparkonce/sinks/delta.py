@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.commit import Committer, Staged, Stager
-from sparkonce.config import Guarantee, OutputMode, WriteMode, check_identifier
+from sparkonce.config import Guarantee, OutputMode, WriteMode, check_identifier, check_write_mode
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
@@ -170,20 +170,8 @@ class DeltaSink(Sink, Stager):
         if self.table_name is not None:
             raw = raw.rstrip("/") + "/" + self.table_name
         self.path = raw
-        if mode not in ("append", "upsert"):
-            raise ConfigError(f"sink mode {mode!r} is not supported: use 'append' or 'upsert'")
-        self.mode: WriteMode = mode
-        self.keys = tuple(check_identifier(k, "key column") for k in keys)
-        if mode == "upsert" and not self.keys:
-            raise ConfigError(
-                "sink mode 'upsert' needs keys=[...]: the columns that identify a row"
-            )
-        if mode == "append" and self.keys:
-            raise ConfigError(
-                "keys=[...] only applies to mode='upsert'; remove keys or set the mode"
-            )
-        if len(set(self.keys)) != len(self.keys):
-            raise ConfigError(f"keys {list(self.keys)} name a column twice")
+        self.mode: WriteMode
+        self.mode, self.keys = check_write_mode(mode, keys)
         self.output_mode: OutputMode = "append"
         self._table: DeltaTable | None = None
         self._store = DeltaLedgerStore(

@@ -49,7 +49,14 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.commit import Committer, Staged, Stager
-from sparkonce.config import Guarantee, OutputMode, StoreURL, WriteMode, check_identifier
+from sparkonce.config import (
+    Guarantee,
+    OutputMode,
+    StoreURL,
+    WriteMode,
+    check_identifier,
+    check_write_mode,
+)
 from sparkonce.db import (
     Dialect,
     dialect_for,
@@ -306,20 +313,8 @@ class SqlSink(Sink, Stager):
                 f"{type(self).__name__} needs a {self.scheme} URL, got {str(self.url)!r}"
             )
         self.table = check_identifier(table, "table")
-        if mode not in ("append", "upsert"):
-            raise ConfigError(f"sink mode {mode!r} is not supported: use 'append' or 'upsert'")
-        self.mode: WriteMode = mode
-        self.keys = tuple(check_identifier(k, "key column") for k in keys)
-        if mode == "upsert" and not self.keys:
-            raise ConfigError(
-                "sink mode 'upsert' needs keys=[...]: the columns that identify a row"
-            )
-        if mode == "append" and self.keys:
-            raise ConfigError(
-                "keys=[...] only applies to mode='upsert'; remove keys or set the mode"
-            )
-        if len(set(self.keys)) != len(self.keys):
-            raise ConfigError(f"keys {list(self.keys)} name a column twice")
+        self.mode: WriteMode
+        self.mode, self.keys = check_write_mode(mode, keys)
         self.latest_by = _check_latest_by(latest_by, mode, self.keys)
         # Spark's output mode of the running query, as given to validate() (once per run).
         self.output_mode: OutputMode = "append"
