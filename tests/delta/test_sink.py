@@ -266,3 +266,25 @@ def test_txn_version_packing() -> None:
     assert pack(2, 0) > pack(1, 2**32 - 1)  # any newer epoch outranks any older progress
     assert DeltaTxn().entry is None
     assert json.loads(json.dumps({"v": pack(1, 1)}))["v"] == 2**32 + 1
+
+
+def test_a_table_another_process_created_is_seen_by_a_session_that_looked_before(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The verify campaign's lost-rows report: its session looked at the store while the
+    killed driver had not created the table yet, and Delta's cached log kept answering
+    "no table" after the restarted driver (another process) wrote every batch. Here the
+    other writer's files are copied in under the session's feet."""
+    from sparkonce.ledger.delta import DeltaTable
+
+    made, later = str(tmp_path / "made"), str(tmp_path / "later")
+    spark.range(3).write.format("delta").save(made)
+    assert not DeltaTable(spark, later).exists()  # the session caches "no table" here
+    shutil.copytree(made, later)
+    assert DeltaTable(spark, later).exists()
+    sink = DeltaSink(tmp_path, table="later")
+    sink.open()
+    try:
+        assert sorted(r["id"] for r in inspector_for(sink).rows()) == [0, 1, 2]
+    finally:
+        sink.close()

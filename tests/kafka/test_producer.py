@@ -398,7 +398,7 @@ def test_cli_bad_input_writes_nothing(
     assert read_all(b, topic, 1) == []  # the good line was not sent either
     assert main(["kafka", "produce", b, topic, "--value", "v", "--config", "sasl.pw"]) == 2
     assert "--config #1 is not KEY=VALUE" in capsys.readouterr().err
-    assert main(["kafka", "tail", b, f"{topic}-missing"]) == 1
+    assert main(["kafka", "tail", b, f"{topic}-missing"]) == 2  # bad input, as documented
     assert "does not exist" in capsys.readouterr().err
     assert main(["kafka", "produce", b, topic, "--value", "v", "--partition", "3"]) == 1
     assert "Unknown partition" in capsys.readouterr().err

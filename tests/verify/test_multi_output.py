@@ -20,6 +20,7 @@ import pytest
 from sparkonce.cli import main
 from sparkonce.errors import ConfigError
 from sparkonce.verify.campaign import Campaign, Fault, Oracle, plan_fault
+from tests.explain import explain_file
 from tests.outputs import multi_pipeline as mp
 
 # All in the crash lane (tests/unit/test_lanes.py: a test under tests/verify runs in make
@@ -140,6 +141,9 @@ def test_a_uuid_pipeline_with_stable_output_passes_a_small_campaign(tmp_path: Pa
     newer run committed the batch everywhere and collected its stable copy: it must still
     end fenced. event_id is declared, so it is checked by count and across outputs."""
     pipeline = _pipeline(tmp_path)
+    explained = explain_file(pipeline)
+    assert explained["guarantee"] == "effectively-once"  # and verify agrees:
+    assert "uuid()" in explained["nondeterministic"]
     kinds = [BETWEEN_STORES, "kill", "zombie"]
     seed = _seed(kinds, lambda f: _between_stores(f[0]) and f[2].hit % 2 == 0)
     out = tmp_path / "out"
@@ -173,6 +177,11 @@ def test_without_stable_output_a_crash_between_two_stores_is_caught(tmp_path: Pa
     store B, with other uuid() values. Each output alone matches the oracle (event_id is
     declared); the cross-output check fails the trial."""
     pipeline = _pipeline(tmp_path, stable=False)
+    # explain calls it effectively-once per output only, naming uuid(); verify then
+    # finds the stores disagree.
+    explained = explain_file(pipeline)
+    assert explained["guarantee"] == "effectively-once per output"
+    assert "uuid()" in next(p for p in explained["parts"] if p["part"] == "outputs")["why"]
     kinds = [BETWEEN_STORES]
     seed = _seed(kinds, lambda f: _between_stores(f[0]))
     out = tmp_path / "out"

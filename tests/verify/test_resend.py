@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from sparkonce.verify import Campaign, TrialOutcome, failure_hint
+from tests.explain import explain_file, verdict
 
 if TYPE_CHECKING:
     from tests.services.kafka import KafkaBroker
@@ -131,12 +132,16 @@ def test_with_dedupe_every_resend_trial_matches_the_oracle(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
     """The one end-to-end `sparkonce verify` in make test: the whole command, reference
-    check included, one resend trial and the report it writes."""
+    check included, one resend trial and the report it writes. `sparkonce explain` calls
+    the pipeline effectively-once with its records deduplicated, and verify agrees."""
     from sparkonce.cli import main
 
     log_dir = make_log(RECORDS, partitions=3, keys=6)
     source = f"EmbeddedLogSource({str(log_dir)!r}, 'events', max_records_per_partition=40)"
     pipeline = write_pipeline(tmp_path, source, dedupe=True)
+    explained = explain_file(pipeline)
+    assert explained["guarantee"] == "effectively-once"
+    assert verdict(explained, "records") == "deduplicated"
     out = tmp_path / "out"
     args = ["verify", str(pipeline), "--faults", "resend", "--trials", "1", "--seed", "4"]
     assert main([*args, "--out", str(out)]) == 0

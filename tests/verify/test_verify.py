@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkonce.cli import main
+from tests.explain import explain_file, verdict
 
 pytestmark = [pytest.mark.crash, pytest.mark.crash_lane]  # campaigns of 150-300 s each
 
@@ -61,6 +62,10 @@ def test_verify_catches_a_sink_that_commits_rows_and_ledger_separately(
     pipeline = write_pipeline(
         tmp_path, log_dir, sink, extra_import="from broken_sink import NonTransactionalSink"
     )
+    # explain calls it at-least-once because of the sink; verify then breaks it.
+    explained = explain_file(pipeline)
+    assert explained["guarantee"] == "at-least-once"
+    assert verdict(explained, "output") == "at-least-once"
     out = tmp_path / "out"
     args = [
         "verify",
@@ -130,6 +135,7 @@ def test_real_sinks_pass_a_small_campaign(
     )
     two_phase = ", two_phase=True" if store == "postgres-2pc" else ""
     pipeline = write_pipeline(tmp_path, log_dir, f"sink_from_url({url!r}, 'events_out'{two_phase})")
+    assert explain_file(pipeline)["guarantee"] == "effectively-once"  # and verify agrees:
     out = tmp_path / "out"
     if store == "sqlite":
         second = f"sqlite:///{tmp_path / 'sink2.db'}"
@@ -215,6 +221,8 @@ def test_kafka_to_kafka_passes_a_small_campaign(
             checkpoint=str(tmp_path / "user-checkpoint"),
         )
     )
+    explained = explain_file(pipeline)  # verify reads the sink topic at read_committed
+    assert explained["guarantee"] == "effectively-once for read_committed consumers"
     out = tmp_path / "out"
     sink_args = [arg for u in stores for arg in ("--sink", u)]
     code = main(

@@ -17,6 +17,7 @@ from sparkonce.errors import (
     RunStopped,
     SparkOnceError,
     StoreUnavailableError,
+    TopicNotFoundError,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -422,7 +423,7 @@ def _report(exc: Exception) -> int:
         line, code = f"fenced: {exc}", EXIT_FENCED
     elif isinstance(exc, StoreUnavailableError):  # a database or a Kafka cluster
         line, code = f"unavailable: {exc}", EXIT_UNAVAILABLE
-    elif isinstance(exc, ConfigError):
+    elif isinstance(exc, (ConfigError, TopicNotFoundError)):  # a topic the user named
         line, code = f"bad input: {exc}", EXIT_USAGE
     elif isinstance(exc, SparkOnceError):
         line, code = f"{name}: {exc}", EXIT_FAIL

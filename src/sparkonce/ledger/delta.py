@@ -169,7 +169,10 @@ class DeltaTable:
         return self.delta_log.update(False, none, none)
 
     def exists(self) -> bool:
-        return bool(self.delta_log.tableExists())
+        """Whether the table has a commit now. Reads the log's listing: Delta's own
+        ``tableExists()`` answers from the snapshot its ``DeltaLog`` last saw, which stays
+        "no table" in a session that looked before another process created it."""
+        return int(self.snapshot().version()) >= 0
 
     def version(self) -> int:
         return int(self.snapshot().version())

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from sparkonce.faults import FaultPlan
+    from sparkonce.pipeline.explain import Explanation
     from sparkonce.pipeline.runner import BatchReport, RunReport
 
 
@@ -196,6 +197,15 @@ class Pipeline:
         Lake sink's jars and extension); :func:`sparkonce.build_session` takes them as
         ``conf``, and ``sparkonce run`` passes them."""
         return self.sink.spark_conf()
+
+    def explain(self, spark: SparkSession) -> Explanation:
+        """What this pipeline guarantees as configured, part by part, with the reason for
+        each and what to change for a stronger guarantee (:mod:`sparkonce.pipeline.explain`).
+        Reads the pipeline and Spark's analyzed plan of its transform; runs nothing and
+        touches no store."""
+        from sparkonce.pipeline.explain import explain
+
+        return explain(self, spark)
 
     @property
     def output_set(self) -> OutputSet | None:

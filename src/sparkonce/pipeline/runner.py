@@ -41,7 +41,7 @@ from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import DedupCounts, dedup_counts
-from sparkonce.outputs.output_set import OutputSet
+from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.pipeline.failure import find_cause, rebuild
 
@@ -238,7 +238,20 @@ def _resume_point(
 
 
 def _output(pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition, int]) -> DataFrame:
-    """The transform's streaming output over the source, starting at ``start`` (or fresh)."""
+    """The transform's streaming output over the source, starting at ``start`` (or fresh),
+    as the one DataFrame the query runs (several outputs folded into one)."""
+    outs = transform_outputs(pipeline, spark, start)
+    outputs = pipeline.output_set
+    if outputs is None:
+        return outs[SINGLE_OUTPUT]
+    return _combined(outputs, outs)
+
+
+def transform_outputs(
+    pipeline: Pipeline, spark: SparkSession, start: Mapping[TopicPartition, int] | None = None
+) -> dict[str, DataFrame]:
+    """The transform's streaming DataFrames by output name over the source (a pipeline with
+    one sink: ``{"output": df}``), checked against the pipeline's outputs. Starts nothing."""
     from pyspark.sql import DataFrame
 
     stream = pipeline.source.stream(spark, start or None)
@@ -252,28 +265,19 @@ def _output(pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition,
             f"{_short(exc)}. Fix the transform; nothing was changed (no epoch was taken)."
         ) from exc
     outputs = pipeline.output_set
-    if outputs is not None:
-        return _combined(pipeline, outputs, out)
-    if isinstance(out, Mapping):
-        raise ConfigError(
-            f"pipeline {pipeline.name!r}: the transform returned several outputs "
-            f"({list(out)}) but the pipeline has one sink; declare them with "
-            "Pipeline(outputs={name: sink, ...})"
-        )
-    if not isinstance(out, DataFrame) or not out.isStreaming:
-        raise ConfigError(
-            f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
-            f"derived from its input, got {type(out).__name__}"
-        )
-    return out
-
-
-def _combined(pipeline: Pipeline, outputs: OutputSet, out: object) -> DataFrame:
-    """The transform's named outputs folded into one streaming DataFrame (one query)."""
-    from pyspark.sql import DataFrame
-
-    from sparkonce.outputs.combine import combine
-
+    if outputs is None:
+        if isinstance(out, Mapping):
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: the transform returned several outputs "
+                f"({list(out)}) but the pipeline has one sink; declare them with "
+                "Pipeline(outputs={name: sink, ...})"
+            )
+        if not isinstance(out, DataFrame) or not out.isStreaming:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
+                f"derived from its input, got {type(out).__name__}"
+            )
+        return {SINGLE_OUTPUT: out}
     if outputs.single and isinstance(out, DataFrame):
         out = {outputs.names[0]: out}
     if not isinstance(out, Mapping):
@@ -298,6 +302,13 @@ def _combined(pipeline: Pipeline, outputs: OutputSet, out: object) -> DataFrame:
                 f"pipeline {pipeline.name!r}: output {name!r} must be a streaming DataFrame "
                 f"derived from the transform's input, got {type(df).__name__}"
             )
+    return {name: out[name] for name in outputs.names}
+
+
+def _combined(outputs: OutputSet, out: Mapping[str, DataFrame]) -> DataFrame:
+    """The transform's named outputs folded into one streaming DataFrame (one query)."""
+    from sparkonce.outputs.combine import combine
+
     # Outputs given the same DataFrame object share one branch of the query: Spark would
     # otherwise evaluate it once per branch, with other values of rand(), uuid()...
     branches: dict[str, DataFrame] = {}

@@ -1,0 +1,521 @@
+"""What a pipeline guarantees as configured, and why: :meth:`Pipeline.explain` and
+``sparkonce explain``.
+
+The answer comes from two places, neither of which runs the pipeline or touches a store:
+
+- the pipeline object: its source, each output's sink (a sink class declares its
+  guarantee in ``Sink.guarantee``), stable output, the checkpoint's location;
+- Spark's analyzed plan of the transform's output over the source: the
+  non-deterministic expressions it holds (``rand``, ``uuid``, non-deterministic UDFs,
+  ``monotonically_increasing_id``...), what reads the clock (``current_timestamp``), the
+  Python functions Spark cannot see into, and the stateful operators (aggregations,
+  ``dropDuplicates``, ``dedupe``, stream-stream joins, ``limit``,
+  ``applyInPandasWithState``, ``transformWithStateInPandas``) and where their state lives.
+
+The guarantee words are DESIGN.md section 1's, ordered from strongest to weakest in
+:data:`GUARANTEES`; the pipeline as a whole gets the weakest of its source's and outputs'.
+What a transform does inside a Python function is beyond the plan: such a function is
+taken as deterministic as declared (``asNondeterministic()`` declares it otherwise), and
+the explanation says so. ``sparkonce verify`` is the check that runs the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.outputs.output_set import SINGLE_OUTPUT
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.sinks.base import Sink
+
+EFFECTIVELY_ONCE = "effectively-once"
+EFFECTIVELY_ONCE_READ_COMMITTED = "effectively-once for read_committed consumers"
+EFFECTIVELY_ONCE_PER_OUTPUT = "effectively-once per output"
+AT_LEAST_ONCE = "at-least-once"
+NO_GUARANTEE = "no guarantee"
+REPLAYABLE = "replayable input"
+# Strongest first; a pipeline gets the weakest of its parts.
+GUARANTEES = (
+    EFFECTIVELY_ONCE,
+    EFFECTIVELY_ONCE_READ_COMMITTED,
+    EFFECTIVELY_ONCE_PER_OUTPUT,
+    AT_LEAST_ONCE,
+    NO_GUARANTEE,
+)
+
+# Catalyst calls these deterministic (one value per query), but they read the clock.
+_CLOCK = {
+    "CurrentTimestamp": "current_timestamp()",
+    "Now": "now()",
+    "CurrentDate": "current_date()",
+    "LocalTimestamp": "localtimestamp()",
+    "CurrentTimeZone": "current_timezone()",
+}
+# Logical plan nodes that keep state across micro-batches in a streaming query.
+_STATEFUL = {
+    "Aggregate": "aggregation",
+    "Deduplicate": "dropDuplicates",
+    "DeduplicateWithinWatermark": "dropDuplicatesWithinWatermark (dedupe)",
+    "FlatMapGroupsWithState": "flatMapGroupsWithState",
+    "FlatMapGroupsInPandasWithState": "applyInPandasWithState",
+    "TransformWithState": "transformWithState",
+    "TransformWithStateInPySpark": "transformWithStateInPandas",
+    "TransformWithStateInPandas": "transformWithStateInPandas",
+    "GlobalLimit": "limit",
+}
+_PYTHON_NODES = ("Pandas", "Python", "PySpark", "Arrow")  # mapInPandas, applyInPandas...
+_SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "glusterfs", "ceph", "lustre", "gpfs")
+_STATE_STORES = {
+    "RocksDBStateStoreProvider": "RocksDB on the executors' local disks, its files "
+    "uploaded to the checkpoint's state/ directory at each commit",
+    "HDFSBackedStateStoreProvider": "executor memory, with snapshots and deltas in the "
+    "checkpoint's state/ directory",
+}
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What Spark's analyzed plan of one output shows."""
+
+    nondeterministic: tuple[str, ...] = ()  # rand(), uuid(), a UDF declared so...
+    clock: tuple[str, ...] = ()  # current_timestamp()...
+    python_functions: tuple[str, ...] = ()  # UDFs and pandas functions, as declared
+    stateful: tuple[str, ...] = ()  # stateful operators, Spark's node names
+
+    def merged(self, other: PlanFacts) -> PlanFacts:
+        def join(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(a + b))
+
+        return PlanFacts(
+            join(self.nondeterministic, other.nondeterministic),
+            join(self.clock, other.clock),
+            join(self.python_functions, other.python_functions),
+            join(self.stateful, other.stateful),
+        )
+
+    @property
+    def varies(self) -> tuple[str, ...]:
+        """Everything that can give a re-planned batch other values."""
+        return self.nondeterministic + self.clock
+
+
+@dataclass(frozen=True)
+class Part:
+    """One line of an explanation: a part of the pipeline, its guarantee or status, why,
+    and what to change for a stronger guarantee (None: nothing)."""
+
+    part: str  # "source", "transform", "state", "checkpoint", "records", "output NAME"...
+    what: str
+    verdict: str
+    why: str
+    to_strengthen: str | None = None
+    counts: bool = False  # whether its verdict is a guarantee that bounds the pipeline's
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The guarantee of a pipeline as configured, with the reason for each part."""
+
+    pipeline: str
+    guarantee: str
+    why: str
+    parts: tuple[Part, ...]
+    facts: PlanFacts
+    checkpoint: dict[str, str] = field(default_factory=dict)
+    kafka_outputs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json``."""
+        return {
+            "pipeline": self.pipeline,
+            "guarantee": self.guarantee,
+            "why": self.why,
+            "parts": [asdict(p) for p in self.parts],
+            "nondeterministic": list(self.facts.nondeterministic),
+            "clock": list(self.facts.clock),
+            "python_functions": list(self.facts.python_functions),
+            "stateful_operators": list(self.facts.stateful),
+            "checkpoint": dict(self.checkpoint),
+            "kafka_outputs": list(self.kafka_outputs),
+        }
+
+
+def explain(pipeline: Pipeline, spark: SparkSession) -> Explanation:
+    """The guarantee of ``pipeline`` as configured (see the module docstring). Builds the
+    transform's query over the source to read Spark's analyzed plan; starts nothing."""
+    from sparkonce.pipeline.runner import transform_outputs
+
+    frames = transform_outputs(pipeline, spark)
+    per_output = {name: plan_facts(df) for name, df in frames.items()}
+    facts = PlanFacts()
+    for f in per_output.values():
+        facts = facts.merged(f)
+    sinks = _sinks(pipeline)
+    parts: list[Part] = [_source_part(pipeline), _transform_part(facts)]
+    parts.append(_state_part(pipeline, spark, facts))
+    checkpoint = checkpoint_storage(pipeline.checkpoint_path)
+    parts.append(_checkpoint_part(checkpoint, bool(facts.stateful)))
+    parts.append(_records_part(pipeline, facts))
+    stable = pipeline.output_set.stable if pipeline.output_set is not None else False
+    for name, sink in sinks.items():
+        parts.append(_output_part(name, sink, per_output.get(name, facts), stable))
+    stores = pipeline.output_set.groups if pipeline.output_set is not None else []
+    if len(stores) > 1:
+        parts.append(_stores_part(len(stores), stable, per_output, sinks))
+    kafka = tuple(n for n, s in sinks.items() if _is_kafka(s))
+    counted = [p for p in parts if p.counts]
+    weakest = max(counted, key=lambda p: _rank(p.verdict))
+    guarantee = GUARANTEES[_rank(weakest.verdict)]
+    if guarantee == EFFECTIVELY_ONCE:
+        why = "every output is effectively-once and the source replays each batch exactly"
+    else:
+        why = f"set by {weakest.part}: {weakest.why}"
+    return Explanation(
+        pipeline=pipeline.name,
+        guarantee=guarantee,
+        why=why,
+        parts=tuple(parts),
+        facts=facts,
+        checkpoint=checkpoint,
+        kafka_outputs=kafka,
+    )
+
+
+# -- Spark's plan ------------------------------------------------------------------------
+def plan_facts(df: DataFrame) -> PlanFacts:
+    """Walk the analyzed logical plan of ``df`` (through py4j) and note what it holds."""
+    plan = df._jdf.queryExecution().analyzed()
+    nondet: list[str] = []
+    clock: list[str] = []
+    python: list[str] = []
+    stateful: list[str] = []
+
+    def expression(e: Any) -> None:
+        name = e.getClass().getSimpleName()
+        kids = _seq(e.children())
+        if name == "PythonUDF":
+            label = f"Python UDF {e.name()}"
+            if e.deterministic():
+                python.append(label)
+            else:
+                nondet.append(f"{label} (declared non-deterministic)")
+        elif name in _CLOCK:
+            clock.append(_CLOCK[name])
+        elif not e.deterministic() and all(k.deterministic() for k in kids):
+            nondet.append(f"{e.prettyName()}()")
+        for k in kids:
+            expression(k)
+
+    def node(n: Any) -> None:
+        name = n.nodeName()
+        if name in _STATEFUL and n.isStreaming():
+            stateful.append(name)
+        elif name == "Join" and all(c.isStreaming() for c in _seq(n.children())):
+            stateful.append("stream-stream Join")
+        if any(s in name for s in _PYTHON_NODES):
+            python.append(f"pandas/Python function in {name}")
+        for e in _seq(n.expressions()):
+            expression(e)
+        for c in _seq(n.children()):
+            node(c)
+
+    node(plan)
+
+    def unique(xs: list[str]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(xs))
+
+    return PlanFacts(unique(nondet), unique(clock), unique(python), unique(stateful))
+
+
+def _seq(seq: Any) -> list[Any]:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+# -- checkpoint storage --------------------------------------------------------------------
+def checkpoint_storage(path: Path, mounts: str | None = None) -> dict[str, str]:
+    """Where ``path`` lives: ``{"path", "mount", "fstype", "storage"}``, storage being
+    ``"shared"`` (a network filesystem), ``"memory"`` (tmpfs) or ``"local"``. ``mounts``
+    is the text of /proc/mounts (read when None; unknown without it)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return {"path": str(path), "mount": "", "fstype": "", "storage": "local"}
+    best = ("", "")
+    target = str(path)
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best[0]):
+            best = (mount, fields[2])
+    fstype = best[1]
+    if fstype in _SHARED_FS or fstype.startswith("fuse."):
+        storage = "shared"
+    elif fstype in ("tmpfs", "ramfs"):
+        storage = "memory"
+    else:
+        storage = "local"
+    return {"path": str(path), "mount": best[0], "fstype": fstype, "storage": storage}
+
+
+# -- the parts -------------------------------------------------------------------------------
+def _rank(verdict: str) -> int:
+    if verdict == REPLAYABLE:
+        return 0
+    return GUARANTEES.index(verdict) if verdict in GUARANTEES else len(GUARANTEES) - 1
+
+
+def _sinks(pipeline: Pipeline) -> dict[str, Sink]:
+    outputs = pipeline.output_set
+    if outputs is None:
+        return {SINGLE_OUTPUT: pipeline.sink}
+    return dict(outputs.outputs)
+
+
+def _is_kafka(sink: Sink) -> bool:
+    from sparkonce.sinks.kafka import KafkaSink
+
+    return isinstance(sink, KafkaSink)
+
+
+def _ours(obj: object) -> bool:
+    return type(obj).__module__.startswith("sparkonce.")
+
+
+def _source_part(pipeline: Pipeline) -> Part:
+    from sparkonce.sources.embedded import EmbeddedLogSource
+    from sparkonce.sources.kafka import KafkaSource
+
+    src = pipeline.source
+    if isinstance(src, KafkaSource) and _ours(src):
+        why = (
+            "each batch is a set of per-partition Kafka offset ranges, written to Spark's "
+            "checkpoint before the batch runs and read at read_committed, so a replay reads "
+            "the same records and never an aborted transaction's; records deleted by "
+            "retention before they are read stop the batch with an error"
+        )
+        return Part("source", src.describe(), REPLAYABLE, why, counts=True)
+    if isinstance(src, EmbeddedLogSource) and _ours(src):
+        why = (
+            "each batch is a set of per-partition offset ranges of the log, written to Spark's "
+            "checkpoint before the batch runs; re-reading a range returns the same records"
+        )
+        return Part("source", src.describe(), REPLAYABLE, why, counts=True)
+    return Part(
+        "source",
+        src.describe(),
+        NO_GUARANTEE,
+        f"{type(src).__name__} is not one of sparkonce's sources; nothing shows that it "
+        "returns the same records when a batch is replayed",
+        "read through EmbeddedLogSource or KafkaSource, and run `sparkonce verify`",
+        counts=True,
+    )
+
+
+def _transform_part(facts: PlanFacts) -> Part:
+    trusted = (
+        f"; {len(facts.python_functions)} Python function(s) taken as deterministic as "
+        f"declared ({', '.join(facts.python_functions)}): the plan cannot see inside them"
+        if facts.python_functions
+        else ""
+    )
+    if not facts.varies:
+        return Part(
+            "transform",
+            "Spark's analyzed plan",
+            "deterministic",
+            "no non-deterministic "
+            "expression and nothing that reads the clock in the plan" + trusted,
+        )
+    clock = (
+        f"; {', '.join(facts.clock)} reads the clock: Spark fixes it per batch in the "
+        "checkpoint's offset log, so a replay from the same checkpoint sees the same value, "
+        "but a batch planned again after the checkpoint is lost does not"
+        if facts.clock
+        else ""
+    )
+    nondet = ", ".join(facts.nondeterministic) or "none"
+    return Part(
+        "transform",
+        "Spark's analyzed plan",
+        "non-deterministic",
+        f"non-deterministic expressions: {nondet}{clock}{trusted}. A retried or replayed "
+        "batch can compute other rows; what this means for each output is on its line",
+    )
+
+
+def _state_part(pipeline: Pipeline, spark: SparkSession, facts: PlanFacts) -> Part:
+    if not facts.stateful:
+        declared = " (declared stateful=True)" if pipeline.stateful else ""
+        return Part(
+            "state",
+            "none in the plan" + declared,
+            "stateless" if not pipeline.stateful else "stateful",
+            "no stateful operator: a lost checkpoint resumes from the ledger alone",
+        )
+    provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", "") or ""
+    short = provider.rsplit(".", 1)[-1]
+    where = _STATE_STORES.get(short, f"the state store {short or 'default'}")
+    ops = ", ".join(f"{_STATEFUL.get(o, o)} ({o})" for o in facts.stateful)
+    return Part(
+        "state",
+        f"{ops}; state in {where}",
+        "stateful",
+        "the state lives in the checkpoint; sparkonce refuses to resume a stateful pipeline "
+        "whose checkpoint is lost (CheckpointLostError) rather than restart its state empty",
+    )
+
+
+def _checkpoint_part(info: dict[str, str], stateful: bool) -> Part:
+    where = f"{info['path']} ({info['storage']}"
+    where += f", {info['fstype']} at {info['mount']})" if info["fstype"] else ")"
+    if info["storage"] == "shared":
+        return Part(
+            "checkpoint",
+            where,
+            "shared",
+            "on a network filesystem: it outlives this machine",
+        )
+    lost = (
+        "the pipeline refuses to resume (its state cannot be rebuilt) until the checkpoint is "
+        "restored"
+        if stateful
+        else "the pipeline resumes from the ledger, with nothing lost or repeated"
+    )
+    kind = "memory (tmpfs): lost on reboot" if info["storage"] == "memory" else "local disk"
+    return Part(
+        "checkpoint",
+        where,
+        kind.split(":")[0],
+        f"{kind}; the ledger, not the checkpoint, is the truth. If it is lost, {lost}",
+        "to resume after this machine is lost, put the checkpoint on storage that outlives it"
+        if stateful
+        else None,
+    )
+
+
+def _records_part(pipeline: Pipeline, facts: PlanFacts) -> Part:
+    if "DeduplicateWithinWatermark" in facts.stateful:
+        return Part(
+            "records",
+            "dedupe()",
+            "deduplicated",
+            "copies of a record re-sent under the same record id are dropped within the "
+            "dedupe bound; records with a NULL id are not deduplicated",
+        )
+    return Part(
+        "records",
+        "each record in the log",
+        "counted per copy",
+        "every record in the log counts once; a record a producer re-sent under a new "
+        "offset is a second record to the pipeline",
+        "if producers may re-send records (no idempotent producer), use "
+        "dedupe(df, 'record_id', within=..., event_time=...)",
+    )
+
+
+def _output_part(name: str, sink: Sink, facts: PlanFacts, stable: bool) -> Part:
+    label = "output" if name == SINGLE_OUTPUT else f"output {name}"
+    what = sink.describe()
+    declared = getattr(sink, "guarantee", None)
+    if declared != EFFECTIVELY_ONCE:
+        return Part(
+            label,
+            what,
+            AT_LEAST_ONCE,
+            f"{type(sink).__name__} declares itself {declared or 'without a guarantee'}: "
+            "a batch replayed after a crash can be written again",
+            "write through an effectively-once sink (SQLiteSink, PostgresSink, "
+            "PostgresTwoPhaseSink, DeltaSink, KafkaSink), or make this sink commit its rows "
+            "and its ledger entry in one transaction",
+            counts=True,
+        )
+    if _is_kafka(sink):
+        topic = getattr(sink, "topic", "the topic")
+        if facts.varies and not stable:
+            return Part(
+                label,
+                what,
+                NO_GUARANTEE,
+                f"a replay rewrites only the Spark partitions without a marker, and "
+                f"{', '.join(facts.varies)} can change which rows a recomputed partition "
+                "holds: rows can be lost or repeated",
+                "set stable_output=True on the Pipeline (the replay then reads the batch's "
+                "first computed rows back)",
+                counts=True,
+            )
+        return Part(
+            label,
+            what,
+            EFFECTIVELY_ONCE_READ_COMMITTED,
+            "each Spark task writes its part and its ledger marker in one Kafka transaction; "
+            "aborted and zombie attempts stay in the topic, invisible only to read_committed "
+            "readers",
+            f"every reader of {topic!r} must read with isolation.level=read_committed "
+            "(Spark's Kafka source: kafka.isolation.level=read_committed; Java clients and "
+            "librdkafka: isolation.level=read_committed)",
+            counts=True,
+        )
+    if not _ours(sink):
+        return Part(
+            label,
+            what,
+            EFFECTIVELY_ONCE,
+            f"{type(sink).__name__} declares itself effectively-once; sparkonce does not check "
+            "a sink of another package",
+            "run `sparkonce verify` on this pipeline",
+            counts=True,
+        )
+    why = (
+        "the batch's rows, the epoch check and the ledger entry commit in one transaction of "
+        "the store: a replay is skipped and a zombie run is fenced"
+    )
+    if facts.varies:
+        why += "; only one attempt of a batch ever commits, so the non-deterministic values "
+        why += "are those of one attempt"
+    return Part(label, what, EFFECTIVELY_ONCE, why, counts=True)
+
+
+def _stores_part(
+    stores: int, stable: bool, per_output: Mapping[str, PlanFacts], sinks: Mapping[str, Sink]
+) -> Part:
+    varies = sorted({v for f in per_output.values() for v in f.varies})
+    what = f"{len(sinks)} outputs in {stores} stores"
+    if stable:
+        return Part(
+            "outputs",
+            what + ", stable output",
+            EFFECTIVELY_ONCE,
+            "each batch's rows are written once under the checkpoint before any store "
+            "commits, and every store commits from that copy; stores commit one after "
+            "another, so a reader can see a batch in one store a moment before another",
+            counts=True,
+        )
+    if not varies:
+        return Part(
+            "outputs",
+            what + ", no stable output",
+            EFFECTIVELY_ONCE,
+            "a batch replayed for a store that missed it is recomputed, and the plan shows "
+            "nothing non-deterministic, so the stores get the same rows",
+            counts=True,
+        )
+    return Part(
+        "outputs",
+        what + ", no stable output",
+        EFFECTIVELY_ONCE_PER_OUTPUT,
+        f"a batch replayed after a crash between two stores' commits is recomputed for the "
+        f"stores that missed it, and {', '.join(varies)} then gives them other values than "
+        "the stores that committed first",
+        "set stable_output=True (the default for outputs in several stores)",
+        counts=True,
+    )
