@@ -39,6 +39,7 @@ from sparkonce.errors import (
 )
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
+from sparkonce.observe.base import RunObserver, RunStart, RunWatch
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import DedupCounts, dedup_counts
 from sparkonce.outputs.output_set import OutputSet
@@ -91,12 +92,14 @@ class _BatchHandler:
         checkpoint: Checkpoint,
         report: RunReport,
         on_batch: Callable[[BatchReport], None] | None,
+        watch: RunWatch | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
         self.checkpoint = checkpoint
         self.report = report
         self.on_batch = on_batch
+        self.watch = watch
         self.error: BaseException | None = None
         self.current: tuple[int, BatchRanges] | None = None  # the batch being committed
         self.stopping: RunStopped | None = None
@@ -177,6 +180,8 @@ class _BatchHandler:
                 p.source.committed(p.name, ranges)
             except Exception as exc:  # monitoring only: the ledger holds the truth
                 log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
+        if self.watch is not None:
+            self.watch.batch(report)  # guarded: an observer never fails the run
         if self.on_batch is not None:
             self.on_batch(report)
 
@@ -321,6 +326,7 @@ def run_pipeline(
     on_batch: Callable[[BatchReport], None] | None = None,
     stop: threading.Event | None = None,
     faults: FaultPlan | None = None,
+    observer: RunObserver | None = None,
 ) -> RunReport:
     """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps.
 
@@ -332,17 +338,31 @@ def run_pipeline(
     ``faults``: the fault plan of this run (``sparkonce run`` parses it from the
     environment once); it goes to the sink, whose commit marks the crash points, and
     records a fencing. None injects nothing.
+
+    ``observer``: hooks called as the run goes (:class:`~sparkonce.observe.RunObserver`:
+    start, each batch, Spark's progress, lag, fencing, end), for metrics or a progress
+    display. Whatever it raises is logged and ignored. None watches nothing.
     """
     plan = NO_FAULTS if faults is None else faults
+    watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)
+    report: RunReport | None = None
     try:
-        return _run(pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan)
+        report = _run(
+            pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan, watch=watch
+        )
+        return report
     except FencedError as exc:
         plan.fenced(
             getattr(exc, "pipeline", pipeline.name),
             getattr(exc, "epoch", None),  # a FencedError rebuilt from a task's text has none
             getattr(exc, "owner_epoch", None),
         )
+        if watch is not None:
+            watch.fenced(exc)
         raise
+    finally:
+        if watch is not None:
+            watch.end(report)
 
 
 def _run(
@@ -353,6 +373,7 @@ def _run(
     on_batch: Callable[[BatchReport], None] | None,
     stop: threading.Event | None,
     faults: FaultPlan,
+    watch: RunWatch | None,
 ) -> RunReport:
     from pyspark.errors import StreamingQueryException
 
@@ -387,7 +408,7 @@ def _run(
             )
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
-        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch)
+        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch)
         notes = _ProgressNotes(pipeline, report)
         trigger = Trigger.parse(pipeline.trigger)
         writer = (
@@ -407,9 +428,13 @@ def _run(
             sink.describe(),
             resumed,
         )
+        if watch is not None:
+            watch.start(spark, RunStart(pipeline.name, owner.epoch, resumed, dict(ledger_end)))
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
             query = writer.start()
+            if watch is not None:
+                watch.query_started(str(query.id))
             try:
                 # Poll, so that a stop request (a signal handler setting ``stop``) is seen
                 # within a second, and handled here, in the main thread, between batches.
