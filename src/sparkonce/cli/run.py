@@ -33,6 +33,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sparkonce.run")
 PORT_EXPECTED = "a port number in 1..65535"
+HOST_EXPECTED = "a host name or an IP address to listen on, such as 127.0.0.1 or 0.0.0.0"
+
+
+def _check_host(text: str) -> None:
+    """Only the form: whether the address can be bound is found when it is."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+", text):
+        raise ValueError("not a host name or IP address")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -191,6 +200,7 @@ def add_parser(sub: SubParsers) -> None:
     )
     p.add_argument(
         "--metrics-host",
+        type=_env_checked("--metrics-host", HOST_EXPECTED, _check_host),
         default=_env("SPARKONCE_METRICS_HOST", "127.0.0.1"),
         help=_help(
             "the address the metrics listen on, default 127.0.0.1 (0.0.0.0: every interface)",
