@@ -8,10 +8,9 @@ a commit, and a failure to read them is logged once.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,8 +62,9 @@ class RunObserver:
     - :meth:`on_end`: on the thread that called ``run``, once, however the run ends;
       ``report`` is None when it ended with an error.
 
-    Whatever a hook raises is logged once per hook and otherwise ignored: an observer
-    never stops or changes a run.
+    Whatever a hook raises is logged once per observer and hook and otherwise ignored (in
+    :class:`Observers`, the others are still called): an observer never stops or changes
+    a run.
     """
 
     def on_start(self, start: RunStart) -> None:
@@ -134,6 +134,8 @@ class RunWatch:
         lag_interval: float = LAG_INTERVAL_S,
     ) -> None:
         self.observer = observer
+        # Each observer guarded on its own: one that fails does not starve the others.
+        self._each = observer.observers if isinstance(observer, Observers) else (observer,)
         self.pipeline = pipeline
         self.source = source
         self.lag_interval = lag_interval
@@ -153,7 +155,7 @@ class RunWatch:
         """On the thread that runs the pipeline, after the epoch, before the query."""
         with self._lock:
             self._committed = dict(start.end_offsets)
-        self._call("on_start", lambda: self.observer.on_start(start))
+        self._call("on_start", start)
         self._lag_thread = threading.Thread(
             target=self._lag_loop, name=f"sparkonce-lag-{self.pipeline}", daemon=True
         )
@@ -176,10 +178,10 @@ class RunWatch:
             for tp, end in report.ranges.ends().items():
                 if end > self._committed.get(tp, 0):
                     self._committed[tp] = end
-        self._call("on_batch", lambda: self.observer.on_batch(report))
+        self._call("on_batch", report)
 
     def fenced(self, error: FencedError) -> None:
-        self._call("on_fenced", lambda: self.observer.on_fenced(error))
+        self._call("on_fenced", error)
 
     def end(self, report: RunReport | None) -> None:
         """Once, however the run ends: the lag thread and the listener stop."""
@@ -194,7 +196,7 @@ class RunWatch:
                 self._spark.streams.removeListener(self._listener)
             except Exception as exc:  # the JVM may be gone (a signal)
                 log.debug("pipeline %s: could not remove the listener: %s", self.pipeline, exc)
-        self._call("on_end", lambda: self.observer.on_end(report))
+        self._call("on_end", report)
 
     # -- the lag thread and the listener ------------------------------------------------------
 
@@ -222,22 +224,27 @@ class RunWatch:
         while True:
             lag = self.read_lag()
             if lag is not None:
-                self._call("on_lag", functools.partial(self.observer.on_lag, lag))
+                self._call("on_lag", lag)
             if self._done.wait(self.lag_interval):
                 return
 
     def _progress(self, progress: StreamingQueryProgress) -> None:
         if self.query_id is None or str(progress.id) != self.query_id:
             return  # another query of the session, or one of ours not started yet
-        self._call("on_progress", lambda: self.observer.on_progress(progress))
+        self._call("on_progress", progress)
 
     # -- guarding ------------------------------------------------------------------------------
 
-    def _call(self, hook: str, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except Exception as exc:
-            self._warn_once(hook, f"the run's observer failed in {hook} (ignored): %s", exc)
+    def _call(self, hook: str, arg: object) -> None:
+        """Call ``hook`` of each observer; one that raises is logged and skipped."""
+        for observer in self._each:
+            try:
+                getattr(observer, hook)(arg)
+            except Exception as exc:
+                name = type(observer).__name__
+                self._warn_once(
+                    f"{name}.{hook}", f"observer {name} failed in {hook} (ignored): %s", exc
+                )
 
     def _warn_once(self, key: str, message: str, exc: BaseException) -> None:
         if key in self._warned:
