@@ -117,9 +117,12 @@ def _observers(
     observers: list[RunObserver] = []
     metrics = None
     if metrics_port is not None:
-        from sparkonce.observe.metrics import MetricsObserver
+        from sparkonce.observe.metrics import MetricsObserver, prometheus_client
 
-        metrics = MetricsObserver(pipeline)  # an ImportError names the extra to install
+        # An ImportError names the extra to install. This process is the run's own, so the
+        # client's global switch is ours: no ``*_created`` series beside each counter.
+        prometheus_client().disable_created_metrics()
+        metrics = MetricsObserver(pipeline)
         metrics.serve(metrics_port, metrics_host)
         log.info(
             "pipeline %s: metrics at http://%s:%d/metrics", pipeline, metrics_host, metrics_port
