@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import pty
+import re
 import signal
 import socket
 import struct
@@ -340,3 +341,10 @@ def test_a_terminal_shows_the_live_progress(observed: Observed) -> None:
         "committed, 0 skipped",
     ):
         assert shown in text, f"{shown!r} not shown:\n{text[-3000:]}"
+    # The display's last state (before the summary line): every record committed, and lag
+    # read once more at the end.
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    final = plain.rsplit(f"pipeline {TTY_NAME}", 2)[-2]
+    assert f"{TTY_RECORDS} rows committed" in final, final
+    assert re.search(r"lag\s+0 records \(3 partitions\)", final), final
+    assert "ended after 0:" in final, final

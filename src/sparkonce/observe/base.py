@@ -184,13 +184,18 @@ class RunWatch:
         self._call("on_fenced", error)
 
     def end(self, report: RunReport | None) -> None:
-        """Once, however the run ends: the lag thread and the listener stop."""
+        """Once, however the run ends: the lag thread and the listener stop. A run that
+        ended well has its lag read once more (its query has stopped: no commit runs)."""
         if self._ended:
             return
         self._ended = True
         self._done.set()
         if self._lag_thread is not None:
             self._lag_thread.join(timeout=self.lag_interval + 30.0)
+            if report is not None:
+                lag = self.read_lag()
+                if lag is not None:
+                    self._call("on_lag", lag)
         if self._spark is not None and self._listener is not None:
             try:
                 self._spark.streams.removeListener(self._listener)

@@ -53,6 +53,7 @@ class LiveProgress(RunObserver):
         self._lag: dict[TopicPartition, int] | None = None
         self._last: BatchReport | None = None
         self._fenced = False
+        self._ended_at: float | None = None
 
     def on_start(self, start: RunStart) -> None:
         from rich import get_console
@@ -95,6 +96,8 @@ class LiveProgress(RunObserver):
             self._fenced = True
 
     def on_end(self, report: RunReport | None) -> None:
+        with self._lock:
+            self._ended_at = time.monotonic()
         live, self._live = self._live, None
         if live is not None:
             live.refresh()
@@ -106,13 +109,19 @@ class LiveProgress(RunObserver):
 
         with self._lock:
             start, last = self._start, self._last
-            elapsed = time.monotonic() - self._started_at
+            now = self._ended_at if self._ended_at is not None else time.monotonic()
+            elapsed = now - self._started_at
             grid = Table.grid(padding=(0, 2))
             grid.add_column(style="bold")
             grid.add_column()
             name = start.pipeline if start else "?"
             epoch = f"epoch {start.epoch}" if start else ""
-            state = "fenced by a newer run" if self._fenced else f"running {_clock(elapsed)}"
+            if self._fenced:
+                state = f"fenced by a newer run after {_clock(elapsed)}"
+            elif self._ended_at is not None:
+                state = f"ended after {_clock(elapsed)}"
+            else:
+                state = f"running {_clock(elapsed)}"
             grid.add_row(f"pipeline {name}", f"{epoch}, {state}")
             grid.add_row(
                 "batches",
