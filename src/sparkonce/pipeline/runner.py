@@ -13,6 +13,12 @@ is taken, so a misconfigured run never fences a healthy one):
 4. The query starts; each micro-batch's ranges come from Spark's offset log and
    ``sink.commit`` runs the commit protocol inside ``foreachBatch``.
 
+A run given an observer (:mod:`sparkonce.observe`: metrics, a progress display) calls
+its hooks from step 4 on, through a :class:`~sparkonce.observe.base.RunWatch`: after each
+batch, on Spark's progress events, on lag read by a thread of its own, on fencing and at
+the end. The runner never imports what an observer needs (prometheus_client, rich), and
+nothing an observer does can fail or slow a commit beyond its own ``on_batch``.
+
 Whether a pipeline is stateful is what Spark itself records: a query with a
 stateful operator has ``state/<operator>/`` in its checkpoint from its first
 batch on. Each ledger entry records it, so a lost checkpoint of a stateful
