@@ -1,6 +1,7 @@
 """The built wheel, installed into a clean venv with only what each documented extra declares.
 
-A user installs ``sparkonce`` (or ``sparkonce[postgres]``, ``[kafka]``, ``[verify]``), not
+A user installs ``sparkonce`` (or ``sparkonce[postgres]``, ``[kafka]``, ``[verify]``,
+``[metrics]``), not
 the dev environment. This builds a wheel of the working tree (``pip wheel --no-deps``),
 installs it with ``--no-deps`` into a fresh venv (no system site-packages) together with
 the runtime requirements the wheel's own metadata declares, and checks each extra's import
@@ -24,7 +25,7 @@ import pytest
 pytestmark = [pytest.mark.packaging, pytest.mark.crash_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("postgres", "kafka", "verify")  # the extras a user is told to install
+EXTRAS = ("postgres", "kafka", "verify", "metrics")  # the extras a user is told to install
 UNREACHABLE_PG = "postgresql://u@127.0.0.1:9/db"  # port 9 (discard): nothing listens
 UNREACHABLE_KAFKA = "127.0.0.1:9"
 
@@ -36,6 +37,11 @@ from sparkonce.verify import Fault, TrialOutcome
 outcomes = [TrialOutcome(n, "s", Fault("kill", delay_s=1.0), True, True, recovery_s=2.0 + n)
             for n in range(3)]
 print(_write_chart(Path(sys.argv[1]), outcomes, ["kill"]))
+"""
+
+METRICS_STEP = """
+from sparkonce.observe.metrics import MetricsObserver
+print(MetricsObserver("p").exposition())
 """
 
 
@@ -111,6 +117,9 @@ def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
     assert done.stdout == "False\n" and not png.exists()
     (warning,) = done.stderr.splitlines()
     assert "no chart" in warning and "pip install 'sparkonce[verify]'" in warning
+    done = _run(py, "-c", METRICS_STEP)
+    assert done.returncode != 0
+    assert "pip install 'sparkonce[metrics]'" in done.stderr.splitlines()[-1], done.stderr
 
     # Each extra, with only what it declares: its path now gets past the import.
     _ok(*pip, *reqs["postgres"], timeout=600)
@@ -129,3 +138,7 @@ def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
     done = _ok(py, "-c", CHART_STEP, png)
     assert done.stdout == "True\n" and done.stderr == "", done.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
+
+    _ok(*pip, *reqs["metrics"], timeout=600)
+    exposition = _ok(py, "-c", METRICS_STEP).stdout
+    assert 'sparkonce_batches_committed_total{pipeline="p"} 0.0' in exposition

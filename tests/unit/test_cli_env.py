@@ -74,6 +74,7 @@ ENV_NUMBER_OPTIONS = [
     (["verify", "p.py"], "--trials", "SPARKONCE_VERIFY_TRIALS", "an integer >= 1"),
     (["verify", "p.py"], "--seed", "SPARKONCE_VERIFY_SEED", "an integer"),
     (["demo"], "--records", "SPARKONCE_DEMO_RECORDS", "an integer >= 1000"),
+    (["run", "p.py"], "--metrics-port", "SPARKONCE_METRICS_PORT", "a port number in 1..65535"),
 ]
 
 
@@ -100,6 +101,8 @@ OUT_OF_RANGE = [
     (["kafka", "create", "127.0.0.1:9", "t"], "--partitions", "SPARKONCE_PARTITIONS", "2147483648"),
     (["verify", "p.py"], "--trials", "SPARKONCE_VERIFY_TRIALS", "0"),
     (["demo"], "--records", "SPARKONCE_DEMO_RECORDS", "999"),
+    (["run", "p.py"], "--metrics-port", "SPARKONCE_METRICS_PORT", "0"),
+    (["run", "p.py"], "--metrics-port", "SPARKONCE_METRICS_PORT", "65536"),
 ]
 
 
@@ -351,6 +354,24 @@ def test_a_log_file_that_is_a_directory_is_a_usage_error(
     usage_error(err, "--log-file", "SPARKONCE_LOG_FILE", str(tmp_path), "a file path (it is a dir")
 
 
+# -- the metrics address -----------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["http://0.0.0.0", "localhost:9000", "my host", "::1/128", "[::1]"])
+def test_a_metrics_host_that_is_no_address_is_a_usage_error(
+    bad: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = refused(["run", "p.py"], {"SPARKONCE_METRICS_HOST": bad}, monkeypatch, capsys)
+    expected = "a host name or an IP address to listen on, such as 127.0.0.1 or 0.0.0.0"
+    usage_error(err, "--metrics-host", "SPARKONCE_METRICS_HOST", bad, expected)
+
+
+@pytest.mark.parametrize("good", ["127.0.0.1", "0.0.0.0", "::1", "::", "metrics.internal"])
+def test_a_metrics_host_address_passes(good: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKONCE_METRICS_HOST", good)
+    monkeypatch.setenv("SPARKONCE_METRICS_PORT", "9464")
+    args = build_parser().parse_args(["run", "p.py"])
+    assert (args.metrics_host, args.metrics_port) == (good, 9464)
+
+
 # -- every fallback is covered -----------------------------------------------------------------
 COVERED = (
     {env for _, _, env, _ in ENV_NUMBER_OPTIONS}
@@ -367,6 +388,7 @@ COVERED = (
         "SPARKONCE_RUN_CHECKPOINT",
         "SPARKONCE_RUN_SOURCE",
         "SPARKONCE_LOG_FILE",
+        "SPARKONCE_METRICS_HOST",
     }
 )
 # Any text is a good value of these (an empty one counts as unset).

@@ -21,12 +21,27 @@ from sparkonce.cli.common import (
     _env,
     _env_checked,
     _help,
+    _typed,
 )
 from sparkonce.cli.logs import _LOGGED_TO_FILE, _default_log_file, _log_to_file
 from sparkonce.errors import SparkOnceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
+    from sparkonce.observe import RunObserver
+    from sparkonce.observe.metrics import MetricsObserver
+
+log = logging.getLogger("sparkonce.run")
+PORT_EXPECTED = "a port number in 1..65535"
+HOST_EXPECTED = "a host name or an IP address to listen on, such as 127.0.0.1 or 0.0.0.0"
+
+
+def _check_host(text: str) -> None:
+    """Only the form: whether the address can be bound is found when it is."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+", text):
+        raise ValueError("not a host name or IP address")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -52,7 +67,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop.set()
 
     previous: dict[int, Any] = {}
+    metrics: MetricsObserver | None = None
     try:
+        # Metrics are served before Spark starts and before the run takes its epoch: a port
+        # in use or a missing prometheus_client stops here, and fences nobody.
+        observer, metrics = _observers(pipeline.name, args.metrics_port, args.metrics_host)
         spark = build_session(
             master=args.master,
             app_name=f"sparkonce:{pipeline.name}",
@@ -63,13 +82,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            report = pipeline.run(spark, timeout=args.timeout, stop=stop, faults=faults)
+            report = pipeline.run(
+                spark, timeout=args.timeout, stop=stop, faults=faults, observer=observer
+            )
         finally:
             spark.stop()
     except SparkOnceError as exc:
         exc.log_file = log_file  # type: ignore[attr-defined]
         raise
     finally:
+        if metrics is not None:
+            metrics.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
         for name in _LOGGED_TO_FILE:
@@ -83,7 +106,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _observers(
+    pipeline: str, metrics_port: int | None, metrics_host: str
+) -> tuple[RunObserver | None, MetricsObserver | None]:
+    """The run's observer (metrics if a port is given, live progress on a terminal) and
+    its metrics, already served."""
+    from sparkonce.observe import Observers
+    from sparkonce.observe.progress import LiveProgress, wants_live_progress
+
+    observers: list[RunObserver] = []
+    metrics = None
+    if metrics_port is not None:
+        from sparkonce.observe.metrics import MetricsObserver, prometheus_client
+
+        # An ImportError names the extra to install. This process is the run's own, so the
+        # client's global switch is ours: no ``*_created`` series beside each counter.
+        prometheus_client().disable_created_metrics()
+        metrics = MetricsObserver(pipeline)
+        metrics.serve(metrics_port, metrics_host)
+        log.info(
+            "pipeline %s: metrics at http://%s:%d/metrics", pipeline, metrics_host, metrics_port
+        )
+        observers.append(metrics)
+    if wants_live_progress():
+        observers.append(LiveProgress())
+    if not observers:
+        return None, None
+    return (observers[0] if len(observers) == 1 else Observers(*observers)), metrics
+
+
 def add_parser(sub: SubParsers) -> None:
+    from sparkonce.observe.metrics import METRICS_EXTRA
+
     p = sub.add_parser("run", help="run a pipeline file (defines `pipeline = Pipeline(...)`)")
     p.add_argument("pipeline_file")
     p.add_argument(
@@ -135,6 +189,25 @@ def add_parser(sub: SubParsers) -> None:
             "write Spark's and the run's full log, stacks included, here (default: a new file "
             "under the temp directory's sparkonce/, named in every error)",
             "SPARKONCE_LOG_FILE",
+        ),
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_typed(int, "--metrics-port", PORT_EXPECTED, lambda n: 1 <= n <= 65535),
+        default=_env("SPARKONCE_METRICS_PORT"),
+        help=_help(
+            "serve Prometheus metrics at http://HOST:PORT/metrics while the run goes on "
+            f"(needs {METRICS_EXTRA}); default: no metrics",
+            "SPARKONCE_METRICS_PORT",
+        ),
+    )
+    p.add_argument(
+        "--metrics-host",
+        type=_env_checked("--metrics-host", HOST_EXPECTED, _check_host),
+        default=_env("SPARKONCE_METRICS_HOST", "127.0.0.1"),
+        help=_help(
+            "the address the metrics listen on, default 127.0.0.1 (0.0.0.0: every interface)",
+            "SPARKONCE_METRICS_HOST",
         ),
     )
     p.set_defaults(func=cmd_run)

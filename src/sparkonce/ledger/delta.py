@@ -27,11 +27,11 @@ the batch's rows:
   a silent skip), anything else is a :class:`~sparkonce.errors.LedgerError`.
 * Taking an epoch (``acquire``) is a Delta transaction of its own that reads the
   stored version (recording the read in the transaction, as ``txnVersion`` does) and
-  commits ``(epoch + 1, entries)``. A batch commit or another acquire that commits the same application id
-  meanwhile makes one of them fail with Delta's ``ConcurrentTransactionException``:
-  two runs can never both take the same epoch, and an acquire never misses a batch
-  that committed while it ran. A run's batch write that loses such a race also fails,
-  and the sink reports it as fenced.
+  commits ``(epoch + 1, entries)``. A batch commit or another acquire that commits the
+  same application id meanwhile makes one of them fail with Delta's
+  ``ConcurrentTransactionException``: two runs can never both take the same epoch, and
+  an acquire never misses a batch that committed while it ran. A run's batch write
+  that loses such a race also fails, and the sink reports it as fenced.
 * The rows and the new version are in **one Delta commit**: readers see both or
   neither. The commit's ``userMetadata`` holds the ledger entry (JSON) and its
   ``operationMetrics`` the row count, for Delta's history.

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from sparkonce.faults import FaultPlan
+    from sparkonce.observe.base import RunObserver
     from sparkonce.pipeline.explain import Explanation
     from sparkonce.pipeline.runner import BatchReport, RunReport
 
@@ -225,6 +226,7 @@ class Pipeline:
         on_batch: Callable[[BatchReport], None] | None = None,
         stop: threading.Event | None = None,
         faults: FaultPlan | None = None,
+        observer: RunObserver | None = None,
     ) -> RunReport:
         """Run until the trigger completes (``availableNow``) or ``timeout`` seconds pass.
 
@@ -234,10 +236,18 @@ class Pipeline:
         for bad configuration or unreachable stores. Setting ``stop`` stops the run
         cleanly between commits and raises :class:`~sparkonce.errors.RunStopped`.
         ``faults`` is the run's fault plan (:mod:`sparkonce.faults`; ``sparkonce run``
-        parses it from the environment); the default injects nothing.
+        parses it from the environment); the default injects nothing. ``observer``
+        (:class:`~sparkonce.observe.RunObserver`) is called as the run goes: for
+        Prometheus metrics, :class:`~sparkonce.observe.metrics.MetricsObserver`.
         """
         from sparkonce.pipeline.runner import run_pipeline
 
         return run_pipeline(
-            self, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=faults
+            self,
+            spark,
+            timeout=timeout,
+            on_batch=on_batch,
+            stop=stop,
+            faults=faults,
+            observer=observer,
         )

@@ -13,6 +13,12 @@ is taken, so a misconfigured run never fences a healthy one):
 4. The query starts; each micro-batch's ranges come from Spark's offset log and
    ``sink.commit`` runs the commit protocol inside ``foreachBatch``.
 
+A run given an observer (:mod:`sparkonce.observe`: metrics, a progress display) calls
+its hooks from step 4 on, through a :class:`~sparkonce.observe.base.RunWatch`: after each
+batch, on Spark's progress events, on lag read by a thread of its own, on fencing and at
+the end. The runner never imports what an observer needs (prometheus_client, rich), and
+nothing an observer does can fail or slow a commit beyond its own ``on_batch``.
+
 Whether a pipeline is stateful is what Spark itself records: a query with a
 stateful operator has ``state/<operator>/`` in its checkpoint from its first
 batch on. Each ledger entry records it, so a lost checkpoint of a stateful
@@ -39,6 +45,7 @@ from sparkonce.errors import (
 )
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
+from sparkonce.observe.base import RunObserver, RunStart, RunWatch
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import DedupCounts, dedup_counts
 from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
@@ -91,12 +98,14 @@ class _BatchHandler:
         checkpoint: Checkpoint,
         report: RunReport,
         on_batch: Callable[[BatchReport], None] | None,
+        watch: RunWatch | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
         self.checkpoint = checkpoint
         self.report = report
         self.on_batch = on_batch
+        self.watch = watch
         self.error: BaseException | None = None
         self.current: tuple[int, BatchRanges] | None = None  # the batch being committed
         self.stopping: RunStopped | None = None
@@ -177,6 +186,8 @@ class _BatchHandler:
                 p.source.committed(p.name, ranges)
             except Exception as exc:  # monitoring only: the ledger holds the truth
                 log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
+        if self.watch is not None:
+            self.watch.batch(report)  # guarded: an observer never fails the run
         if self.on_batch is not None:
             self.on_batch(report)
 
@@ -332,6 +343,7 @@ def run_pipeline(
     on_batch: Callable[[BatchReport], None] | None = None,
     stop: threading.Event | None = None,
     faults: FaultPlan | None = None,
+    observer: RunObserver | None = None,
 ) -> RunReport:
     """Run ``pipeline`` on ``spark``; see the module docstring for the order of steps.
 
@@ -343,17 +355,31 @@ def run_pipeline(
     ``faults``: the fault plan of this run (``sparkonce run`` parses it from the
     environment once); it goes to the sink, whose commit marks the crash points, and
     records a fencing. None injects nothing.
+
+    ``observer``: hooks called as the run goes (:class:`~sparkonce.observe.RunObserver`:
+    start, each batch, Spark's progress, lag, fencing, end), for metrics or a progress
+    display. Whatever it raises is logged and ignored. None watches nothing.
     """
     plan = NO_FAULTS if faults is None else faults
+    watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)
+    report: RunReport | None = None
     try:
-        return _run(pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan)
+        report = _run(
+            pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan, watch=watch
+        )
+        return report
     except FencedError as exc:
         plan.fenced(
             getattr(exc, "pipeline", pipeline.name),
             getattr(exc, "epoch", None),  # a FencedError rebuilt from a task's text has none
             getattr(exc, "owner_epoch", None),
         )
+        if watch is not None:
+            watch.fenced(exc)
         raise
+    finally:
+        if watch is not None:
+            watch.end(report)
 
 
 def _run(
@@ -364,6 +390,7 @@ def _run(
     on_batch: Callable[[BatchReport], None] | None,
     stop: threading.Event | None,
     faults: FaultPlan,
+    watch: RunWatch | None,
 ) -> RunReport:
     from pyspark.errors import StreamingQueryException
 
@@ -398,7 +425,7 @@ def _run(
             )
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
-        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch)
+        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch)
         notes = _ProgressNotes(pipeline, report)
         trigger = Trigger.parse(pipeline.trigger)
         writer = (
@@ -418,9 +445,13 @@ def _run(
             sink.describe(),
             resumed,
         )
+        if watch is not None:
+            watch.start(spark, RunStart(pipeline.name, owner.epoch, resumed, dict(ledger_end)))
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
             query = writer.start()
+            if watch is not None:
+                watch.query_started(str(query.id))
             try:
                 # Poll, so that a stop request (a signal handler setting ``stop``) is seen
                 # within a second, and handled here, in the main thread, between batches.
