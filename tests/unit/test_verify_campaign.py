@@ -459,3 +459,73 @@ def test_key_columns_replace_the_sinks_keys_and_are_checked(tmp_path: Path) -> N
     for bad in (("key", "key"), ("",)):
         with pytest.raises(ConfigError, match="--key"):
             Campaign(pipeline, workdir=tmp_path / "work", key_columns=bad)
+
+
+def _entry(seq: int, at: float) -> Any:
+    from datetime import UTC, datetime
+
+    from sparkonce.ledger.base import LedgerEntry
+    from sparkonce.offsets import BatchRanges
+
+    stamp = datetime.fromtimestamp(at, UTC)
+    return LedgerEntry("p", seq, BatchRanges(()), 1, 0, stamp)
+
+
+def test_entry_timing_is_the_first_entry_and_the_median_gap() -> None:
+    from sparkonce.verify.campaign import _entry_timing
+
+    start = 1_800_000_000.0
+    entries = [_entry(i, start + t) for i, t in enumerate([20.0, 22.0, 23.0, 30.0])]
+    assert _entry_timing(entries, start) == (20.0, 2.0)  # gaps 2, 1, 7: median 2
+    assert _entry_timing(entries[:1], start) == (20.0, 10.0)  # one entry: half the first
+    assert _entry_timing([], start) == (None, None)
+
+
+def test_kills_are_planned_on_progress_when_the_oracle_timing_is_known() -> None:
+    """N among the oracle's batches; N = 0: inside the time to the first entry; N >= 1:
+    every store's entry of batch N, then at most one interval between entries."""
+    oracle = Oracle([], 60.0, 4, first_commit_s=20.0, batch_interval_s=2.0)
+    seen = set()
+    for n in range(200):
+        fault = plan_fault("kill", random.Random(f"3:{n}"), oracle, stores=2)
+        assert fault == plan_fault("kill", random.Random(f"3:{n}"), oracle, stores=2)
+        assert fault.delay_s is not None
+        if fault.after_entries is None:
+            assert 0.3 * 20.0 <= fault.delay_s <= 20.0
+            seen.add(0)
+        else:
+            assert fault.after_entries in (2, 4, 6)  # batch 1..3, in both stores
+            assert 0.0 <= fault.delay_s <= 2.0
+            seen.add(fault.after_entries // 2)
+            assert "after ledger entry" in fault.describe()
+    assert seen == {0, 1, 2, 3}
+
+
+def test_the_oracle_timing_goes_into_the_report_and_back(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from sparkonce.verify.campaign import write_json
+
+    oracle = Oracle([], 20.0, 2, first_commit_s=11.5, batch_interval_s=1.25)
+    fault = Fault("kill", delay_s=0.5, after_entries=1)
+    trial = TrialOutcome(0, "5:0", fault, True, True, seconds=30.0)
+    campaign: Any = SimpleNamespace(
+        pipeline_file=Path("p.py"),
+        pipeline=SimpleNamespace(name="p", sink=SimpleNamespace(describe=lambda: "sink")),
+        seed=5,
+        kinds=("kill",),
+        oracle=oracle,
+    )
+    path = tmp_path / "verify.json"
+    write_json(path, campaign, [trial], 31.0)
+    doc = json.loads(path.read_text())
+    assert doc["oracle"]["first_commit_s"] == 11.5 and doc["oracle"]["batch_interval_s"] == 1.25
+    assert doc["trials"][0]["fault"]["after_entries"] == 1
+    recorded = load_report(path, 5, ["kill"])
+    assert recorded.oracle_timing == (11.5, 1.25) and recorded.outcomes == [trial]
+    # A report of an older version has neither: its kills stay planned on the run time.
+    del doc["oracle"]["first_commit_s"], doc["oracle"]["batch_interval_s"]
+    path.write_text(json.dumps(doc))
+    assert load_report(path, 5, ["kill"]).oracle_timing == (None, None)
+    old = plan_fault("kill", random.Random("5:1"), Oracle([], 20.0, 2))
+    assert old.after_entries is None and old.delay_s is not None and 6.0 <= old.delay_s <= 19.0

@@ -247,8 +247,9 @@ def test_a_kill_planned_after_the_run_ends_is_planned_again_on_that_run(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
     """A kill delay drawn from an oracle time far longer than a trial's run (here the
-    recorded oracle time is set to 400 s, as a cold first run on a busy machine could
-    measure) would land after the driver finished and test nothing. The trial measures
+    recorded oracle time of a report of an older version, planned on the whole run time,
+    is set to 400 s, as a cold first run on a busy machine could measure) would land
+    after the driver finished and test nothing. The trial measures
     the run that finished first and kills the next one at the same fraction of it."""
     log_dir = make_log(600, partitions=3, keys=6)
     pipeline = write_pipeline(
@@ -258,6 +259,10 @@ def test_a_kill_planned_after_the_run_ends_is_planned_again_on_that_run(
     args = ["verify", str(pipeline), "--trials", "1", "--faults", "kill", "--out", str(out)]
     assert main(args) == 0
     report = json.loads((out / "verify.json").read_text())
+    # This version plans kills on progress and records what it planned them on; a report
+    # without it (an older version's) plans them on the recorded run time, as here.
+    assert report["oracle"]["first_commit_s"] > 0 and report["oracle"]["batch_interval_s"] > 0
+    del report["oracle"]["first_commit_s"], report["oracle"]["batch_interval_s"]
     report["oracle"]["seconds"] = 400.0
     report["trials"][0].update(fault_fired=False)
     (out / "verify.json").write_text(json.dumps(report))
@@ -268,3 +273,31 @@ def test_a_kill_planned_after_the_run_ends_is_planned_again_on_that_run(
     # delay used was re-planned on the run that finished: first run finished, second
     # killed, third to the end.
     assert trial["fault"]["delay_s"] < 120.0 and trial["driver_runs"] >= 3, trial
+
+
+def test_a_kill_planned_on_progress_fires_after_its_ledger_entry(
+    tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """Two batches (400 records per partition, 250 per batch): the seed is chosen so that
+    trial 0 is killed after the first batch's ledger entry, not at a time from the start."""
+    import random
+
+    from sparkonce.verify.campaign import Oracle, plan_fault
+
+    shape = Oracle([], 60.0, 2, first_commit_s=20.0, batch_interval_s=2.0)
+    seed = next(
+        s for s in range(100) if plan_fault("kill", random.Random(f"{s}:0"), shape).after_entries
+    )
+    log_dir = make_log(1200, partitions=3, keys=6)
+    pipeline = write_pipeline(
+        tmp_path, log_dir, f"sink_from_url('sqlite:///{tmp_path}/p.db', 'out')"
+    )
+    out = tmp_path / "out"
+    args = ["verify", str(pipeline), "--trials", "1", "--faults", "kill", "--seed", str(seed)]
+    assert main([*args, "--out", str(out)]) == 0
+    report = json.loads((out / "verify.json").read_text())
+    assert report["oracle"]["batches"] == 2
+    [trial] = report["trials"]
+    assert trial["fault"]["after_entries"] == 1, trial
+    assert trial["fault_fired"] and trial["passed"], trial
+    assert trial["lost_rows"] == trial["duplicated_rows"] == 0

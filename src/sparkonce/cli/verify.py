@@ -172,7 +172,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         try:
-            oracle = campaign.run_oracle(oracle_seconds)
+            oracle = campaign.run_oracle(oracle_seconds, plan.oracle_timing)
         except ReferenceMismatchError:
             write_json(json_path, campaign, outcomes, time.monotonic() - started, stores, 0)
             raise

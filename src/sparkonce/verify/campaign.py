@@ -20,7 +20,12 @@ the JIT mode changes timing only.
 Fault kinds (``--faults``):
 
 ``kill``
-    SIGKILL of the driver's process group at a random moment.
+    SIGKILL of the driver's process group at a random moment, planned on the driver's
+    progress: after its Nth ledger entry (N drawn among the oracle's batches) plus a
+    random part of the oracle's time between two entries, or, for N = 0, at a random
+    part of the oracle's time to its first entry. A busy machine slows the trial and
+    the kill alike, so it still lands inside the run. (Reports written before this
+    planning hold kills planned on the oracle's whole run time; they resume with it.)
 ``crash-point``
     SIGKILL at a named crash point of the commit protocol
     (:class:`~sparkonce.protocol.CrashPoint`), on a random batch. With outputs in
@@ -127,6 +132,7 @@ events each driver run writes (:meth:`Driver.events`, schema in
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import random
@@ -204,11 +210,14 @@ class Fault:
     kind: str
     point: str | None = None  # crash point name (crash-point, db-drop, zombie)
     hit: int = 1  # which time the point is reached (1 = first batch)
-    delay_s: float | None = None  # kill: seconds after the driver started
+    delay_s: float | None = None  # kill: seconds after the start, or after entry N (below)
+    after_entries: int | None = None  # kill: wait for this many new ledger entries first
     kill_after: int | None = None  # resend: k, records acknowledged before the kill
     progress_every: int | None = None  # resend: M, records between progress writes
 
     def describe(self) -> str:
+        if self.kind == "kill" and self.after_entries:
+            return f"kill {self.delay_s:.1f} s after ledger entry {self.after_entries}"
         if self.kind == "kill":
             return f"kill after {self.delay_s:.1f} s"
         if self.kind == "resend":
@@ -263,6 +272,9 @@ class Oracle:
     batches: int  # ledger entries (of each store)
     outputs: dict[str, list[dict[str, Any]]] | None = None
     records: int = 0  # input offsets its batches covered (the first store's ledger)
+    # What kills are planned on (None in reports of older versions: the whole run time):
+    first_commit_s: float | None = None  # from the driver's start to its first entry
+    batch_interval_s: float | None = None  # the median time between two entries
 
     def output_rows(self) -> dict[str, list[dict[str, Any]]]:
         """Each output's rows (a single sink's under ``"output"``)."""
@@ -292,8 +304,20 @@ def plan_fault(kind: str, rng: random.Random, oracle: Oracle, stores: int = 1) -
     batches = max(1, oracle.batches) * max(1, stores)
     kind, _, pinned = kind.partition(":")
     if kind == "kill":
-        # A moment inside the failure-free run time, but after Spark is up.
-        return Fault(kind, delay_s=round(rng.uniform(0.3, 0.95) * oracle.seconds, 2))
+        if oracle.first_commit_s is None or oracle.batch_interval_s is None:
+            # A report of an older version: a moment inside the failure-free run time,
+            # after Spark is up, as its trials were planned.
+            return Fault(kind, delay_s=round(rng.uniform(0.3, 0.95) * oracle.seconds, 2))
+        # After the Nth batch (every store's entry of it), plus a part of a batch's time;
+        # N = 0: a moment before the first entry, after Spark is up.
+        n = rng.randint(0, max(0, oracle.batches - 1))
+        if n == 0:
+            return Fault(kind, delay_s=round(rng.uniform(0.3, 1.0) * oracle.first_commit_s, 2))
+        return Fault(
+            kind,
+            after_entries=n * max(1, stores),
+            delay_s=round(rng.uniform(0.0, 1.0) * oracle.batch_interval_s, 2),
+        )
     if kind == "crash-point":
         point = CrashPoint(pinned) if pinned else rng.choice(list(CrashPoint))
         return Fault(kind, point=point.value, hit=rng.randint(1, batches))
@@ -539,12 +563,16 @@ class Campaign:
         return [_store_name(names, [self.sinks[n] for n in names]) for names in self.stores]
 
     # -- oracle ------------------------------------------------------------------------
-    def run_oracle(self, seconds: float | None = None) -> Oracle:
-        """The failure-free run. ``seconds``: the run time to plan kills with, as
-        recorded by an earlier segment of this campaign (default: this run's)."""
+    def run_oracle(
+        self, seconds: float | None = None, timing: tuple[float | None, float | None] = (None, None)
+    ) -> Oracle:
+        """The failure-free run. ``seconds`` and ``timing`` (its time to the first ledger
+        entry and between entries): what kills are planned on, as recorded by an earlier
+        segment of this campaign (default: this run's)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.clean()
         self.on_event("oracle: failure-free run")
+        started_wall = time.time()
         driver = self._driver(self.workdir / "oracle.log").start()
         code = driver.wait(DRIVER_TIMEOUT_S)
         if code != 0:
@@ -566,12 +594,15 @@ class Campaign:
                 f"see {driver.log_path}"
             )
         everything = [r for output in rows.values() for r in output]
+        first, interval = _entry_timing(ledgers[0], started_wall) if seconds is None else timing
         self.oracle = Oracle(
             everything,
             driver.seconds if seconds is None else seconds,
             len(ledgers[0]),
             rows if self.multi else None,
             records=sum(e.ranges.count for e in ledgers[0]),
+            first_commit_s=first,
+            batch_interval_s=interval,
         )
         per_output = (
             " (" + ", ".join(f"{n} {len(r)}" for n, r in rows.items()) + ")" if self.multi else ""
@@ -770,6 +801,8 @@ class Campaign:
 
     def _inject(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
         """Run the faulty part of a trial. Returns True if the input is fully consumed."""
+        if fault.kind == "kill" and fault.after_entries:
+            return self._kill_after_entries(fault, out, logs)
         if fault.kind == "kill":
             assert fault.delay_s is not None and self.oracle is not None
             fraction = fault.delay_s / max(self.oracle.seconds, 0.01)
@@ -822,6 +855,33 @@ class Campaign:
         if fault.kind == "resend":
             return self._resend(fault, out, logs)
         raise ConfigError(f"unknown fault kind {fault.kind!r}")
+
+    def _kill_after_entries(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
+        """A kill planned on progress: once the stores hold ``after_entries`` new ledger
+        entries, wait ``delay_s`` and kill. A run that ends first is run again from a clean
+        slate with half the delay (at most :data:`KILL_RESCALES` times)."""
+        assert fault.after_entries is not None and fault.delay_s is not None
+        for attempt in range(KILL_RESCALES + 1):
+            base = self._ledger_len()
+            d = self._driver(logs / f"fault{attempt or ''}.log").start()
+            out.driver_runs += 1
+            while d.poll() is None and self._ledger_len() - base < fault.after_entries:
+                if d.seconds > DRIVER_TIMEOUT_S:
+                    break
+                time.sleep(0.1)
+            reached = time.monotonic()
+            while d.poll() is None and time.monotonic() - reached < fault.delay_s:
+                time.sleep(0.05)
+            if d.poll() is None:
+                d.kill()
+                out.fault_fired = True
+            code = d.wait(60)
+            if out.fault_fired or code != 0 or attempt == KILL_RESCALES:
+                return code == 0 and not out.fault_fired
+            fault = replace(fault, delay_s=round(fault.delay_s / 2, 2))
+            out.fault = fault
+            self.clean()
+        return False  # not reached
 
     def _resend(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
         """A producer crash and re-send into a fresh trial source, then the pipeline on it
@@ -1190,6 +1250,8 @@ class Recorded:
 
     outcomes: list[TrialOutcome] = field(default_factory=list)
     oracle_seconds: float | None = None  # the run time its kill delays were planned on
+    # The oracle's time to its first entry and between entries (None: an older report).
+    oracle_timing: tuple[float | None, float | None] = (None, None)
 
     def split(self) -> tuple[list[TrialOutcome], list[int]]:
         """(trials to keep, trials to run again): a passed trial whose fault did not
@@ -1222,7 +1284,16 @@ def load_report(path: Path, seed: int, kinds: Sequence[str]) -> Recorded:
             out.append(TrialOutcome(fault=fault, **t))
         oracle = doc.get("oracle") or {}
         seconds = oracle.get("seconds")
-        return Recorded(out, float(seconds) if seconds is not None else None)
+
+        def number(name: str) -> float | None:
+            v = oracle.get(name)
+            return float(v) if v is not None else None
+
+        return Recorded(
+            out,
+            float(seconds) if seconds is not None else None,
+            (number("first_commit_s"), number("batch_interval_s")),
+        )
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(
             f"{path} is not a verify report this version can read ({exc}); "
@@ -1253,7 +1324,13 @@ def write_json(
         "faults": list(campaign.kinds),
         "oracle": None
         if oracle is None
-        else {"rows": len(oracle.rows), "batches": oracle.batches, "seconds": oracle.seconds},
+        else {
+            "rows": len(oracle.rows),
+            "batches": oracle.batches,
+            "seconds": oracle.seconds,
+            "first_commit_s": oracle.first_commit_s,
+            "batch_interval_s": oracle.batch_interval_s,
+        },
         "reference": None if reference is None else reference.to_json(),
         "this_run": {
             "trials": len(outcomes) if ran is None else ran,
@@ -1274,7 +1351,7 @@ def _trial_json(outcome: TrialOutcome) -> dict[str, Any]:
     doc = asdict(outcome)
     if outcome.resend is None:
         del doc["resend"]
-    for name in ("kill_after", "progress_every"):
+    for name in ("kill_after", "progress_every", "after_entries"):
         if doc["fault"][name] is None:
             del doc["fault"][name]
     return doc
@@ -1342,3 +1419,17 @@ def write_chart(path: Path, outcomes: Sequence[TrialOutcome], kinds: Sequence[st
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _entry_timing(
+    entries: Sequence[LedgerEntry], started_wall: float
+) -> tuple[float | None, float | None]:
+    """(seconds from the driver's start to its first ledger entry, median seconds between
+    two entries) of a failure-free run; the interval of a one-entry run is half the first."""
+    if not entries:
+        return None, None
+    stamps = [e.committed_at.timestamp() for e in entries]
+    first = round(max(0.1, stamps[0] - started_wall), 2)
+    gaps = [b - a for a, b in itertools.pairwise(stamps) if b > a]
+    interval = statistics.median(gaps) if gaps else first / 2
+    return first, round(max(0.1, interval), 2)

@@ -94,6 +94,8 @@ class TrialPlan:
     replay: int | None = None
     replay_fault: Fault | None = None  # recorded for the replayed trial; None: from the seed
     oracle_seconds: float | None = None  # plan kills on this time; None: the oracle's own
+    # and on these (time to the first ledger entry, between entries), recorded with it
+    oracle_timing: tuple[float | None, float | None] = (None, None)
     notes: list[str] = field(default_factory=list)  # what the plan took from the report
 
     @property
@@ -120,8 +122,10 @@ def plan_trials(request: VerifyRequest, recorded: Recorded | None, out_dir: Path
     """
     report = out_dir / REPORT_NAME
     oracle_seconds = None
+    timing: tuple[float | None, float | None] = (None, None)
     if recorded is not None and not request.retime_oracle:
         oracle_seconds = recorded.oracle_seconds
+        timing = recorded.oracle_timing
     if request.replay is not None:
         n = request.replay
         fault = recorded.fault_of(n) if recorded is not None else None
@@ -137,6 +141,7 @@ def plan_trials(request: VerifyRequest, recorded: Recorded | None, out_dir: Path
             replay=n,
             replay_fault=fault,
             oracle_seconds=oracle_seconds,
+            oracle_timing=timing,
             notes=[note],
         )
     kept: list[TrialOutcome] = []
@@ -157,6 +162,7 @@ def plan_trials(request: VerifyRequest, recorded: Recorded | None, out_dir: Path
         kept=kept,
         rerun=rerun,
         oracle_seconds=oracle_seconds,
+        oracle_timing=timing,
         notes=notes,
     )
 
