@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -74,12 +75,19 @@ def cmd_ui(args: argparse.Namespace) -> int:
         for watch in watches:
             watch.close()
         raise unreachable[0]
-    # From now on a store that fails is shown on the page and logged once when it fails
-    # (sparkonce.ui.state), not once per connection attempt of every reading.
-    logging.getLogger("sparkonce.db").setLevel(logging.ERROR)
 
     state = UiState(watches, report, refresh_s=args.refresh)
-    return _serve(state, args.port)
+    # From now on a store that fails is shown on the page and logged once when it fails
+    # (sparkonce.ui.state), not once per connection attempt of every reading.
+    db_log = logging.getLogger("sparkonce.db")
+    level = db_log.level
+    db_log.setLevel(logging.ERROR)
+    try:
+        return _serve(state, args.port)
+    finally:
+        db_log.setLevel(level)
+        for watch in watches:
+            watch.close()
 
 
 def _serve(state: UiState, port: int) -> int:
@@ -91,13 +99,22 @@ def _serve(state: UiState, port: int) -> int:
     app = create_app(state)
     # werkzeug logs every request (a poll every few seconds): only its warnings and errors.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    # Bound here, not by make_server(), which prints and exits on a port in use.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        server = make_server(HOST, port, app, threaded=True)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((HOST, port))
+        listener.listen(128)
     except OSError as exc:
+        listener.close()
         raise ConfigError(
             f"cannot listen on {HOST}:{port} ({exc.strerror or exc}); choose another --port, "
             "or --port 0 for any free one"
         ) from None
+    with listener:  # make_server() serves a duplicate of its descriptor
+        server = make_server(
+            HOST, listener.getsockname()[1], app, threaded=True, fd=listener.fileno()
+        )
     stopped: list[int] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
