@@ -8,6 +8,7 @@ what the test committed and from the embedded log's end offsets.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
-from sparkonce.errors import ConfigError
+from sparkonce.errors import ConfigError, SinkUnavailableError
 from sparkonce.ledger.base import BatchContext
 from sparkonce.log import Topic
 from sparkonce.offsets import BatchRanges, OffsetRange
@@ -152,9 +153,16 @@ def test_an_empty_store_is_empty_not_an_error(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_store_is_an_error_without_its_password(unreachable_pg: str) -> None:
+    """The CLI's start check (probe) fails; the first reading shows that failure at once
+    instead of trying the store again."""
     watch = StoreWatch(unreachable_pg, open_status_sink)
     assert SECRET not in repr(watch)
+    with pytest.raises(SinkUnavailableError) as failed:
+        watch.probe()
+    assert SECRET not in str(failed.value)
+    started = time.monotonic()
     view = watch.read()
+    assert time.monotonic() - started < 1.0
     assert view["status"] == "error"
     assert view["error_type"] == "SinkUnavailableError"
     assert "cannot connect to PostgreSQL at 127.0.0.1:" in view["error"]

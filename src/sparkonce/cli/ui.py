@@ -124,7 +124,7 @@ def _serve(state: UiState, port: int) -> int:
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     state.start()
-    print(f"sparkonce ui: serving http://{HOST}:{server.server_port}/", flush=True)
+    print(f"sparkonce ui: serving http://{HOST}:{server.port}/", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

@@ -181,14 +181,28 @@ class StoreWatch:
         self.recent = recent
         self._opener = opener
         self._sink: Sink | None = None
+        self._failed_probe: Exception | None = None
 
     def __repr__(self) -> str:
         return f"StoreWatch({self.label})"
 
     def probe(self) -> None:
-        """Open the store now; raises what the opener raises (the CLI's start check)."""
+        """Open the store now; raises what the opener raises (the CLI's start check).
+
+        A failure is also kept as the first reading's result, so the page shows it at once
+        instead of trying the store again (a PostgreSQL server that does not answer takes
+        seconds of retries).
+        """
+        try:
+            self._open()
+        except Exception as exc:
+            self._failed_probe = exc
+            raise
+
+    def _open(self) -> Sink:
         if self._sink is None:
             self._sink, self.label = self._opener(self.url)
+        return self._sink
 
     def read(self) -> dict[str, Any]:
         """This store's pipelines (``status`` "ok"), none ("empty"), or what went wrong
@@ -196,10 +210,12 @@ class StoreWatch:
         started = time.monotonic()
         base: dict[str, Any] = {"label": self.label, "read_at": _iso(datetime.now(UTC))}
         try:
-            self.probe()
-            assert self._sink is not None
-            names = sorted(self._sink.pipelines())
-            views = [pipeline_view(self._sink, name, self.recent) for name in names]
+            failed, self._failed_probe = self._failed_probe, None
+            if failed is not None:
+                raise failed
+            sink = self._open()
+            names = sorted(sink.pipelines())
+            views = [pipeline_view(sink, name, self.recent) for name in names]
         except Exception as exc:  # any failure is shown on the page, never raised
             self.close()
             return {
