@@ -109,6 +109,8 @@ def test_pipeline_view_matches_what_was_committed(
         gap = (entry.committed_at - entries[entry.seq - 1].committed_at).total_seconds()
         assert e["interval_s"] == pytest.approx(gap)
         assert e["rows_per_s"] == (pytest.approx(e["rows"] / gap) if gap > 0 else None)
+        records = entry.ranges.count
+        assert e["records_per_s"] == (pytest.approx(records / gap) if gap > 0 else None)
         assert before["seq"] == e["seq"] - 1
     json.dumps(view)  # plain data, as /api/state serves it
 

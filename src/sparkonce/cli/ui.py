@@ -14,7 +14,6 @@ import argparse
 import logging
 import signal
 import socket
-import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -68,8 +67,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     for watch in watches:
         try:
             watch.probe()  # ConfigError (a missing SQLite file, say) stops here: exit 2
-        except StoreUnavailableError as exc:
-            print(f"sparkonce ui: warning: {watch.label}: {exc}", file=sys.stderr)
+        except StoreUnavailableError as exc:  # shown, and logged, as its first reading
             unreachable.append(exc)
     if len(unreachable) == len(watches):
         for watch in watches:

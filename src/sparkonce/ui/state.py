@@ -73,8 +73,9 @@ def timeline(entries: Sequence[LedgerEntry], recent: int = RECENT) -> list[dict[
     and the entry before it (the one before the first shown is used when there is one).
 
     ``interval_s``: seconds between the previous entry's ``committed_at`` and this one's
-    (None for the ledger's first entry). ``rows_per_s``: this entry's rows over that
-    interval (None without an interval, or when it is not positive). ``epoch_changed``:
+    (None for the ledger's first entry). ``rows_per_s``: this entry's rows (written to the
+    sink) over that interval, ``records_per_s`` its input records (its offset ranges) over
+    it (both None without an interval, or when it is not positive). ``epoch_changed``:
     this entry was committed by another epoch than the previous one (a restart or a
     takeover; its interval then includes the time the pipeline was down).
     """
@@ -94,6 +95,7 @@ def timeline(entries: Sequence[LedgerEntry], recent: int = RECENT) -> list[dict[
                 "committed_at": _iso(e.committed_at),
                 "interval_s": interval,
                 "rows_per_s": e.row_count / interval if interval and interval > 0 else None,
+                "records_per_s": e.ranges.count / interval if interval and interval > 0 else None,
                 "epoch_changed": prev is not None and prev.epoch != e.epoch,
             }
         )
@@ -357,7 +359,9 @@ class UiState:
             with self._lock:
                 self._latest[i] = view
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the threads; one still inside a slow reading is left to end with the
+        process (they are daemon threads)."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout)

@@ -139,7 +139,9 @@
           throughput,
           el("p", {
             class: "chart-note",
-            text: "Rows of each batch over the time since the previous commit.",
+            text:
+              "A batch's input records (its offset ranges) and output rows (written to the " +
+              "sink) over the time since the previous commit.",
           }),
         ]),
         el("div", {}, [
@@ -187,9 +189,14 @@
         line: { dash: "dot", width: 1, color: "#8a5a00" },
       }));
     const layout = (title, ytitle) => ({
-      title: { text: title, font: { size: 13 } },
+      title: { text: title, font: { size: 13 }, x: 0.01, xanchor: "left" },
       margin: { l: 56, r: 12, t: 32, b: 40 },
-      xaxis: { title: { text: "batch (seq)" }, tickformat: "d" },
+      // Whole batch numbers only, about ten ticks at most.
+      xaxis: {
+        title: { text: "batch (seq)" },
+        tickformat: "d",
+        dtick: Math.max(1, Math.ceil(seqs.length / 10)),
+      },
       yaxis: { title: { text: ytitle }, rangemode: "tozero" },
       shapes: shapes,
       showlegend: false,
@@ -201,13 +208,27 @@
         {
           type: "scatter",
           mode: "lines+markers",
+          name: "input records/s",
+          x: seqs,
+          y: points.map((e) => e.records_per_s),
+          text: epochs,
+          hovertemplate: "seq %{x}<br>%{y:.1f} input records/s<br>%{text}<extra></extra>",
+        },
+        {
+          type: "scatter",
+          mode: "lines+markers",
+          name: "output rows/s",
           x: seqs,
           y: points.map((e) => e.rows_per_s),
           text: epochs,
-          hovertemplate: "seq %{x}<br>%{y:.1f} rows/s<br>%{text}<extra></extra>",
+          hovertemplate: "seq %{x}<br>%{y:.1f} output rows/s<br>%{text}<extra></extra>",
         },
       ],
-      layout("Throughput: rows per second between commits", "rows/s"),
+      {
+        ...layout("Throughput: per second between commits", "per second"),
+        showlegend: true,
+        legend: { orientation: "h", y: 1.02, yanchor: "bottom", x: 1, xanchor: "right" },
+      },
       config
     );
     window.Plotly.react(
