@@ -74,6 +74,7 @@ ENV_NUMBER_OPTIONS = [
     (["verify", "p.py"], "--trials", "SPARKONCE_VERIFY_TRIALS", "an integer >= 1"),
     (["verify", "p.py"], "--seed", "SPARKONCE_VERIFY_SEED", "an integer"),
     (["demo"], "--records", "SPARKONCE_DEMO_RECORDS", "an integer >= 1000"),
+    (["ui"], "--port", "SPARKONCE_UI_PORT", "an integer in 0..65535"),
 ]
 
 
@@ -100,6 +101,8 @@ OUT_OF_RANGE = [
     (["kafka", "create", "127.0.0.1:9", "t"], "--partitions", "SPARKONCE_PARTITIONS", "2147483648"),
     (["verify", "p.py"], "--trials", "SPARKONCE_VERIFY_TRIALS", "0"),
     (["demo"], "--records", "SPARKONCE_DEMO_RECORDS", "999"),
+    (["ui"], "--port", "SPARKONCE_UI_PORT", "65536"),
+    (["ui"], "--port", "SPARKONCE_UI_PORT", "-1"),
 ]
 
 
@@ -170,12 +173,15 @@ SINK_URL = (
     "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME or "
     "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
 )
-# (argv, variable): the three commands that take a sink URL from the environment.
+# (argv, variable): the commands that take a sink URL from the environment.
 SINK_VARIABLES = [
     (["status", "--pipeline", "p"], "SPARKONCE_SINK"),
     (["run", "p.py"], "SPARKONCE_RUN_SINK"),
     (["verify", "p.py"], "SPARKONCE_VERIFY_SINK"),
+    (["ui"], "SPARKONCE_SINK"),
 ]
+# The commands whose --sink is a list (given once per store): checked as they start.
+SINK_LISTS = ("verify", "ui")
 BAD_SINK_URLS = [
     ("out.db", "out.db", "is not a URL"),
     ("mysql://u@h/db", "mysql://u@h/db", "scheme 'mysql' is not supported"),
@@ -202,7 +208,7 @@ def test_a_malformed_sink_url_is_refused_naming_the_variable_with_the_password_m
     monkeypatch.chdir(tmp_path)
     err = refused(argv, {env: bad}, monkeypatch, capsys)
     message = f"invalid value {shown!r} for --sink from {env}: expected {SINK_URL} ("
-    if env == "SPARKONCE_VERIFY_SINK":  # a list option: checked as the command starts
+    if argv[0] in SINK_LISTS:  # a list option: checked as the command starts
         assert err.startswith(f"sparkonce: bad input: {message}"), err
         assert not (tmp_path / "verify-out").exists()
     else:
@@ -351,6 +357,23 @@ def test_a_log_file_that_is_a_directory_is_a_usage_error(
     usage_error(err, "--log-file", "SPARKONCE_LOG_FILE", str(tmp_path), "a file path (it is a dir")
 
 
+@pytest.mark.parametrize("bad", ["abc", "0", "0.1", "3601", "nan"])
+def test_a_bad_ui_refresh_is_a_usage_error(
+    bad: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = "SPARKONCE_UI_REFRESH"
+    err = refused(["ui"], {env: bad}, monkeypatch, capsys)
+    usage_error(err, "--refresh", env, bad, "a number of seconds in 0.2..3600")
+
+
+def test_a_ui_verify_report_that_is_a_directory_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = "SPARKONCE_UI_VERIFY_REPORT"
+    err = refused(["ui"], {env: str(tmp_path)}, monkeypatch, capsys)
+    usage_error(err, "--verify-report", env, str(tmp_path), "a file path (it is a dir")
+
+
 # -- every fallback is covered -----------------------------------------------------------------
 COVERED = (
     {env for _, _, env, _ in ENV_NUMBER_OPTIONS}
@@ -367,6 +390,8 @@ COVERED = (
         "SPARKONCE_RUN_CHECKPOINT",
         "SPARKONCE_RUN_SOURCE",
         "SPARKONCE_LOG_FILE",
+        "SPARKONCE_UI_REFRESH",
+        "SPARKONCE_UI_VERIFY_REPORT",
     }
 )
 # Any text is a good value of these (an empty one counts as unset).
@@ -393,11 +418,12 @@ def test_every_environment_fallback_has_a_bad_value_test() -> None:
 
 def test_every_environment_fallback_declares_a_type() -> None:
     """Without ``type=``, argparse would hand the variable's text to the command unchecked
-    (the verify --sink list is the exception: cmd_verify checks it)."""
+    (the --sink lists of verify and ui are the exception: their commands check them)."""
     untyped = [
         (action.dest, env)
         for action, env in env_options(build_parser())
-        if action.type is None and env != "SPARKONCE_VERIFY_SINK"
+        if action.type is None
+        and not (action.dest == "sink" and isinstance(action, argparse._AppendAction))
     ]
     assert untyped == []
 
