@@ -1,6 +1,7 @@
 """``sparkonce ui``: a live status page of the pipelines in one or more stores.
 
-Checks at start (each a ``bad input``, exit 2, unless said otherwise): every ``--sink``
+Checks at start (each a ``bad input``, exit 2, unless said otherwise): the ``ui`` extra
+(Flask, werkzeug, plotly) is installed; every ``--sink``
 URL's form; a SQLite file that does not exist; the ``--verify-report`` (missing, not JSON,
 not a verify report); a ``--port`` already in use. Each store is then opened once: a store
 that does not answer is only a warning (the page shows its error) unless none answers,
@@ -43,7 +44,10 @@ HOST = "127.0.0.1"
 def cmd_ui(args: argparse.Namespace) -> int:
     from sparkonce.config import mask_url
     from sparkonce.pipeline.status import open_status_sink
+    from sparkonce.ui.app import require_ui
     from sparkonce.ui.state import StoreWatch, UiState, load_verify_report
+
+    require_ui()  # ImportError naming the extra: exit 2
 
     env_sink = _env("SPARKONCE_SINK")
     if not args.sink:

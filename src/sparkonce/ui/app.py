@@ -28,6 +28,17 @@ def _missing(exc: ImportError) -> ImportError:
     return ImportError(f"sparkonce ui needs Flask and plotly: pip install 'sparkonce[ui]' ({exc})")
 
 
+def require_ui() -> None:
+    """Raise an ImportError naming ``pip install 'sparkonce[ui]'`` unless Flask, werkzeug
+    and plotly are installed (the CLI checks before it opens any store)."""
+    try:
+        import flask  # noqa: F401
+        import plotly  # noqa: F401
+        import werkzeug  # noqa: F401
+    except ImportError as exc:
+        raise _missing(exc) from exc
+
+
 @cache
 def plotly_js() -> bytes:
     """The plotly.js bundle of the installed ``plotly`` package (about 4.8 MB), read once."""
