@@ -68,15 +68,18 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     watches = [StoreWatch(url, open_status_sink) for url in urls]
     unreachable: list[StoreUnavailableError] = []
-    for watch in watches:
-        try:
-            watch.probe()  # ConfigError (a missing SQLite file, say) stops here: exit 2
-        except StoreUnavailableError as exc:  # shown, and logged, as its first reading
-            unreachable.append(exc)
-    if len(unreachable) == len(watches):
+    try:
+        for watch in watches:
+            try:
+                watch.probe()  # ConfigError (a missing SQLite file, say) stops here: exit 2
+            except StoreUnavailableError as exc:  # shown, and logged, as its first reading
+                unreachable.append(exc)
+        if len(unreachable) == len(watches):
+            raise unreachable[0]
+    except Exception:
         for watch in watches:
             watch.close()
-        raise unreachable[0]
+        raise
 
     state = UiState(watches, report, refresh_s=args.refresh)
     # From now on a store that fails is shown on the page and logged once when it fails
