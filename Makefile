@@ -30,7 +30,8 @@ lint: setup
 
 # The tests start a throwaway PostgreSQL cluster and a single-node KRaft Kafka broker on
 # 127.0.0.1 themselves (tests/services/); this only makes sure the PostgreSQL binaries and the
-# pinned Kafka jars (Maven Central, cached in .cache/jars) are there.
+# pinned Kafka jars (Maven Central, cached in .cache/jars) are there, and Debian's Chromium,
+# which the `sparkonce ui` browser tests drive headless (tests/ui).
 #
 # Two lanes, chosen by the `crash_lane` marker (pyproject.toml); every test is in exactly one:
 #   make test        everything without it: unit, simulation, Spark, PostgreSQL and Kafka
@@ -44,6 +45,7 @@ LANE := crash_lane
 
 test: setup lint jars
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-chromium.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -m "not $(LANE)" $(PYTEST_ARGS)
 
 test-crash: setup jars

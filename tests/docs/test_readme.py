@@ -64,6 +64,10 @@ VERIFY = (
     "sparkonce verify pipeline.py --trials 20 --seed 1 "
     "[--faults kill,crash-point,task-failure,db-drop,zombie] \\"
 )
+UI = (
+    "sparkonce ui --sink URL [--sink URL ...] [--verify-report PATH/verify.json] [--port N] "
+    "[--refresh SECONDS]"
+)
 SETUP = (
     "make demo   # creates .venv, installs sparkonce, runs the crash demo "
     "(embedded log -> SQLite, no servers)"
@@ -90,6 +94,8 @@ EXEMPT = {
     # A synopsis, not an example: [optional] brackets are not shell syntax. test_exempt_synopsis
     # checks it still is one; verify campaigns are covered by tests/verify.
     VERIFY: "synopsis with [optional] brackets; covered by tests/verify",
+    # Likewise a synopsis; the page is tested in a browser by tests/ui.
+    UI: "synopsis with [optional] brackets; covered by tests/ui",
     # `make test` runs the whole suite, this file included (it would recurse), and `make demo`
     # runs the multi-minute crash demo inside the repository (.demo/). test_setup_block_dry_run
     # checks both commands with `make -n` instead.
@@ -211,9 +217,11 @@ def test_every_block_is_run_or_exempt() -> None:
 
 
 def test_exempt_synopsis_is_a_synopsis() -> None:
-    """The verify block is exempt only while it is a synopsis (brackets), not an example."""
-    synopsis = block(VERIFY)
-    assert re.search(r"\[--\w", synopsis.text), synopsis.text
+    """The verify and ui blocks are exempt only while they are synopses (brackets), not
+    examples."""
+    for first_line in (VERIFY, UI):
+        synopsis = block(first_line)
+        assert re.search(r"\[--\w", synopsis.text), synopsis.text
 
 
 def test_setup_block_dry_run() -> None:

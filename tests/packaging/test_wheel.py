@@ -1,7 +1,7 @@
 """The built wheel, installed into a clean venv with only what each documented extra declares.
 
 A user installs ``sparkonce`` (or ``sparkonce[postgres]``, ``[kafka]``, ``[verify]``,
-``[metrics]``), not
+``[metrics]``, ``[ui]``), not
 the dev environment. This builds a wheel of the working tree (``pip wheel --no-deps``),
 installs it with ``--no-deps`` into a fresh venv (no system site-packages) together with
 the runtime requirements the wheel's own metadata declares, and checks each extra's import
@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -25,7 +28,7 @@ import pytest
 pytestmark = [pytest.mark.packaging, pytest.mark.crash_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("postgres", "kafka", "verify", "metrics")  # the extras a user is told to install
+EXTRAS = ("postgres", "kafka", "verify", "metrics", "ui")  # the extras a user is told to install
 UNREACHABLE_PG = "postgresql://u@127.0.0.1:9/db"  # port 9 (discard): nothing listens
 UNREACHABLE_KAFKA = "127.0.0.1:9"
 
@@ -120,6 +123,11 @@ def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
     done = _run(py, "-c", METRICS_STEP)
     assert done.returncode != 0
     assert "pip install 'sparkonce[metrics]'" in done.stderr.splitlines()[-1], done.stderr
+    store = tmp_path / "store.db"
+    sqlite3.connect(store).close()
+    done = _run(cli, "ui", "--sink", f"sqlite:///{store}", "--port", "0")
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'sparkonce[ui]'" in done.stderr.splitlines()[-1]
 
     # Each extra, with only what it declares: its path now gets past the import.
     _ok(*pip, *reqs["postgres"], timeout=600)
@@ -142,3 +150,29 @@ def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
     _ok(*pip, *reqs["metrics"], timeout=600)
     exposition = _ok(py, "-c", METRICS_STEP).stdout
     assert 'sparkonce_batches_committed_total{pipeline="p"} 0.0' in exposition
+    # The ui serves its page, its own JS and CSS (package data) and plotly.js from the wheel.
+    _ok(*pip, *reqs["ui"], timeout=600)
+    ui = subprocess.Popen(
+        [str(cli), "ui", "--sink", f"sqlite:///{store}", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert ui.stdout is not None
+        line = ui.stdout.readline()
+        assert line.startswith("sparkonce ui: serving http://127.0.0.1:"), line
+        base = line.split()[-1]
+        for path, expect in [
+            ("", b"<title>sparkonce ui</title>"),
+            ("static/ui.js", b"/api/state"),
+            ("static/ui.css", b"section.store"),
+            ("vendor/plotly.js", b"plotly"),
+            ("api/state", b'"stores"'),
+        ]:
+            with urllib.request.urlopen(base + path, timeout=30) as response:
+                assert expect in response.read(), path
+    finally:
+        ui.terminate()
+        assert ui.wait(30) == 128 + signal.SIGTERM, ui.stderr.read() if ui.stderr else ""

@@ -75,6 +75,7 @@ ENV_NUMBER_OPTIONS = [
     (["verify", "p.py"], "--seed", "SPARKONCE_VERIFY_SEED", "an integer"),
     (["demo"], "--records", "SPARKONCE_DEMO_RECORDS", "an integer >= 1000"),
     (["run", "p.py"], "--metrics-port", "SPARKONCE_METRICS_PORT", "a port number in 1..65535"),
+    (["ui"], "--port", "SPARKONCE_UI_PORT", "an integer in 0..65535"),
 ]
 
 
@@ -103,6 +104,8 @@ OUT_OF_RANGE = [
     (["demo"], "--records", "SPARKONCE_DEMO_RECORDS", "999"),
     (["run", "p.py"], "--metrics-port", "SPARKONCE_METRICS_PORT", "0"),
     (["run", "p.py"], "--metrics-port", "SPARKONCE_METRICS_PORT", "65536"),
+    (["ui"], "--port", "SPARKONCE_UI_PORT", "65536"),
+    (["ui"], "--port", "SPARKONCE_UI_PORT", "-1"),
 ]
 
 
@@ -173,12 +176,15 @@ SINK_URL = (
     "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME or "
     "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
 )
-# (argv, variable): the three commands that take a sink URL from the environment.
+# (argv, variable): the commands that take a sink URL from the environment.
 SINK_VARIABLES = [
     (["status", "--pipeline", "p"], "SPARKONCE_SINK"),
     (["run", "p.py"], "SPARKONCE_RUN_SINK"),
     (["verify", "p.py"], "SPARKONCE_VERIFY_SINK"),
+    (["ui"], "SPARKONCE_SINK"),
 ]
+# The commands whose --sink is a list (given once per store): checked as they start.
+SINK_LISTS = ("verify", "ui")
 BAD_SINK_URLS = [
     ("out.db", "out.db", "is not a URL"),
     ("mysql://u@h/db", "mysql://u@h/db", "scheme 'mysql' is not supported"),
@@ -205,7 +211,7 @@ def test_a_malformed_sink_url_is_refused_naming_the_variable_with_the_password_m
     monkeypatch.chdir(tmp_path)
     err = refused(argv, {env: bad}, monkeypatch, capsys)
     message = f"invalid value {shown!r} for --sink from {env}: expected {SINK_URL} ("
-    if env == "SPARKONCE_VERIFY_SINK":  # a list option: checked as the command starts
+    if argv[0] in SINK_LISTS:  # a list option: checked as the command starts
         assert err.startswith(f"sparkonce: bad input: {message}"), err
         assert not (tmp_path / "verify-out").exists()
     else:
@@ -370,6 +376,21 @@ def test_a_metrics_host_address_passes(good: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SPARKONCE_METRICS_PORT", "9464")
     args = build_parser().parse_args(["run", "p.py"])
     assert (args.metrics_host, args.metrics_port) == (good, 9464)
+@pytest.mark.parametrize("bad", ["abc", "0", "0.1", "3601", "nan"])
+def test_a_bad_ui_refresh_is_a_usage_error(
+    bad: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = "SPARKONCE_UI_REFRESH"
+    err = refused(["ui"], {env: bad}, monkeypatch, capsys)
+    usage_error(err, "--refresh", env, bad, "a number of seconds in 0.2..3600")
+
+
+def test_a_ui_verify_report_that_is_a_directory_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = "SPARKONCE_UI_VERIFY_REPORT"
+    err = refused(["ui"], {env: str(tmp_path)}, monkeypatch, capsys)
+    usage_error(err, "--verify-report", env, str(tmp_path), "a file path (it is a dir")
 
 
 # -- every fallback is covered -----------------------------------------------------------------
@@ -389,6 +410,8 @@ COVERED = (
         "SPARKONCE_RUN_SOURCE",
         "SPARKONCE_LOG_FILE",
         "SPARKONCE_METRICS_HOST",
+        "SPARKONCE_UI_REFRESH",
+        "SPARKONCE_UI_VERIFY_REPORT",
     }
 )
 # Any text is a good value of these (an empty one counts as unset).
@@ -415,11 +438,12 @@ def test_every_environment_fallback_has_a_bad_value_test() -> None:
 
 def test_every_environment_fallback_declares_a_type() -> None:
     """Without ``type=``, argparse would hand the variable's text to the command unchecked
-    (the verify --sink list is the exception: cmd_verify checks it)."""
+    (the --sink lists of verify and ui are the exception: their commands check them)."""
     untyped = [
         (action.dest, env)
         for action, env in env_options(build_parser())
-        if action.type is None and env != "SPARKONCE_VERIFY_SINK"
+        if action.type is None
+        and not (action.dest == "sink" and isinstance(action, argparse._AppendAction))
     ]
     assert untyped == []
 

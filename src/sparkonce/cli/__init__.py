@@ -11,11 +11,12 @@ SIGINT and SIGTERM and exits 130 and 143. Every failure ends with one line on st
 ``sparkonce: ...``; ``--debug`` adds the traceback.
 
 One module per command group, each with its ``cmd_*`` functions and an
-``add_parser(sub)`` that declares its options: :mod:`.run`, :mod:`.status`, :mod:`.explain`,
-:mod:`.embedded_log` (``log ...``), :mod:`.kafka` (``kafka ...``), :mod:`.verify` and
-:mod:`.demo`. :mod:`.common` holds the exit codes, the environment-variable defaults and
-argparse types, and the error-to-exit-code mapping; :mod:`.logs` the logging setup;
-:mod:`.records` the record input and output that ``log`` and ``kafka`` share.
+``add_parser(sub)`` that declares its options: :mod:`.run`, :mod:`.status`,
+:mod:`.explain`, :mod:`.embedded_log` (``log ...``), :mod:`.kafka` (``kafka ...``),
+:mod:`.verify`, :mod:`.ui` (the live status page) and :mod:`.demo`. :mod:`.common`
+holds the exit codes, the environment-variable defaults and argparse types, and the
+error-to-exit-code mapping; :mod:`.logs` the logging setup; :mod:`.records` the
+record input and output that ``log`` and ``kafka`` share.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sparkonce.cli import demo, embedded_log, explain, kafka, run, status, verify
+from sparkonce.cli import demo, embedded_log, explain, kafka, run, status, ui, verify
 from sparkonce.cli.common import (
     EXIT_FAIL,
     EXIT_FENCED,
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, status, explain, embedded_log, kafka, verify, demo):
+    for group in (run, status, explain, ui, embedded_log, kafka, verify, demo):
         group.add_parser(sub)
     return parser
 

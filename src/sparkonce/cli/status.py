@@ -20,20 +20,19 @@ from sparkonce.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
-    from sparkonce.sinks.base import Sink
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sparkonce.pipeline.status import pipeline_status
+    from sparkonce.pipeline.status import open_status_sink, pipeline_status
 
     if not args.pipeline:
         raise ConfigError("--pipeline is required (or set SPARKONCE_PIPELINE)")
     if not args.sink:
         raise ConfigError("--sink is required (or set SPARKONCE_SINK)")
-    sink, label = _open_sink_for_status(args.sink)
+    sink, label = open_status_sink(args.sink)
     try:
         st = pipeline_status(sink, args.pipeline)
     finally:
@@ -68,29 +67,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     for problem in st.ledger_problems:
         console.print(f"[red]ledger problem:[/] {problem}")
     return EXIT_FAIL if st.ledger_problems else 0
-
-
-def _open_sink_for_status(url: str) -> tuple[Sink, str]:
-    """The sink whose ledger ``status`` reads, and how to name it: the URL the user gave
-    (password masked), not the sink object, whose output table status never touches."""
-    from sparkonce.config import StoreURL, mask_url
-    from sparkonce.sinks.sql import PostgresSink, SQLiteSink
-
-    if url.startswith("kafka://"):
-        from sparkonce.sinks.kafka import kafka_sink_from_uri
-
-        kafka = kafka_sink_from_uri(url)
-        kafka.open()
-        return kafka, mask_url(url)
-
-    parsed = StoreURL.parse(url)
-    if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
-        raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
-    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
-    # The table is irrelevant for status; the ledger lives beside it.
-    sink = cls(parsed, "sparkonce_status_probe")
-    sink.open()
-    return sink, str(parsed)
 
 
 def add_parser(sub: SubParsers) -> None:

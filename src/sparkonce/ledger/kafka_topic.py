@@ -234,16 +234,27 @@ class KafkaLedgerStore(LedgerStore):
         """Fold the ledger records written since the last read into every pipeline's state."""
         if not self._opened:
             self.open()
-        new, self._position = self._ledger.read(self._position)
-        self._records.extend(new)
+        self._read_new()
         if pipeline not in self._states:
             self._states[pipeline] = LedgerTopic.fold(LedgerState(), pipeline, self._records)
-        else:
-            LedgerTopic.fold(self._states[pipeline], pipeline, new)
-        for other, st in self._states.items():
-            if other != pipeline:
-                LedgerTopic.fold(st, other, new)
         return self._states[pipeline]
+
+    def _read_new(self) -> None:
+        """Read the ledger records written since the last read; fold them into every
+        pipeline's state read so far."""
+        new, self._position = self._ledger.read(self._position)
+        self._records.extend(new)
+        for name, st in self._states.items():
+            LedgerTopic.fold(st, name, new)
+
+    def pipelines(self) -> list[str]:
+        """Every pipeline that took an epoch in this ledger topic, in the order of their
+        first epoch (reads the records written since the last read)."""
+        if not self._opened:
+            self.open()
+        self._read_new()
+        owners = (r.get("pipeline") for r in self._records if r.get("type") == "owner")
+        return [str(name) for name in dict.fromkeys(owners) if name]
 
     def folded(self, pipeline: str) -> LedgerState:
         """The state as last read (read now if this pipeline was never read)."""
@@ -258,12 +269,8 @@ class KafkaLedgerStore(LedgerStore):
         """
         deadline = time.monotonic() + TIMEOUT_S
         while offset >= 0 and time.monotonic() < deadline:
-            new, pos = self._ledger.read(self._position)
-            self._records.extend(new)
-            for name, st in self._states.items():
-                LedgerTopic.fold(st, name, new)
-            self._position = pos
-            if pos > offset:
+            self._read_new()
+            if self._position > offset:
                 return
             time.sleep(0.05)
         if offset >= 0:

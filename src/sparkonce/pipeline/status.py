@@ -1,4 +1,5 @@
-"""What ``sparkonce status`` shows: owner epoch, committed offsets, lag, rows committed."""
+"""What ``sparkonce status`` (and ``sparkonce ui``) shows: owner epoch, committed offsets,
+lag, rows committed; and how both open a store from its URL."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sparkonce.errors import SparkOnceError
-from sparkonce.ledger.base import Owner
+from sparkonce.errors import ConfigError, SparkOnceError
+from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.offsets import TopicPartition, check_chain
 from sparkonce.sinks.base import Sink
 
@@ -44,12 +45,18 @@ class PipelineStatus:
         return None if any(x is None for x in lags) else sum(x or 0 for x in lags)
 
 
-def pipeline_status(sink: Sink, pipeline: str) -> PipelineStatus:
-    """Read the owner and ledger of ``pipeline`` from ``sink`` (and the source's end, if known)."""
+def pipeline_status(
+    sink: Sink, pipeline: str, entries: list[LedgerEntry] | None = None
+) -> PipelineStatus:
+    """Read the owner and ledger of ``pipeline`` from ``sink`` (and the source's end, if known).
+
+    ``entries``: the ledger, if the caller has just read it (``sink.ledger(pipeline)``).
+    """
     from sparkonce.sources import source_from_uri
 
     owner = sink.owner(pipeline)
-    entries = sink.ledger(pipeline)
+    if entries is None:
+        entries = sink.ledger(pipeline)
     committed: dict[TopicPartition, int] = entries[-1].end_offsets if entries else {}
     latest: dict[TopicPartition, int] | None = None
     note = ""
@@ -76,3 +83,30 @@ def pipeline_status(sink: Sink, pipeline: str) -> PipelineStatus:
         ledger_problems=tuple(check_chain(e.ranges for e in entries)),
         source_note=note,
     )
+
+
+def open_status_sink(url: str) -> tuple[Sink, str]:
+    """The sink whose ledger ``status`` reads, opened, and how to name it: the URL the user
+    gave (password masked), not the sink object, whose output table status never touches.
+
+    Raises :class:`ConfigError` for a bad URL or a missing SQLite file, and
+    :class:`~sparkonce.errors.StoreUnavailableError` for a store that does not answer.
+    """
+    from sparkonce.config import StoreURL, mask_url
+    from sparkonce.sinks.sql import PostgresSink, SQLiteSink
+
+    if url.startswith("kafka://"):
+        from sparkonce.sinks.kafka import kafka_sink_from_uri
+
+        kafka = kafka_sink_from_uri(url)
+        kafka.open()
+        return kafka, mask_url(url)
+
+    parsed = StoreURL.parse(url)
+    if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
+        raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
+    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
+    # The table is irrelevant for status; the ledger lives beside it.
+    sink = cls(parsed, "sparkonce_status_probe")
+    sink.open()
+    return sink, str(parsed)

@@ -98,6 +98,11 @@ class Sink(ABC):
     def ledger(self, pipeline: str) -> list[LedgerEntry]:
         """Every ledger entry of ``pipeline``, oldest first."""
 
+    def pipelines(self) -> list[str]:
+        """Every pipeline that has taken an epoch in this sink's store (driver, outside any
+        commit; for ``sparkonce ui``). The SQL, Kafka and Delta sinks list them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its store's pipelines")
+
     def last_entry(self, pipeline: str) -> LedgerEntry | None:
         """The newest ledger entry of ``pipeline`` (None when nothing is committed)."""
         entries = self.ledger(pipeline)

@@ -370,6 +370,10 @@ class KafkaSink(Sink, Stager):
         self.open()
         return self._store.entries(pipeline)
 
+    def pipelines(self) -> list[str]:
+        self.open()
+        return self._store.pipelines()
+
     def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
         last = self.last_entry(pipeline)
         return last.end_offsets if last else {}
