@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkonce import ConfigError, DeltaSink, EmbeddedLogSource, FencedError, Pipeline, SinkError
+from sparkonce.cli import main
 from sparkonce.ledger.base import BatchContext
 from sparkonce.ledger.delta import DeltaTxn, app_id, pack, unpack
 from sparkonce.offsets import BatchRanges, OffsetRange
@@ -81,7 +82,10 @@ def assert_each_record_once(got: list[dict[str, Any]], records: int) -> None:
 
 
 def test_append_replay_and_new_checkpoint(
-    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+    spark: SparkSession,
+    tmp_path: Path,
+    make_log: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every record once through a replay (Spark forgot a committed batch) and through a
     new checkpoint, which resumes from the ledger rather than Spark's batch ids."""
@@ -112,6 +116,14 @@ def test_append_replay_and_new_checkpoint(
     assert_each_record_once(rows(p2), RECORDS + 100)
     owner = p2.sink.owner("p1")
     assert owner is not None and owner.epoch == 3
+
+    # sparkonce status reads the table's own ledger (the URL the sink's hints print).
+    table = tmp_path / "tables" / "out"
+    assert main(["status", "--pipeline", "p1", "--sink", f"delta://{table}"]) == 0
+    shown = capsys.readouterr().out
+    assert "owner epoch 3" in shown and f"{RECORDS + 100} rows committed" in shown, shown
+    assert main(["status", "--pipeline", "p1", "--sink", f"delta://{tmp_path}/none"]) == 2
+    assert "no Delta table at" in capsys.readouterr().err
 
 
 def _ctx(sink: DeltaSink, epoch: int, start: int) -> BatchContext:

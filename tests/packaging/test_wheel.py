@@ -28,7 +28,7 @@ import pytest
 pytestmark = [pytest.mark.packaging, pytest.mark.crash_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("postgres", "kafka", "verify", "metrics", "ui")  # the extras a user is told to install
+EXTRAS = ("postgres", "kafka", "verify", "metrics", "ui")  # what a user is told to install
 UNREACHABLE_PG = "postgresql://u@127.0.0.1:9/db"  # port 9 (discard): nothing listens
 UNREACHABLE_KAFKA = "127.0.0.1:9"
 

@@ -173,8 +173,8 @@ def test_an_unknown_fault_kind_is_a_usage_error_listing_the_kinds(
 
 # -- sink URLs ---------------------------------------------------------------------------------
 SINK_URL = (
-    "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME or "
-    "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
+    "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME, "
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC or delta:///PATH"
 )
 # (argv, variable): the commands that take a sink URL from the environment.
 SINK_VARIABLES = [
@@ -193,6 +193,7 @@ BAD_SINK_URLS = [
     ("postgresql://u:s3cret@[::1:5432/db", "postgresql://u:***@[::1:5432/db", "malformed"),
     ("kafka://broker:9092", "kafka://broker:9092", "names its brokers and its topic"),
     ("kafka://u:s3cret@h/t", "kafka://u:***@h/t", "its brokers are not host:port"),
+    ("delta://host/t", "delta://host/t", "is not one of delta:///ABSOLUTE/PATH"),
 ]
 
 
@@ -376,6 +377,8 @@ def test_a_metrics_host_address_passes(good: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SPARKONCE_METRICS_PORT", "9464")
     args = build_parser().parse_args(["run", "p.py"])
     assert (args.metrics_host, args.metrics_port) == (good, 9464)
+
+
 @pytest.mark.parametrize("bad", ["abc", "0", "0.1", "3601", "nan"])
 def test_a_bad_ui_refresh_is_a_usage_error(
     bad: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -271,8 +271,8 @@ def _add_env_switch(p: argparse.ArgumentParser, flag: str, *, env: str, help: st
 # What a good value of each kind of environment fallback is. Each check raises with a
 # message that says what is wrong; the option's ``expected`` text says what is right.
 SINK_URL_EXPECTED = (
-    "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME or "
-    "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
+    "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME, "
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC or delta:///PATH"
 )
 SOURCE_URI_EXPECTED = (
     "a source URI of the pipeline's kind: sparkonce-log://PATH?topic=TOPIC or "
@@ -311,6 +311,11 @@ def _check_sink_url(text: str) -> None:
     from sparkonce.config import StoreURL
     from sparkonce.kafka.client import parse_bootstrap
 
+    if text.startswith("delta:"):
+        from sparkonce.sinks.delta import delta_path
+
+        delta_path(text)
+        return
     if not text.startswith("kafka://"):
         StoreURL.parse(text)
         return

@@ -89,7 +89,10 @@ def open_status_sink(url: str) -> tuple[Sink, str]:
     """The sink whose ledger ``status`` reads, opened, and how to name it: the URL the user
     gave (password masked), not the sink object, whose output table status never touches.
 
-    Raises :class:`ConfigError` for a bad URL or a missing SQLite file, and
+    ``delta:///ROOT/TABLE`` (or ``delta:URI``) names a Delta table's directory, whose
+    ledger lives inside it; reading it starts a local Spark session with Delta when the
+    process has none. Raises :class:`ConfigError` for a bad URL, a missing SQLite file or
+    Delta table, and
     :class:`~sparkonce.errors.StoreUnavailableError` for a store that does not answer.
     """
     from sparkonce.config import StoreURL, mask_url
@@ -101,6 +104,20 @@ def open_status_sink(url: str) -> tuple[Sink, str]:
         kafka = kafka_sink_from_uri(url)
         kafka.open()
         return kafka, mask_url(url)
+
+    if url.startswith("delta:"):
+        from sparkonce.sinks.delta import DeltaSink, delta_path
+
+        path = delta_path(url).rstrip("/")
+        root, _, name = path.rpartition("/")
+        delta = DeltaSink(root or "/", table=name)
+        if not delta.table.exists():
+            raise ConfigError(
+                f"no Delta table at {path}: give the table's own directory, as in "
+                "delta:///ROOT/TABLE for DeltaSink('/ROOT', table='TABLE')"
+            )
+        delta.open()
+        return delta, url
 
     parsed = StoreURL.parse(url)
     if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
