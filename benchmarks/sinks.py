@@ -34,7 +34,8 @@ driver and the JVM, from ``VmHWM``), and per-batch commit latency p50/p99 (the s
 batch, reading included, because Spark evaluates the batch lazily inside it). A ``copy-format``
 line compares psycopg's row-by-row ``write_row`` with Arrow-to-CSV ``COPY`` on one batch.
 
-Writes ``benchmarks/results/sinks.json`` and ``benchmarks/results/sinks.png``.
+Writes ``benchmarks/results/sinks.json`` and ``benchmarks/results/sinks.png`` (``--out NAME``: NAME.json
+and NAME.png, for a run of some variants only).
 """
 
 from __future__ import annotations
@@ -412,6 +413,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=5_000_000)
     ap.add_argument("--batch-records", type=int, default=500_000, help="records per micro-batch")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument(
+        "--out",
+        default="sinks",
+        help="results name: benchmarks/results/NAME.json and NAME.png (default sinks)",
+    )
     ap.add_argument("--variant", help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -496,9 +502,9 @@ def main() -> None:
         )
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sinks.json").write_text(json.dumps(report, indent=2) + "\n")
-    chart(report, RESULTS / "sinks.png")
-    console.print("wrote benchmarks/results/sinks.json and benchmarks/results/sinks.png")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
+    chart(report, RESULTS / f"{args.out}.png")
+    console.print(f"wrote benchmarks/results/{args.out}.json and benchmarks/results/{args.out}.png")
 
 
 def _fmt(v: float | None) -> str:

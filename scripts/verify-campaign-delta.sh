@@ -8,6 +8,9 @@
 #   bash scripts/verify-campaign-delta.sh [TRIALS] [VERIFY OPTIONS...]   (default 200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Test this checkout's code, whatever the venv's editable install points at (a campaign
+# run from a worktree pinned at one commit keeps testing that commit while main moves).
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 TRIALS="${1:-200}"
 SEED="${SPARKONCE_CAMPAIGN_SEED:-1}"
 STORES="${SPARKONCE_CAMPAIGN_STORES:-2}"

@@ -11,6 +11,9 @@
 # measure it again (only on an otherwise quiet machine: load makes it too long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Test this checkout's code, whatever the venv's editable install points at (a campaign
+# run from a worktree pinned at one commit keeps testing that commit while main moves).
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 TRIALS="${1:-1000}"
 SEED="${SPARKONCE_CAMPAIGN_SEED:-1}"
 STORES="${SPARKONCE_CAMPAIGN_STORES:-2}"
