@@ -34,8 +34,8 @@ driver and the JVM, from ``VmHWM``), and per-batch commit latency p50/p99 (the s
 batch, reading included, because Spark evaluates the batch lazily inside it). A ``copy-format``
 line compares psycopg's row-by-row ``write_row`` with Arrow-to-CSV ``COPY`` on one batch.
 
-Writes ``benchmarks/results/sinks.json`` and ``benchmarks/results/sinks.png`` (``--out NAME``: NAME.json
-and NAME.png, for a run of some variants only).
+Writes ``benchmarks/results/sinks.json`` and ``benchmarks/results/sinks.png`` (``--out NAME``:
+``NAME.json`` and ``NAME.png``, for a run of some variants only).
 """
 
 from __future__ import annotations
