@@ -278,3 +278,17 @@ def test_a_report_that_is_not_json_is_refused_as_unreadable(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as info:
         load_plan(VerifyRequest(seed=7, replay=0), tmp_path, KINDS)
     assert str(info.value).startswith(f"{path} is not a verify report this version can read (")
+
+
+def test_the_recorded_kill_timing_goes_with_the_oracle_time_unless_retimed(tmp_path: Path) -> None:
+    path = write_report(tmp_path, [outcome(0)], oracle_seconds=38.5)
+    doc = json.loads(path.read_text())
+    doc["oracle"].update(first_commit_s=12.5, batch_interval_s=1.5)
+    path.write_text(json.dumps(doc))
+    plan = load_plan(VerifyRequest(trials=2, seed=7, resume=True), tmp_path, KINDS)
+    assert (plan.oracle_seconds, plan.oracle_timing) == (38.5, (12.5, 1.5))
+    replay = load_plan(VerifyRequest(seed=7, replay=0), tmp_path, KINDS)
+    assert replay.oracle_timing == (12.5, 1.5)
+    request = VerifyRequest(trials=2, seed=7, resume=True, retime_oracle=True)
+    retimed = load_plan(request, tmp_path, KINDS)
+    assert (retimed.oracle_seconds, retimed.oracle_timing) == (None, (None, None))
