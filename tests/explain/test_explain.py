@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from sparkonce import EmbeddedLogSource, KafkaSink, Pipeline, SQLiteSink
 from sparkonce.cli import main
 from sparkonce.outputs import dedupe
-from sparkonce.pipeline.explain import checkpoint_storage
+from sparkonce.pipeline.explain import checkpoint_storage, plan_facts
 from tests.spark.test_stateful_detection import STATEFUL
 from tests.verify.broken_sink import NonTransactionalSink
 
@@ -167,21 +167,41 @@ EXPECTED_OPERATOR = {
 }
 
 
+@pytest.fixture(scope="module")
+def stream(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> DataFrame:
+    """One streaming DataFrame over a small log, for the plan-only tests (building a
+    source's stream starts Spark's Python data source workers: seconds each time)."""
+    from sparkonce.log import IdempotentProducer, Topic
+
+    root = tmp_path_factory.mktemp("explain") / "log"
+    with Topic.create(root, "events", 2) as topic, IdempotentProducer(topic, "p") as producer:
+        for i in range(10):
+            producer.send(str(i).encode(), f"k{i % 3}".encode())
+    return EmbeddedLogSource(root, "events").stream(spark, None)
+
+
 @pytest.mark.parametrize(("transform", "mode"), STATEFUL, ids=[t.__name__ for t, _ in STATEFUL])
-def test_every_stateful_api_is_found_with_where_its_state_lives(
-    spark: SparkSession,
-    tmp_path: Path,
-    make_log: Callable[..., Path],
-    transform: Callable[..., Any],
-    mode: str,
+def test_every_stateful_api_is_found_in_the_plan(
+    stream: DataFrame, transform: Callable[..., Any], mode: str
 ) -> None:
+    facts = plan_facts(transform(stream))
+    assert EXPECTED_OPERATOR[transform.__name__] in facts.stateful, facts
+    if transform.__name__ in ("pandas_state", "transform_with_state"):
+        assert facts.python_functions, "a pandas function is beyond the plan: say so"
+    else:
+        assert not facts.python_functions, facts
+
+
+def test_a_stateful_pipeline_says_where_its_state_lives(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    transform, mode = STATEFUL[0]
     exp = _pipeline(tmp_path, make_log(10), transform, output_mode=mode).explain(spark)
-    assert EXPECTED_OPERATOR[transform.__name__] in exp.facts.stateful, exp.facts
+    assert EXPECTED_OPERATOR[transform.__name__] in exp.facts.stateful
     state = _part(exp, "state")
     assert state.verdict == "stateful" and "RocksDB" in state.what
     assert "refuses to resume" in _part(exp, "checkpoint").why
-    if transform.__name__ in ("pandas_state", "transform_with_state"):
-        assert exp.facts.python_functions, "a pandas function is beyond the plan: say so"
+    assert exp.guarantee == "effectively-once"
 
 
 def test_dedupe_is_reported_for_the_records(

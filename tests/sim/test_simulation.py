@@ -3,9 +3,9 @@
 How many schedules each campaign runs comes from the environment; the defaults are
 what ``make test`` checks:
 
-* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 30,000), on
+* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 20,000), on
   ``SPARKONCE_SIM_WORKERS`` processes (default 2);
-* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 3,000), on
+* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 2,000), on
   ``SPARKONCE_SIM_PG_WORKERS`` processes (2) of ``SPARKONCE_SIM_PG_LANES`` lanes (8);
 * ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
 * ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
@@ -85,7 +85,7 @@ def _faults_reached(summary: Summary, *, zombies: bool = True) -> None:
 
 
 def test_sqlite_schedules() -> None:
-    n = env_int("SPARKONCE_SIM_SCHEDULES", 30_000)
+    n = env_int("SPARKONCE_SIM_SCHEDULES", 20_000)
     workers = env_int("SPARKONCE_SIM_WORKERS", 2)
     c = Campaign(TargetSpec("sqlite"), seed=SEED, schedules=n, workers=workers)
     summary = run_campaign(c)
@@ -99,7 +99,7 @@ def test_sqlite_schedules() -> None:
 
 @pytest.mark.postgres
 def test_postgres_schedules(pg_url: str) -> None:
-    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 3_000)
+    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 2_000)
     workers, lanes = env_int("SPARKONCE_SIM_PG_WORKERS", 2), env_int("SPARKONCE_SIM_PG_LANES", 8)
     c = Campaign(
         TargetSpec("postgres", pg_url, namespace=uuid.uuid4().hex[:6]),
