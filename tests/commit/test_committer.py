@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,6 +145,24 @@ def test_a_new_batch_commits_once_and_its_replay_stages_nothing(new_store, pipel
     with pytest.raises(LedgerError):
         committer.commit(ctx(pipeline, epoch, ranges(16, 20), 2), None)  # a gap
     assert [s for s, _, _ in seqs(new_store(), pipeline)] == [0, 1]
+
+
+class SlowStager(RecordingStager):
+    def prepare(self, ctx: BatchContext, df: Any, seq: int) -> Staged:
+        time.sleep(0.3)
+        return super().prepare(ctx, df, seq)
+
+
+def test_each_entry_records_how_long_its_commit_took(new_store, pipeline) -> None:
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    committer = Committer(store, SlowStager(), faults=FaultPlan())
+    began = time.monotonic()
+    committer.commit(ctx(pipeline, epoch, ranges(0, 10)), None)
+    took = time.monotonic() - began
+    [entry] = new_store().entries(pipeline)  # read back from the store, by a new reader
+    assert entry.commit_seconds is not None
+    assert 0.3 <= entry.commit_seconds <= took
 
 
 def test_a_fenced_run_stages_nothing_and_commits_nothing(new_store, pipeline) -> None:

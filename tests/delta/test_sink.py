@@ -98,6 +98,15 @@ def test_append_replay_and_new_checkpoint(
     assert [e.seq for e in ledger] == list(range(len(ledger)))
     assert sum(e.row_count for e in ledger) == RECORDS  # from the Delta commits' metrics
     assert {e.epoch for e in ledger} == {1}
+    # Each entry's commit time: the entry file has it up to step 4, the ``.rows`` file up
+    # to the end of the Delta write, and neither exceeds what the run timed around commit.
+    timed = {b.result.seq: b.seconds for b in first.batches if not b.result.skipped}
+    entries = tmp_path / "tables" / "out" / "_sparkonce" / "p1" / "entries"
+    for e in ledger:
+        assert e.commit_seconds is not None and e.commit_seconds <= timed[e.seq]
+        before_write = json.loads((entries / str(e.seq) / "1.json").read_text())
+        assert 0 < before_write["commit_seconds"] < e.commit_seconds
+        assert (entries / str(e.seq) / "1.rows").read_text().split()[1] == str(e.commit_seconds)
 
     # A replay: Spark forgets its last batch; the run must skip it, not append it again.
     last_batch = max(

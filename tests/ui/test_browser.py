@@ -262,6 +262,8 @@ def check_page_against_ledger(page: Any, run: LiveRun) -> None:
         assert number(field(page, row, "rows")) == e.row_count
         assert field(page, row, "epoch").split()[0] == str(e.epoch)
         assert field(page, row, "committed_at") == utc_text(e.committed_at)
+        assert e.commit_seconds is not None  # the page shows it to the millisecond
+        assert float(field(page, row, "commit_s")) == pytest.approx(e.commit_seconds, abs=6e-4)
 
 
 # -- the tests -----------------------------------------------------------------------------------

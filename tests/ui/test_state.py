@@ -105,6 +105,8 @@ def test_pipeline_view_matches_what_was_committed(
     assert [e["epoch_changed"] for e in view["timeline"]] == [False, False, True]
     assert [e["rows"] for e in view["timeline"]] == rows
     assert view["timeline"][0]["interval_s"] is None
+    recorded = [e.commit_seconds for e in entries]
+    assert [e["commit_s"] for e in view["timeline"]] == recorded and None not in recorded
     for before, e, entry in zip(view["timeline"], view["timeline"][1:], entries[1:], strict=False):
         gap = (entry.committed_at - entries[entry.seq - 1].committed_at).total_seconds()
         assert e["interval_s"] == pytest.approx(gap)

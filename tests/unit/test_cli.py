@@ -104,6 +104,11 @@ def test_status_shows_epoch_offsets_lag_and_rows(
     row = next(ln for ln in out.splitlines() if "│ ev" in ln)
     cells = [c.strip() for c in row.split("│") if c.strip()]
     assert cells == ["ev", "0", "3", "5", "2"]
+    with SQLiteSink(url, "out") as reader:
+        [entry] = reader.ledger("p")
+    assert entry.commit_seconds is not None
+    took = f"{entry.commit_seconds:.3f} s"
+    assert f"commit time: last {took}; over the last 1 commits median {took}, max {took}" in out
 
 
 def test_status_of_unknown_pipeline_and_bad_url(

@@ -31,6 +31,7 @@ def _record(
     rows: int = 0,
     batch_id: int | None = None,
     checkpoint: str | None = None,
+    seconds: float | None = None,
 ) -> None:
     ledger.record(
         conn,
@@ -41,6 +42,7 @@ def _record(
         row_count=rows,
         spark_batch_id=batch_id,
         checkpoint_id=checkpoint,
+        commit_seconds=seconds,
     )
 
 
@@ -168,3 +170,33 @@ def test_find_no_data_batch(conn: Any, ledger: SqlLedger) -> None:
     assert ledger.find_no_data_batch(conn, "p", "cp2", 1) is None
     assert ledger.find_no_data_batch(conn, "p", None, 1) is None
     assert ledger.find_no_data_batch(conn, "q", "cp1", 1) == 0
+
+
+def test_a_ledger_table_from_an_older_sparkonce_gets_the_new_columns(tmp_path: Any) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        f"""
+        CREATE TABLE {OWNER_TABLE} (pipeline TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
+            acquired_at TEXT NOT NULL, holder TEXT NOT NULL, source TEXT);
+        CREATE TABLE {LEDGER_TABLE} (pipeline TEXT NOT NULL, seq INTEGER NOT NULL,
+            ranges TEXT NOT NULL, epoch INTEGER NOT NULL, row_count INTEGER NOT NULL,
+            committed_at TEXT NOT NULL, spark_batch_id INTEGER, checkpoint_id TEXT,
+            PRIMARY KEY (pipeline, seq));
+        INSERT INTO {LEDGER_TABLE} VALUES ('p', 0, '{_b(("t", 0, 0, 5)).to_json()}', 1, 5,
+            '2026-01-01T00:00:00+00:00', 0, 'q');
+        """
+    )
+    old.commit()
+    old.close()
+    conn = connect(StoreURL.parse(f"sqlite:///{path}"))
+    ledger = SqlLedger(SQLiteDialect())
+    ledger.ensure_schema(conn)
+    ledger.ensure_schema(conn)  # twice: the columns are added once
+    columns = [str(r[1]) for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")]
+    assert columns[-2:] == ["stateful", "commit_seconds"]
+    _record(ledger, conn, 1, _b(("t", 0, 5, 9)), rows=4, seconds=1.25)
+    first, second = ledger.entries(conn, "p")
+    conn.close()
+    assert (first.row_count, first.stateful, first.commit_seconds) == (5, None, None)
+    assert (second.row_count, second.commit_seconds) == (4, 1.25)

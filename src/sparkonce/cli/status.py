@@ -4,6 +4,7 @@ from its sink's ledger."""
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import (
@@ -50,6 +51,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(
         f"ledger: {st.batches} batches, {st.rows_committed} rows committed, last commit {last}"
     )
+    if st.commit_seconds:
+        took = sorted(st.commit_seconds)
+        console.print(
+            f"commit time: last {st.commit_seconds[-1]:.3f} s; over the last {len(took)} "
+            f"commits median {statistics.median(took):.3f} s, max {took[-1]:.3f} s"
+        )
     table = Table(title="committed offsets and lag")
     for col in ("topic", "partition", "committed", "latest", "lag"):
         table.add_column(col, justify="right" if col != "topic" else "left")

@@ -151,7 +151,7 @@ def add_parser(sub: SubParsers) -> None:
         help="a live status page of the pipelines in one or more stores (127.0.0.1)",
         description="Serve a page on 127.0.0.1 that shows every pipeline in the given stores "
         "(owner epoch, last batch, rows committed, lag per partition, recent ledger entries, "
-        "rows per second and the time between commits) and the summary of a verify report, "
+        "rows per second, commit latency) and the summary of a verify report, "
         "refreshed every --refresh seconds. Needs the ui extra: pip install 'sparkonce[ui]'.",
     )
     p.add_argument(

@@ -32,6 +32,7 @@ batches (complete output mode empties the table).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -99,6 +100,7 @@ class Committer:
         # Step 0, a cheap look outside the transaction, in the order of steps 1-2: a
         # fenced run stops before it stages anything (no task starts), and a replay of
         # a committed batch is skipped before anything is staged.
+        started = time.monotonic()
         last = self._look(ctx)
         skipped = self._replay(ctx, last, None)
         if skipped is not None:
@@ -118,7 +120,7 @@ class Committer:
                 # is the error to report.
                 self._raise_if_fenced(ctx)
                 raise
-            result = self._commit_staged(ctx, seq, staged)
+            result = self._commit_staged(ctx, seq, staged, started)
         except Exception:
             # The batch failed (not the process: a crash runs no cleanup, and what it
             # leaves is collected when the next run starts).
@@ -147,11 +149,13 @@ class Committer:
 
         return self._retrying(ctx, "before the commit", look)
 
-    def _commit_staged(self, ctx: BatchContext, seq: int, staged: Staged) -> CommitResult:
+    def _commit_staged(
+        self, ctx: BatchContext, seq: int, staged: Staged, started: float
+    ) -> CommitResult:
         return self._retrying(
             ctx,
             "during commit",
-            lambda attempt: self._transaction(ctx, seq, staged, retry=attempt > 1),
+            lambda attempt: self._transaction(ctx, seq, staged, started, retry=attempt > 1),
         )
 
     def _retrying(self, ctx: BatchContext, when: str, call: Callable[[int], T]) -> T:
@@ -180,7 +184,7 @@ class Committer:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _transaction(
-        self, ctx: BatchContext, seq: int, staged: Staged, *, retry: bool = False
+        self, ctx: BatchContext, seq: int, staged: Staged, started: float, *, retry: bool = False
     ) -> CommitResult:
         store = self.store
         with store.transaction() as txn:
@@ -211,7 +215,7 @@ class Committer:
                 store.lose_connection(txn)
 
             # Step 4: the ledger entry, in the same transaction.
-            store.record(txn, _entry(ctx, seq, staged))
+            store.record(txn, _entry(ctx, seq, staged, time.monotonic() - started))
             self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
             # Step 5: commit, on leaving the with-block.
         return CommitResult(False, staged.rows, seq)
@@ -256,7 +260,7 @@ def _same_batch(entry: LedgerEntry, ctx: BatchContext) -> bool:
     )
 
 
-def _entry(ctx: BatchContext, seq: int, staged: Staged) -> LedgerEntry:
+def _entry(ctx: BatchContext, seq: int, staged: Staged, seconds: float) -> LedgerEntry:
     from datetime import UTC, datetime
 
     return LedgerEntry(
@@ -269,6 +273,7 @@ def _entry(ctx: BatchContext, seq: int, staged: Staged) -> LedgerEntry:
         spark_batch_id=ctx.spark_batch_id,
         checkpoint_id=ctx.checkpoint_id,
         stateful=ctx.stateful,
+        commit_seconds=round(seconds, 6),
     )
 
 

@@ -41,6 +41,11 @@ class LedgerEntry:
     # Whether the query kept state in Spark's checkpoint when this batch committed, as
     # Spark reported it (None: written by a sparkonce that did not record it).
     stateful: bool | None = None
+    # Seconds the batch's commit took, from its first look at the ledger (step 0) to the
+    # write of this entry (step 4): staging and the rows' write. The store's own commit
+    # (step 5) is not in it, except in a Delta table, whose rows are written at step 5
+    # and whose entry records the time to the end of that write. None: not recorded.
+    commit_seconds: float | None = None
 
     @property
     def end_offsets(self) -> dict[TopicPartition, int]:

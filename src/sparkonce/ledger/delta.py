@@ -50,10 +50,11 @@ staged ``seq``. So no file of ``seq`` has an epoch above ``e``. Files of lower
 epochs are from fenced or crashed attempts, never committed.
 
 After the commit, ``<epoch>.rows`` beside the entry file records the row count (the
-commit's ``numOutputRows``, or ``numSourceRows`` for a ``MERGE``); written through a
-temporary file and a rename, so a crash leaves it whole or absent. An entry without
-it (a crash right after the commit) reads its count from the commit in Delta's
-history, or ``-1`` once that has expired.
+commit's ``numOutputRows``, or ``numSourceRows`` for a ``MERGE``) and, after a space,
+the commit's seconds up to the end of the Delta write; written through a temporary
+file and a rename, so a crash leaves it whole or absent. An entry without it (a crash
+right after the commit) reads its count from the commit in Delta's history, or ``-1``
+once that has expired, and its seconds from the entry file (up to step 4).
 
 The owner's details (host, pid, source) go to ``_sparkonce/<pipeline>/owners/<epoch>.json``
 before the acquire commits; the epoch itself is the stored version's.
@@ -65,13 +66,15 @@ tables on works).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -449,12 +452,16 @@ class DeltaLedgerStore(LedgerStore):
         text = t.read_text(base + ".json")
         assert text is not None
         data = json.loads(text)
-        rows_text = t.read_text(base + ".rows")
-        if rows_text is not None and rows_text.strip().lstrip("-").isdigit():
-            rows = int(rows_text.strip())
+        fields = (t.read_text(base + ".rows") or "").split()
+        if fields and fields[0].lstrip("-").isdigit():
+            rows = int(fields[0])
         else:
             rows = self._rows_from_history(pipeline, epoch, seq)
-        return _entry_from_json(pipeline, data, rows)
+        entry = _entry_from_json(pipeline, data, rows)
+        if len(fields) > 1:
+            with contextlib.suppress(ValueError):  # else the entry file's seconds stay
+                entry = replace(entry, commit_seconds=float(fields[1]))
+        return entry
 
     def _rows_from_history(self, pipeline: str, epoch: int, seq: int) -> int:
         """The row count of the commit of ``(epoch, seq)``, read from Delta's history
@@ -597,6 +604,7 @@ class DeltaLedgerStore(LedgerStore):
             overwrite=False,
         )
         txn.entry = entry
+        txn.notes["recorded"] = time.monotonic()
 
     # -- the write --------------------------------------------------------------------
     def _write(self, txn: DeltaTxn) -> None:
@@ -615,6 +623,10 @@ class DeltaLedgerStore(LedgerStore):
                 # took the pipeline (or, if not, the ledger says what happened below).
                 self._explain_skip(entry, version, exc)
             raise
+        if entry.commit_seconds is not None and "recorded" in txn.notes:
+            # The rows were written just now (step 5): count that write in the seconds.
+            written = entry.commit_seconds + time.monotonic() - txn.notes["recorded"]
+            entry = replace(entry, commit_seconds=round(written, 6))
         if outcome is None:
             rows = self.after_write(entry, version, before)
         else:
@@ -671,8 +683,11 @@ class DeltaLedgerStore(LedgerStore):
         t = self.table
         base = self._dir(entry.pipeline, "entries", str(entry.seq), str(entry.epoch))
         if rows >= 0:
+            text = str(rows)
+            if entry.commit_seconds is not None:
+                text += f" {entry.commit_seconds}"
             try:
-                t.write_text(base + ".rows", str(rows), overwrite=False)
+                t.write_text(base + ".rows", text, overwrite=False)
             except Exception as exc:  # only the count is lost: history still has it
                 log.warning(
                     "pipeline %r: could not record batch %d's row count: %s",
@@ -680,17 +695,7 @@ class DeltaLedgerStore(LedgerStore):
                     entry.seq,
                     exc,
                 )
-        committed = LedgerEntry(
-            pipeline=entry.pipeline,
-            seq=entry.seq,
-            ranges=entry.ranges,
-            epoch=entry.epoch,
-            row_count=rows,
-            committed_at=entry.committed_at,
-            spark_batch_id=entry.spark_batch_id,
-            checkpoint_id=entry.checkpoint_id,
-            stateful=entry.stateful,
-        )
+        committed = replace(entry, row_count=rows)
         self._views[entry.pipeline] = PipelineView(entry.epoch, entry.seq + 1, committed)
         return rows
 
@@ -728,6 +733,7 @@ def _entry_to_json(entry: LedgerEntry) -> dict[str, Any]:
         "spark_batch_id": entry.spark_batch_id,
         "checkpoint_id": entry.checkpoint_id,
         "stateful": entry.stateful,
+        "commit_seconds": entry.commit_seconds,
     }
 
 
@@ -742,6 +748,7 @@ def _entry_from_json(pipeline: str, data: dict[str, Any], rows: int) -> LedgerEn
         spark_batch_id=data.get("spark_batch_id"),
         checkpoint_id=data.get("checkpoint_id"),
         stateful=data.get("stateful"),
+        commit_seconds=data.get("commit_seconds"),
     )
 
 

@@ -6,7 +6,7 @@ one partition, kept forever, created when missing) holds JSON records, read with
 
     {"type": "owner",  "pipeline", "epoch", "holder", "source", "at"}
     {"type": "batch",  "pipeline", "seq", "ranges", "epoch", "rows", "spark_batch_id",
-                       "checkpoint_id", "stateful", "at", ...}
+                       "checkpoint_id", "stateful", "commit_seconds", "at", ...}
     {"type": "marker", "pipeline", "partition", "seq", "ranges", ...}   (written by tasks)
 
 :class:`KafkaLedgerStore` is the :class:`~sparkonce.ledger.base.LedgerStore` the
@@ -141,6 +141,7 @@ class LedgerTopic:
                         r.get("spark_batch_id"),
                         r.get("checkpoint_id"),
                         r.get("stateful"),
+                        r.get("commit_seconds"),
                     )
                 )
                 state.after_last_entry = int(r.get("_offset", -1)) + 1
@@ -370,6 +371,7 @@ class KafkaLedgerStore(LedgerStore):
             "spark_batch_id": entry.spark_batch_id,
             "checkpoint_id": entry.checkpoint_id,
             "stateful": entry.stateful,
+            "commit_seconds": entry.commit_seconds,
             "at": entry.committed_at.isoformat(),
         }
         self._produce(txn, entry.pipeline, record)

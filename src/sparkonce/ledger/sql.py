@@ -4,10 +4,14 @@ Tables (created by :meth:`SqlLedger.ensure_schema`)::
 
     sparkonce_owner (pipeline PK, epoch, acquired_at, holder)
     sparkonce_ledger(pipeline, seq, ranges JSON, epoch, row_count, committed_at,
-                     spark_batch_id, checkpoint_id, stateful, PK (pipeline, seq))
+                     spark_batch_id, checkpoint_id, stateful, commit_seconds,
+                     PK (pipeline, seq))
 
 ``stateful`` records whether the query kept state in Spark's checkpoint when the
 batch committed, so that a lost checkpoint is recognised from the ledger alone.
+``commit_seconds`` is how long the commit took up to the ledger row's insert
+(:attr:`~sparkonce.ledger.base.LedgerEntry.commit_seconds`). Both columns are added
+to a ledger table an older sparkonce created.
 
 The ledger's newest entry holds the pipeline's resume point: its end offsets.
 Every method takes a connection, so the sink can run the ledger's statements in
@@ -50,6 +54,8 @@ class SqlLedger:
         ts = "TEXT" if self.dialect.name == "sqlite" else "TIMESTAMPTZ"
         big = "INTEGER" if self.dialect.name == "sqlite" else "BIGINT"
         flag = "INTEGER" if self.dialect.name == "sqlite" else "BOOLEAN"
+        real = "REAL" if self.dialect.name == "sqlite" else "DOUBLE PRECISION"
+        added = {"stateful": flag, "commit_seconds": real}  # columns newer than the table
         stmts = [
             f"CREATE TABLE IF NOT EXISTS {OWNER_TABLE} ("
             f" pipeline TEXT PRIMARY KEY, epoch {big} NOT NULL CHECK (epoch >= 1),"
@@ -58,7 +64,7 @@ class SqlLedger:
             f" pipeline TEXT NOT NULL, seq {big} NOT NULL CHECK (seq >= 0),"
             f" ranges TEXT NOT NULL, epoch {big} NOT NULL, row_count {big} NOT NULL,"
             f" committed_at {ts} NOT NULL, spark_batch_id {big}, checkpoint_id TEXT,"
-            f" stateful {flag}, PRIMARY KEY (pipeline, seq))",
+            f" stateful {flag}, commit_seconds {real}, PRIMARY KEY (pipeline, seq))",
         ]
         if self.dialect.name == "postgresql":
             # Two first runs may race to create the tables; serialise them.
@@ -66,13 +72,17 @@ class SqlLedger:
                 conn.execute("SELECT pg_advisory_xact_lock(727274)")
                 for s in stmts:
                     conn.execute(s)
-                conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS stateful {flag}")
+                for name, kind in added.items():
+                    conn.execute(
+                        f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}"
+                    )
         else:
             for s in stmts:
                 conn.execute(s)
             columns = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")}
-            if "stateful" not in columns:  # a ledger written by an older sparkonce
-                conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN stateful {flag}")
+            for name, kind in added.items():
+                if name not in columns:  # a ledger written by an older sparkonce
+                    conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN {name} {kind}")
 
     # -- owner epochs ---------------------------------------------------------
     def acquire(self, conn: Any, pipeline: str, source: str | None = None) -> Owner:
@@ -177,14 +187,15 @@ class SqlLedger:
         spark_batch_id: int | None,
         checkpoint_id: str | None,
         stateful: bool = False,
+        commit_seconds: float | None = None,
     ) -> None:
         """Step 4: insert the ledger row (inside the commit transaction)."""
         execute(
             conn,
             self.dialect,
             f"INSERT INTO {LEDGER_TABLE}(pipeline, seq, ranges, epoch, row_count, committed_at, "
-            "spark_batch_id, checkpoint_id, stateful) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "spark_batch_id, checkpoint_id, stateful, commit_seconds) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 pipeline,
                 seq,
@@ -195,6 +206,7 @@ class SqlLedger:
                 spark_batch_id,
                 checkpoint_id,
                 int(stateful) if self.dialect.name == "sqlite" else stateful,
+                commit_seconds,
             ),
         )
 
@@ -207,7 +219,10 @@ class SqlLedger:
         return value.isoformat() if self.dialect.name == "sqlite" else value
 
 
-_COLS = "seq, ranges, epoch, row_count, committed_at, spark_batch_id, checkpoint_id, stateful"
+_COLS = (
+    "seq, ranges, epoch, row_count, committed_at, spark_batch_id, checkpoint_id, stateful, "
+    "commit_seconds"
+)
 
 
 def _entry(pipeline: str, row: Any) -> LedgerEntry:
@@ -221,6 +236,7 @@ def _entry(pipeline: str, row: Any) -> LedgerEntry:
         spark_batch_id=None if row[5] is None else int(row[5]),
         checkpoint_id=row[6],
         stateful=None if row[7] is None else bool(row[7]),
+        commit_seconds=None if row[8] is None else float(row[8]),
     )
 
 
@@ -358,4 +374,5 @@ class SqlLedgerStore(LedgerStore):
             spark_batch_id=entry.spark_batch_id,
             checkpoint_id=entry.checkpoint_id,
             stateful=bool(entry.stateful),
+            commit_seconds=entry.commit_seconds,
         )

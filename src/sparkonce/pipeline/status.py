@@ -14,6 +14,8 @@ from sparkonce.sinks.base import Sink
 
 log = logging.getLogger(__name__)
 
+RECENT_COMMITS = 50
+
 
 @dataclass(frozen=True)
 class PartitionStatus:
@@ -38,6 +40,9 @@ class PipelineStatus:
     partitions: tuple[PartitionStatus, ...]
     ledger_problems: tuple[str, ...]
     source_note: str = ""
+    # The recorded commit times of the newest RECENT_COMMITS entries, oldest first (entries
+    # written by a sparkonce that did not record them are left out).
+    commit_seconds: tuple[float, ...] = ()
 
     @property
     def total_lag(self) -> int | None:
@@ -82,6 +87,9 @@ def pipeline_status(
         partitions=parts,
         ledger_problems=tuple(check_chain(e.ranges for e in entries)),
         source_note=note,
+        commit_seconds=tuple(
+            e.commit_seconds for e in entries[-RECENT_COMMITS:] if e.commit_seconds is not None
+        ),
     )
 
 

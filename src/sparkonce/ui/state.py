@@ -14,10 +14,11 @@ Everything is read through the public sink API (``pipelines()``, ``owner()``,
 - :class:`UiState`: one polling thread per store, and :meth:`UiState.snapshot`, the document
   that ``/api/state`` serves.
 
-What the ledger does not record is not shown: a :class:`~sparkonce.ledger.base.LedgerEntry`
-has ``committed_at`` but no commit duration, so the page shows the **time between
-consecutive commits** (``interval_s``) and **rows per second between commits**
-(``rows_per_s``: the entry's rows over that interval), never a "commit latency".
+Commit latency is what each ledger entry records (``commit_s``: its
+:attr:`~sparkonce.ledger.base.LedgerEntry.commit_seconds`, None for an entry written by a
+sparkonce that did not record it). Throughput is derived: **rows per second between
+commits** (``rows_per_s``: the entry's rows over the time since the previous commit,
+``interval_s``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def timeline(entries: Sequence[LedgerEntry], recent: int = RECENT) -> list[dict[
     """The newest ``recent`` ledger entries, oldest first, each with what follows from it
     and the entry before it (the one before the first shown is used when there is one).
 
+    ``commit_s``: how long the entry's commit took, as the ledger recorded it.
     ``interval_s``: seconds between the previous entry's ``committed_at`` and this one's
     (None for the ledger's first entry). ``rows_per_s``: this entry's rows (written to the
     sink) over that interval, ``records_per_s`` its input records (its offset ranges) over
@@ -93,6 +95,7 @@ def timeline(entries: Sequence[LedgerEntry], recent: int = RECENT) -> list[dict[
                 "records": e.ranges.count,
                 "spark_batch_id": e.spark_batch_id,
                 "committed_at": _iso(e.committed_at),
+                "commit_s": e.commit_seconds,
                 "interval_s": interval,
                 "rows_per_s": e.row_count / interval if interval and interval > 0 else None,
                 "records_per_s": e.ranges.count / interval if interval and interval > 0 else None,

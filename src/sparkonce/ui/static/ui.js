@@ -97,7 +97,7 @@
 
     const newestFirst = p.timeline.slice().reverse();
     const timeline = table(
-      ["seq", "epoch", "rows", "Spark batch", "committed at", "since previous (s)"],
+      ["seq", "epoch", "rows", "Spark batch", "committed at", "commit (s)", "interval (s)"],
       newestFirst.map((e) =>
         row(
           [
@@ -106,6 +106,7 @@
             ["rows", num(e.rows)],
             ["spark_batch_id", e.spark_batch_id === null ? "-" : String(e.spark_batch_id)],
             ["committed_at", when(e.committed_at)],
+            ["commit_s", decimal(e.commit_s, 3)],
             ["interval_s", decimal(e.interval_s, 2)],
           ],
           { "data-seq": String(e.seq), class: e.epoch_changed ? "epoch-change" : null }
@@ -122,7 +123,7 @@
 
     const key = storeIndex + "/" + p.name;
     const throughput = chartDiv(key + "/throughput");
-    const intervals = chartDiv(key + "/interval");
+    const latency = chartDiv(key + "/latency");
     const article = el("article", { class: "pipeline", "data-pipeline": p.name }, [
       el("h3", { text: "pipeline " + p.name }),
       facts,
@@ -145,17 +146,18 @@
           }),
         ]),
         el("div", {}, [
-          intervals,
+          latency,
           el("p", {
             class: "chart-note",
             text:
-              "Time between consecutive commits. The ledger does not record how long a " +
-              "commit took, so this is not a commit latency.",
+              "Bars: how long each batch's commit took, as its ledger entry records it " +
+              "(staging and writing the rows, up to the ledger entry; for Delta, to the end " +
+              "of the table's commit). Line: the time between consecutive commits.",
           }),
         ]),
       ]),
     ]);
-    return { article, draw: () => drawCharts(p, throughput, intervals) };
+    return { article, draw: () => drawCharts(p, throughput, latency) };
   }
 
   // -- charts (plotly.js from the plotly package, served at /vendor/plotly.js) ------------------
@@ -169,7 +171,7 @@
     return div;
   }
 
-  function drawCharts(p, throughputDiv, intervalDiv) {
+  function drawCharts(p, throughputDiv, latencyDiv) {
     if (!window.Plotly) {
       throughputDiv.textContent = "charts unavailable: plotly.js did not load";
       return;
@@ -232,18 +234,32 @@
       config
     );
     window.Plotly.react(
-      intervalDiv,
+      latencyDiv,
       [
         {
           type: "bar",
+          name: "commit",
           textposition: "none",
+          x: p.timeline.map((e) => e.seq),
+          y: p.timeline.map((e) => e.commit_s),
+          text: p.timeline.map((e) => "epoch " + e.epoch),
+          hovertemplate: "seq %{x}<br>commit took %{y:.3f} s<br>%{text}<extra></extra>",
+        },
+        {
+          type: "scatter",
+          mode: "lines+markers",
+          name: "between commits",
           x: seqs,
           y: points.map((e) => e.interval_s),
           text: epochs,
           hovertemplate: "seq %{x}<br>%{y:.2f} s since the previous commit<br>%{text}<extra></extra>",
         },
       ],
-      layout("Time between consecutive commits", "seconds"),
+      {
+        ...layout("Commit latency", "seconds"),
+        showlegend: true,
+        legend: { orientation: "h", y: 1.02, yanchor: "bottom", x: 1, xanchor: "right" },
+      },
       config
     );
   }
