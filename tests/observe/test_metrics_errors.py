@@ -63,11 +63,21 @@ def busy_port() -> Iterator[int]:
 def test_a_port_in_use_is_refused_before_the_epoch(
     pipeline_file: Path, busy_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["run", str(pipeline_file), "--metrics-port", str(busy_port)])
+    log_file = pipeline_file.parent / "run.log"
+    argv = [
+        "run",
+        str(pipeline_file),
+        "--metrics-port",
+        str(busy_port),
+        "--log-file",
+        str(log_file),
+    ]
+    code = main(argv)
     err = capsys.readouterr().err
     assert code == EXIT_USAGE, err
     assert f"bad input: pipeline 'healthy': cannot serve metrics on 127.0.0.1:{busy_port}" in err
     assert "Address already in use" in err and "no epoch was taken" in err, err
+    assert err.rstrip().endswith(f"(full log: {log_file})") and log_file.is_file(), err
     assert "Traceback" not in err
     assert owner_epoch(pipeline_file) == 1  # the healthy run was not fenced
 

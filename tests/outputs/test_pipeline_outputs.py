@@ -327,3 +327,17 @@ def test_late_records_reach_the_late_output(spark: SparkSession, tmp_path: Path)
     assert counted + len(late) == len(times)  # every record counted or reported late
     assert sorted(r[0] for r in late) == ["p-0-12", "p-0-13", "p-0-14"]
     assert {(r[2], r[3]) for r in late} == {(1, 1)}
+
+
+def test_an_output_set_lists_the_pipelines_of_all_its_stores(tmp_path: Path) -> None:
+    """What ``sparkonce ui`` lists for a pipeline with several outputs: each name once."""
+    url_a, url_b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    only_b = SQLiteSink(url_b, "other")
+    outputs = {"x": SQLiteSink(url_a, "t1"), "y": SQLiteSink(url_a, "t2")}
+    outputs["z"] = SQLiteSink(url_b, "t3")
+    p = Pipeline(NAME, EmbeddedLogSource(tmp_path, "t"), checkpoint=tmp_path / "c", outputs=outputs)
+    with only_b:
+        only_b.acquire("elsewhere")
+    assert p.output_set.pipelines() == ["elsewhere"]
+    p.output_set.acquire(NAME)
+    assert p.output_set.pipelines() == [NAME, "elsewhere"]

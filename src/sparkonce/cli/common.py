@@ -447,3 +447,19 @@ def _report(exc: Exception) -> int:
 def _one_line(text: str) -> str:
     """``text`` on one line: a multi-line message (a server's detail, say) is joined."""
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def add_spark_options(p: argparse.ArgumentParser, log_file_help: str) -> None:
+    """``--master`` and ``--log-file``: the options of every command that starts Spark."""
+    p.add_argument(
+        "--master",
+        type=_env_checked("--master", MASTER_EXPECTED, _check_master),
+        default=_env("SPARKONCE_MASTER", "local[2]"),
+        help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
+    )
+    p.add_argument(
+        "--log-file",
+        type=_env_checked("--log-file", FILE_EXPECTED, _check_file),
+        default=_env("SPARKONCE_LOG_FILE"),
+        help=_help(log_file_help, "SPARKONCE_LOG_FILE"),
+    )

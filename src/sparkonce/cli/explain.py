@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkonce.cli.common import (
-    FILE_EXPECTED,
-    MASTER_EXPECTED,
-    _check_file,
-    _check_master,
-    _env,
-    _env_checked,
-    _help,
-)
-from sparkonce.cli.logs import _LOGGED_TO_FILE, _default_log_file, _log_to_file
+from sparkonce.cli.common import add_spark_options
+from sparkonce.cli.logs import spark_log_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
@@ -26,18 +17,14 @@ if TYPE_CHECKING:  # pragma: no cover
 def cmd_explain(args: argparse.Namespace) -> int:
     """Load the pipeline file, build its query on a Spark session (nothing runs, no store
     is touched) and print the explanation: a table, or JSON with ``--json``."""
-    import logging
-
     from sparkonce.pipeline.loader import load_pipeline
     from sparkonce.pipeline.spark import build_session
 
     pipeline = load_pipeline(args.pipeline_file)
-    log_file = Path(args.log_file) if args.log_file else _default_log_file(pipeline.name)
-    file_handler = _log_to_file(log_file)
     from pyspark.sql import SparkSession
 
     ours = SparkSession.getActiveSession() is None  # a caller's session (tests) stays up
-    try:
+    with spark_log_file(pipeline.name, args.log_file) as log_file:
         spark = build_session(
             master=args.master,
             app_name=f"sparkonce-explain:{pipeline.name}",
@@ -50,10 +37,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
         finally:
             if ours:
                 spark.stop()
-    finally:
-        for name in _LOGGED_TO_FILE:
-            logging.getLogger(name).removeHandler(file_handler)
-        file_handler.close()
     if args.json:
         print(json.dumps(exp.to_dict(), indent=2))
     else:
@@ -93,16 +76,5 @@ def add_parser(sub: SubParsers) -> None:
     )
     p.add_argument("pipeline_file")
     p.add_argument("--json", action="store_true", help="print the same content as JSON")
-    p.add_argument(
-        "--master",
-        type=_env_checked("--master", MASTER_EXPECTED, _check_master),
-        default=_env("SPARKONCE_MASTER", "local[2]"),
-        help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
-    )
-    p.add_argument(
-        "--log-file",
-        type=_env_checked("--log-file", FILE_EXPECTED, _check_file),
-        default=_env("SPARKONCE_LOG_FILE"),
-        help=_help("write Spark's log here", "SPARKONCE_LOG_FILE"),
-    )
+    add_spark_options(p, "write Spark's log here")
     p.set_defaults(func=cmd_explain)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,24 @@ def _default_log_file(pipeline: str) -> Path:
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(tempfile.gettempdir()) / "sparkonce" / f"{pipeline}-{stamp}-{os.getpid()}.log"
+
+
+@contextmanager
+def spark_log_file(pipeline: str, given: str | None) -> Iterator[Path]:
+    """The log file of a command that starts Spark (``--log-file``, else a new one under
+    the temp directory): written while the block runs; a sparkonce error leaving the
+    block names it (``exc.log_file``, printed after the error's line)."""
+    path = Path(given) if given else _default_log_file(pipeline)
+    handler = _log_to_file(path)
+    try:
+        yield path
+    except SparkOnceError as exc:
+        exc.log_file = path  # type: ignore[attr-defined]
+        raise
+    finally:
+        for name in _LOGGED_TO_FILE:
+            logging.getLogger(name).removeHandler(handler)
+        handler.close()
 
 
 class _QuietCallbackErrors(logging.Filter):

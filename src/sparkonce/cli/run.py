@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import (
-    FILE_EXPECTED,
-    MASTER_EXPECTED,
     SINK_URL_EXPECTED,
     SOURCE_URI_EXPECTED,
     _add_env_switch,
     _check_checkpoint,
-    _check_file,
-    _check_master,
     _check_sink_url,
     _check_source_uri,
     _env,
     _env_checked,
     _help,
     _typed,
+    add_spark_options,
 )
-from sparkonce.cli.logs import _LOGGED_TO_FILE, _default_log_file, _log_to_file
-from sparkonce.errors import SparkOnceError
+from sparkonce.cli.logs import spark_log_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
@@ -58,20 +54,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.pipeline_file).with_overrides(
         sink_url=args.sink, checkpoint=args.checkpoint, source_uri=args.source
     )
-    log_file = Path(args.log_file) if args.log_file else _default_log_file(pipeline.name)
-    file_handler = _log_to_file(log_file)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
         stop.signal_number = signum  # type: ignore[attr-defined]
         stop.set()
 
-    previous: dict[int, Any] = {}
-    metrics: MetricsObserver | None = None
-    try:
+    with contextlib.ExitStack() as stack:
+        log_file = stack.enter_context(spark_log_file(pipeline.name, args.log_file))
         # Metrics are served before Spark starts and before the run takes its epoch: a port
         # in use or a missing prometheus_client stops here, and fences nobody.
         observer, metrics = _observers(pipeline.name, args.metrics_port, args.metrics_host)
+        if metrics is not None:
+            stack.callback(metrics.close)
         spark = build_session(
             master=args.master,
             app_name=f"sparkonce:{pipeline.name}",
@@ -80,24 +75,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             conf=pipeline.spark_conf(),
         )
         # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
-        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            stack.callback(signal.signal, signum, signal.signal(signum, request_stop))
         try:
             report = pipeline.run(
                 spark, timeout=args.timeout, stop=stop, faults=faults, observer=observer
             )
         finally:
             spark.stop()
-    except SparkOnceError as exc:
-        exc.log_file = log_file  # type: ignore[attr-defined]
-        raise
-    finally:
-        if metrics is not None:
-            metrics.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        for name in _LOGGED_TO_FILE:
-            logging.getLogger(name).removeHandler(file_handler)
-        file_handler.close()
     print(
         f"pipeline {report.pipeline}: epoch {report.epoch}, resumed from {report.resumed_from}; "
         f"committed {report.batches_committed} batches ({report.rows_committed} rows), "
@@ -140,11 +125,10 @@ def add_parser(sub: SubParsers) -> None:
 
     p = sub.add_parser("run", help="run a pipeline file (defines `pipeline = Pipeline(...)`)")
     p.add_argument("pipeline_file")
-    p.add_argument(
-        "--master",
-        type=_env_checked("--master", MASTER_EXPECTED, _check_master),
-        default=_env("SPARKONCE_MASTER", "local[2]"),
-        help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
+    add_spark_options(
+        p,
+        "write Spark's and the run's full log, stacks included, here (default: a new file "
+        "under the temp directory's sparkonce/, named in every error)",
     )
     p.add_argument(
         "--timeout",
@@ -180,16 +164,6 @@ def add_parser(sub: SubParsers) -> None:
         env="SPARKONCE_QUICK_START",
         help="start Spark's JVM for a short run (C1 JIT, serial GC): about a quarter less "
         "CPU for runs of a minute; keep it off for long-running jobs",
-    )
-    p.add_argument(
-        "--log-file",
-        type=_env_checked("--log-file", FILE_EXPECTED, _check_file),
-        default=_env("SPARKONCE_LOG_FILE"),
-        help=_help(
-            "write Spark's and the run's full log, stacks included, here (default: a new file "
-            "under the temp directory's sparkonce/, named in every error)",
-            "SPARKONCE_LOG_FILE",
-        ),
     )
     p.add_argument(
         "--metrics-port",

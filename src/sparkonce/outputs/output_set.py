@@ -417,6 +417,13 @@ class OutputSet(Sink):
     def last_entry(self, pipeline: str) -> LedgerEntry | None:
         return self.groups[0].sinks[0].last_entry(pipeline)
 
+    def pipelines(self) -> list[str]:
+        """Every pipeline that took an epoch in any of the outputs' stores, each once."""
+        names: dict[str, None] = {}
+        for group in self.groups:
+            names.update(dict.fromkeys(group.sinks[0].pipelines()))
+        return list(names)
+
     def spark_conf(self) -> dict[str, str]:
         conf: dict[str, str] = {}
         for sink in self.outputs.values():
