@@ -801,29 +801,8 @@ class Campaign:
 
     def _inject(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
         """Run the faulty part of a trial. Returns True if the input is fully consumed."""
-        if fault.kind == "kill" and fault.after_entries:
-            return self._kill_after_entries(fault, out, logs)
         if fault.kind == "kill":
-            assert fault.delay_s is not None and self.oracle is not None
-            fraction = fault.delay_s / max(self.oracle.seconds, 0.01)
-            for attempt in range(KILL_RESCALES + 1):
-                d = self._driver(logs / f"fault{attempt or ''}.log").start()
-                out.driver_runs += 1
-                while d.poll() is None and d.seconds < fault.delay_s:
-                    time.sleep(0.05)
-                if d.poll() is None:
-                    d.kill()
-                    out.fault_fired = True
-                code = d.wait(60)
-                if out.fault_fired or code != 0 or attempt == KILL_RESCALES:
-                    return code == 0 and not out.fault_fired
-                # The driver finished before the kill: trials often run faster than the
-                # oracle, whose JVM and caches started cold. Start again from a clean slate
-                # with the delay at the same fraction of the run time just measured.
-                fault = replace(fault, delay_s=round(fraction * d.seconds, 2))
-                out.fault = fault
-                self.clean()
-            return False  # not reached
+            return self._kill(fault, out, logs)
         if fault.kind == "crash-point":
             d = self._driver(logs / "fault.log", crash=fault).start()
             out.driver_runs += 1
@@ -856,21 +835,34 @@ class Campaign:
             return self._resend(fault, out, logs)
         raise ConfigError(f"unknown fault kind {fault.kind!r}")
 
-    def _kill_after_entries(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
-        """A kill planned on progress: once the stores hold ``after_entries`` new ledger
-        entries, wait ``delay_s`` and kill. A run that ends first is run again from a clean
-        slate with half the delay (at most :data:`KILL_RESCALES` times)."""
-        assert fault.after_entries is not None and fault.delay_s is not None
+    def _kill(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
+        """SIGKILL the driver at the planned moment: ``delay_s`` after its
+        ``after_entries``-th new ledger entry (planned on progress), or ``delay_s`` after
+        its start (older reports, planned on the oracle's wall-clock time).
+
+        A driver that finishes first is run again from a clean slate, at most
+        :data:`KILL_RESCALES` times, with the moment moved earlier: half the delay after
+        the entry, or the same fraction of the run time just measured as of the oracle's
+        (trials often run faster than the oracle, whose JVM and caches started cold)."""
+        assert fault.delay_s is not None
+        on_progress = bool(fault.after_entries)
+        fraction = 0.0
+        if not on_progress:
+            assert self.oracle is not None
+            fraction = fault.delay_s / max(self.oracle.seconds, 0.01)
         for attempt in range(KILL_RESCALES + 1):
             base = self._ledger_len()
             d = self._driver(logs / f"fault{attempt or ''}.log").start()
             out.driver_runs += 1
-            while d.poll() is None and self._ledger_len() - base < fault.after_entries:
-                if d.seconds > DRIVER_TIMEOUT_S:
-                    break
-                time.sleep(0.1)
-            reached = time.monotonic()
-            while d.poll() is None and time.monotonic() - reached < fault.delay_s:
+            if on_progress:
+                while d.poll() is None and self._ledger_len() - base < (fault.after_entries or 0):
+                    if d.seconds > DRIVER_TIMEOUT_S:
+                        break
+                    time.sleep(0.1)
+                kill_at = d.seconds + fault.delay_s
+            else:
+                kill_at = fault.delay_s
+            while d.poll() is None and d.seconds < kill_at:
                 time.sleep(0.05)
             if d.poll() is None:
                 d.kill()
@@ -878,7 +870,8 @@ class Campaign:
             code = d.wait(60)
             if out.fault_fired or code != 0 or attempt == KILL_RESCALES:
                 return code == 0 and not out.fault_fired
-            fault = replace(fault, delay_s=round(fault.delay_s / 2, 2))
+            delay = fault.delay_s / 2 if on_progress else fraction * d.seconds
+            fault = replace(fault, delay_s=round(delay, 2))
             out.fault = fault
             self.clean()
         return False  # not reached
