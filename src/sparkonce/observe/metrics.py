@@ -74,62 +74,58 @@ class MetricsObserver(RunObserver):
         prom = prometheus_client()
         self.pipeline = pipeline
         self.registry = prom.CollectorRegistry(auto_describe=True)
-        r, labels = self.registry, ["pipeline"]
-        self._committed = prom.Counter(
-            "sparkonce_batches_committed", "Batches this run committed", labels, registry=r
-        ).labels(pipeline)
-        self._rows = prom.Counter(
-            "sparkonce_rows_committed", "Rows the committed batches held", labels, registry=r
-        ).labels(pipeline)
-        self._skipped = prom.Counter(
+
+        def one(kind: Any, name: str, doc: str, **kw: Any) -> Any:
+            """The pipeline's series of a new metric in this run's registry."""
+            return kind(name, doc, ["pipeline"], registry=self.registry, **kw).labels(pipeline)
+
+        self._committed = one(
+            prom.Counter, "sparkonce_batches_committed", "Batches this run committed"
+        )
+        self._rows = one(
+            prom.Counter, "sparkonce_rows_committed", "Rows the committed batches held"
+        )
+        self._skipped = one(
+            prom.Counter,
             "sparkonce_batches_skipped",
             "Batches skipped as replays (the ledger already held them)",
-            labels,
-            registry=r,
-        ).labels(pipeline)
-        self._commit_seconds = prom.Histogram(
+        )
+        self._commit_seconds = one(
+            prom.Histogram,
             "sparkonce_commit_seconds",
             "Seconds each batch's commit took (the sink's commit protocol, staging included)",
-            labels,
             buckets=COMMIT_BUCKETS,
-            registry=r,
-        ).labels(pipeline)
+        )
         self._lag = prom.Gauge(
             "sparkonce_lag_records",
             "Records behind: the source's end offset minus the committed end offset",
-            [*labels, "topic", "partition"],
-            registry=r,
+            ["pipeline", "topic", "partition"],
+            registry=self.registry,
         )
-        self._epoch = prom.Gauge(
-            "sparkonce_owner_epoch", "The owner epoch this run took", labels, registry=r
-        ).labels(pipeline)
-        self._fenced = prom.Counter(
+        self._epoch = one(prom.Gauge, "sparkonce_owner_epoch", "The owner epoch this run took")
+        self._fenced = one(
+            prom.Counter,
             "sparkonce_fenced",
             "Times this run was fenced by a newer run of the pipeline",
-            labels,
-            registry=r,
-        ).labels(pipeline)
-        self._input_rows = prom.Counter(
-            "sparkonce_input_rows", "Rows Spark read (its query progress)", labels, registry=r
-        ).labels(pipeline)
-        self._input_rate = prom.Gauge(
+        )
+        self._input_rows = one(
+            prom.Counter, "sparkonce_input_rows", "Rows Spark read (its query progress)"
+        )
+        self._input_rate = one(
+            prom.Gauge,
             "sparkonce_input_rows_per_second",
             "Spark's input rate in the last micro-batch",
-            labels,
-            registry=r,
-        ).labels(pipeline)
-        self._processed_rate = prom.Gauge(
+        )
+        self._processed_rate = one(
+            prom.Gauge,
             "sparkonce_processed_rows_per_second",
             "Spark's processing rate in the last micro-batch",
-            labels,
-            registry=r,
-        ).labels(pipeline)
-        self._batch_duration = prom.Gauge(
+        )
+        self._batch_duration = one(
+            prom.Gauge,
             "sparkonce_batch_duration_seconds",
             "Seconds Spark's last micro-batch took, from trigger to end",
-            labels,
-            registry=r,
-        ).labels(pipeline)
+        )
         self._server: Any = None
         self._lock = threading.Lock()
 
