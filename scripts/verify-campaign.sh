@@ -11,16 +11,10 @@
 # measure it again (only on an otherwise quiet machine: load makes it too long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Test this checkout's code, whatever the venv's editable install points at (a campaign
-# run from a worktree pinned at one commit keeps testing that commit while main moves).
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-TRIALS="${1:-1000}"
-SEED="${SPARKONCE_CAMPAIGN_SEED:-1}"
-STORES="${SPARKONCE_CAMPAIGN_STORES:-2}"
+source scripts/campaign-lib.sh
 WORK=.cache/verify-campaign
-RESULT=benchmarks/results/verify-campaign.json
-PY=.venv/bin/python
-mkdir -p "$WORK/out" benchmarks/results
+STORES="${SPARKONCE_CAMPAIGN_STORES:-2}"
+mkdir -p "$WORK"
 if [ ! -f "$WORK/log/events.db" ]; then
   .venv/bin/sparkonce log create "$WORK/log" events --partitions 3
   seq 1 1200 | awk '{print "k" ($1 % 6) "\t" $1}' |
@@ -43,12 +37,6 @@ pipeline = Pipeline(
     checkpoint="$PWD/$WORK/checkpoint",
 )
 PIPE
-if [ -f "$RESULT" ] && [ ! -f "$WORK/out/verify.json" ]; then cp "$RESULT" "$WORK/out/verify.json"; fi
 SINKS=(--sink "sqlite:///$PWD/$WORK/sink.db")
 for i in $(seq 2 "$STORES"); do SINKS+=(--sink "sqlite:///$PWD/$WORK/sink$i.db"); done
-status=0
-PYSPARK_PYTHON="$PWD/$PY" .venv/bin/sparkonce verify "$WORK/pipeline.py" --trials "$TRIALS" \
-  --seed "$SEED" --resume --out "$WORK/out" "${SINKS[@]}" "${@:2}" || status=$?
-cp "$WORK/out/verify.json" "$RESULT"
-[ -f "$WORK/out/recovery.png" ] && cp "$WORK/out/recovery.png" benchmarks/results/verify-campaign.png
-exit $status
+resumable_campaign verify-campaign "${1:-1000}" "$WORK/pipeline.py" "${SINKS[@]}" -- "${@:2}"
