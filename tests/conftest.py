@@ -126,16 +126,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from sparkonce.pipeline.spark import build_session
+    from sparkonce.pipeline.spark import build_session, merge_spark_conf
     from sparkonce.sinks.delta import delta_jars, delta_spark_conf
+    from sparkonce.sources.spark_kafka import spark_kafka_jars
 
-    # With Delta Lake (its jars are fetched by `make jars`, like Kafka's), for DeltaSink.
+    # With Delta Lake and Spark's Kafka connector (their jars are fetched by `make jars`),
+    # for DeltaSink and SparkKafkaSource.
     assert delta_jars(), "the Delta jars are missing: run scripts/fetch-jars.sh (make jars)"
+    kafka_jars = spark_kafka_jars()
+    assert kafka_jars, "the Spark Kafka connector jars are missing: run make jars"
     session = build_session(
         master="local[2]",
         app_name="sparkonce-tests",
         shuffle_partitions=2,
-        conf=delta_spark_conf(),
+        conf=merge_spark_conf(delta_spark_conf(), {"spark.jars": ",".join(kafka_jars)}),
     )
     yield session
     session.stop()

@@ -30,7 +30,7 @@ from sparkonce.sinks import (
     SQLiteSink,
     sink_from_url,
 )
-from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source
+from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source, SparkKafkaSource
 
 __version__ = "0.1.0"
 
@@ -60,6 +60,7 @@ __all__ = [
     "SinkUnavailableError",
     "Source",
     "SourceError",
+    "SparkKafkaSource",
     "SparkOnceError",
     "StoreUnavailableError",
     "Topic",

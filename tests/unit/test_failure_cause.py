@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkonce.errors import FencedError, SinkUnavailableError
+from sparkonce.errors import FencedError, OffsetOutOfRangeError, SinkUnavailableError
 from sparkonce.pipeline.failure import find_cause, rebuild
 
 # The shapes seen from PySpark 4.2: a StreamingQueryException whose first line names only
@@ -68,3 +68,21 @@ def test_plain_python_error_and_fallbacks() -> None:
 def test_long_messages_are_clipped() -> None:
     cause = find_cause("[SOME_ERROR] " + "x" * 5000)
     assert len(cause.message) <= 600 and cause.message.endswith("...")
+
+
+def test_kafka_connector_data_loss_is_an_offset_out_of_range_error() -> None:
+    text = (
+        "[STREAM_FAILED] Query terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] "
+        "An error occurred\n"
+        "Caused by: org.apache.spark.sql.kafka010.KafkaIllegalStateException: Some data may have "
+        "been lost because they are not available in Kafka any more;\n"
+        "Caused by: org.apache.kafka.clients.consumer.OffsetOutOfRangeException: Fetch position "
+        "FetchPosition{offset=20, offsetEpoch=Optional.empty} is out of range for partition ev-0\n"
+    )
+    cause = find_cause(text)
+    assert cause.error is OffsetOutOfRangeError
+    assert cause.message.startswith(
+        "Some data may have been lost because they are not available in Kafka any more "
+        "(offset 20 of ev-0 is gone). Records this run still needed were deleted from Kafka"
+    ), cause.message
+    assert "Nothing was skipped" in cause.message

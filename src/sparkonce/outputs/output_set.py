@@ -425,13 +425,9 @@ class OutputSet(Sink):
         return list(names)
 
     def spark_conf(self) -> dict[str, str]:
-        conf: dict[str, str] = {}
-        for sink in self.outputs.values():
-            for key, value in sink.spark_conf().items():
-                if key == "spark.jars" and conf.get(key):
-                    value = ",".join(dict.fromkeys(conf[key].split(",") + value.split(",")))
-                conf[key] = value
-        return conf
+        from sparkonce.pipeline.spark import merge_spark_conf
+
+        return merge_spark_conf(*(sink.spark_conf() for sink in self.outputs.values()))
 
     def describe(self) -> str:
         inner = ", ".join(f"{n}={s.describe()}" for n, s in self.outputs.items())

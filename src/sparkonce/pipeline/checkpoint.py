@@ -12,8 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkonce.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkonce.sources.base import Source
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,13 @@ class Checkpoint:
                 "while both sides plan the same ranges); join other data as static tables."
             )
         return sources[0]
+
+    def previous_offset(self, batch_id: int, source: Source) -> str | None:
+        """Where ``batch_id`` starts: the batch before's offset, or for batch 0 the
+        source's initial offset (None for sources whose offsets hold whole ranges)."""
+        if batch_id > 0:
+            return self.source_offset(batch_id - 1)
+        return source.initial_offset(self.path)
 
 
 def _canonical(offset: str) -> str:

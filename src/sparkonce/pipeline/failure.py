@@ -23,7 +23,7 @@ import importlib
 import re
 from dataclasses import dataclass
 
-from sparkonce.errors import SparkOnceError
+from sparkonce.errors import OffsetOutOfRangeError, SparkOnceError
 
 # Spark error classes that only wrap the real cause.
 _WRAPPERS = frozenset(
@@ -34,6 +34,22 @@ _WRAPPERS = frozenset(
         "PYTHON_DATA_SOURCE_ERROR",
         "TASK_WRITE_FAILED",
     }
+)
+# Spark's Kafka connector, with failOnDataLoss (always on in SparkKafkaSource): offsets the
+# query needs are gone from Kafka.
+_KAFKA_DATA_LOSS = re.compile(
+    r"(?:\[KAFKA_DATA_LOSS[.\w]*\] |KafkaIllegalStateException: )"
+    r"(Some data may have been lost[^\n]*)"
+)
+_KAFKA_OUT_OF_RANGE = re.compile(
+    r"FetchPosition\{offset=(\d+).*? is out of range for partition (\S+)"
+)
+_DATA_LOSS_HINT = (
+    " Records this run still needed were deleted from Kafka (retention, delete_records, or "
+    "the topic was deleted and created again). Nothing was skipped: the run stopped. "
+    "Operator action: if the records are lost for good, start the pipeline under a new name "
+    "or from a new ledger, knowing which offsets are missing; keep retention longer than "
+    "the longest outage."
 )
 _SPARKONCE_LINE = re.compile(r"^\s*(sparkonce(?:\.\w+)+)\.(\w+): (.+)$", re.MULTILINE)
 _SPARK_CLASS = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\] ([^\n]*)")
@@ -52,6 +68,12 @@ class Cause:
 
 def find_cause(text: str) -> Cause:
     """The most specific cause named in ``text`` (see the module docstring)."""
+    loss = _KAFKA_DATA_LOSS.search(text)
+    if loss is not None:
+        where = _KAFKA_OUT_OF_RANGE.search(text)
+        detail = f" (offset {where[1]} of {where[2]} is gone)" if where else ""
+        message = _clip(loss[1].rstrip(";. ") + detail + ".")
+        return Cause(message + _DATA_LOSS_HINT, OffsetOutOfRangeError)
     for module, name, message in _SPARKONCE_LINE.findall(text):
         cls = _error_class(module, name)
         if cls is not None:

@@ -194,10 +194,13 @@ class Pipeline:
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
     def spark_conf(self) -> dict[str, str]:
-        """Settings the SparkSession needs for this pipeline's sinks (for example a Delta
-        Lake sink's jars and extension); :func:`sparkonce.build_session` takes them as
-        ``conf``, and ``sparkonce run`` passes them."""
-        return self.sink.spark_conf()
+        """Settings the SparkSession needs for this pipeline's source and sinks (for example
+        Spark's Kafka connector jars, or a Delta Lake sink's jars and extension);
+        :func:`sparkonce.build_session` takes them as ``conf``, and ``sparkonce run``
+        passes them."""
+        from sparkonce.pipeline.spark import merge_spark_conf
+
+        return merge_spark_conf(self.source.spark_conf(), self.sink.spark_conf())
 
     def explain(self, spark: SparkSession) -> Explanation:
         """What this pipeline guarantees as configured, part by part, with the reason for

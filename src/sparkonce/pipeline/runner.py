@@ -149,8 +149,7 @@ class _BatchHandler:
                 f"pipeline {p.name!r}: Spark's offset log has no entry for batch {batch_id} in "
                 f"{self.checkpoint.path}; the checkpoint was changed while the query ran"
             )
-        previous = self.checkpoint.source_offset(batch_id - 1) if batch_id > 0 else None
-        ranges = p.source.batch_ranges(previous, current)
+        ranges = p.source.batch_ranges(self.checkpoint.previous_offset(batch_id, p.source), current)
         self.current = (batch_id, ranges)
         # Spark has planned this batch, so a stateful query's state/ directory exists.
         stateful = self.checkpoint.has_state() if p.stateful is None else p.stateful
@@ -605,7 +604,7 @@ def _failed_batch(pipeline: Pipeline, checkpoint: Checkpoint, handler: _BatchHan
         if planned and planned[-1] != done:
             bid = planned[-1]
             raw = checkpoint.source_offset(bid)
-            prev = checkpoint.source_offset(bid - 1) if bid > 0 else None
+            prev = checkpoint.previous_offset(bid, pipeline.source)
             if raw is not None:
                 return f"batch {bid} [{pipeline.source.batch_ranges(prev, raw)}]"
     except SparkOnceError:

@@ -96,3 +96,43 @@ def _log4j_config(log_file: Path) -> Path:
         "rootLogger.appenderRef.file.ref = file\n"
     )
     return config
+
+
+def cached_jars(
+    kind: str, env: str, *, names: tuple[str, ...] = (), required_prefix: str = ""
+) -> list[str]:
+    """The jars of one kind that ``scripts/fetch-jars.sh`` fetches: from the directory
+    ``$<env>``, else ``<kind>/`` in ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/<kind>`` of
+    the sparkonce checkout (or of the working directory). The first directory that holds
+    every one of ``names`` (or, without names, some jar whose name starts with
+    ``required_prefix``) gives all its jars; empty if none does."""
+    candidates: list[Path] = []
+    if os.environ.get(env):
+        candidates.append(Path(os.environ[env]))
+    if os.environ.get("SPARKONCE_JAR_CACHE"):
+        candidates.append(Path(os.environ["SPARKONCE_JAR_CACHE"]) / kind)
+    here = Path(__file__).resolve()
+    candidates += [p / ".cache" / "jars" / kind for p in here.parents]
+    candidates.append(Path.cwd() / ".cache" / "jars" / kind)
+    for d in candidates:
+        if names:
+            jars = [d / name for name in names]
+            if all(j.is_file() for j in jars):
+                return [str(j) for j in jars]
+        elif d.is_dir():
+            jars = sorted(d.glob("*.jar"))
+            if any(j.name.startswith(required_prefix) for j in jars):
+                return [str(j) for j in jars]
+    return []
+
+
+def merge_spark_conf(*confs: Mapping[str, str]) -> dict[str, str]:
+    """Settings from several parts of a pipeline in one: ``spark.jars`` lists are joined
+    (each jar once), any other key takes the last value."""
+    out: dict[str, str] = {}
+    for conf in confs:
+        for key, value in conf.items():
+            if key == "spark.jars" and out.get(key):
+                value = ",".join(dict.fromkeys(out[key].split(",") + value.split(",")))
+            out[key] = value
+    return out

@@ -59,7 +59,6 @@ Limits, stated plainly:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -98,19 +97,9 @@ def delta_jars() -> list[str]:
     """The Delta jars: ``$SPARKONCE_DELTA_JARS`` (a directory), else ``delta/`` in
     ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/delta`` of the sparkonce checkout (where
     ``scripts/fetch-jars.sh`` puts them). Empty if none holds both."""
-    candidates: list[Path] = []
-    if os.environ.get("SPARKONCE_DELTA_JARS"):
-        candidates.append(Path(os.environ["SPARKONCE_DELTA_JARS"]))
-    if os.environ.get("SPARKONCE_JAR_CACHE"):
-        candidates.append(Path(os.environ["SPARKONCE_JAR_CACHE"]) / "delta")
-    here = Path(__file__).resolve()
-    candidates += [p / ".cache" / "jars" / "delta" for p in here.parents]
-    candidates.append(Path.cwd() / ".cache" / "jars" / "delta")
-    for d in candidates:
-        jars = [d / name for name in DELTA_JARS]
-        if all(j.is_file() for j in jars):
-            return [str(j) for j in jars]
-    return []
+    from sparkonce.pipeline.spark import cached_jars
+
+    return cached_jars("delta", "SPARKONCE_DELTA_JARS", names=DELTA_JARS)
 
 
 def delta_spark_conf() -> dict[str, str]:

@@ -5,6 +5,7 @@ from sparkonce.sources.base import Source
 from sparkonce.sources.embedded import URI_SCHEME, EmbeddedLogSource
 from sparkonce.sources.kafka import URI_SCHEME as KAFKA_URI_SCHEME
 from sparkonce.sources.kafka import KafkaSource
+from sparkonce.sources.spark_kafka import SparkKafkaSource
 
 
 def source_from_uri(uri: str) -> Source:
@@ -16,4 +17,4 @@ def source_from_uri(uri: str) -> Source:
     raise ConfigError(f"source URI {uri!r} is not one this version can open")
 
 
-__all__ = ["EmbeddedLogSource", "KafkaSource", "Source", "source_from_uri"]
+__all__ = ["EmbeddedLogSource", "KafkaSource", "Source", "SparkKafkaSource", "source_from_uri"]

@@ -9,7 +9,8 @@ pipeline runner (on the driver) calls:
                                     ``start`` (the sink ledger's end offsets) when the
                                     checkpoint is new; Spark's checkpoint wins otherwise
     batch_ranges(prev, offset)      once per micro-batch: the batch's offset ranges from
-                                    Spark's offset log entries (this batch and the one before)
+                                    Spark's offset log entries (this batch and the one before;
+                                    for batch 0, ``initial_offset(checkpoint)``)
     latest_offsets()                for status and lag, never as the truth
     relocated(uri)                  before a run (``sparkonce run --source``): the same source
                                     reading from another location of the same kind
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkonce.config import mask_url
@@ -85,6 +87,16 @@ class Source(ABC):
         """
         before = None if previous is None else BatchRanges.from_json(previous)
         return batch_from_offsets(before, BatchRanges.from_json(current))
+
+    def initial_offset(self, checkpoint: Path) -> str | None:
+        """The start of batch 0, for a source whose offsets hold only ends (Spark's Kafka
+        connector keeps it in the checkpoint); None (the default) for sources whose
+        offsets hold whole ranges."""
+        return None
+
+    def spark_conf(self) -> dict[str, str]:
+        """Settings the SparkSession needs for this source (jars); none by default."""
+        return {}
 
     @abstractmethod
     def latest_offsets(self) -> dict[TopicPartition, int]:

@@ -1,0 +1,329 @@
+"""A Kafka topic read through Spark's own connector (``spark-sql-kafka-0-10``).
+
+Guarantee: a **replayable input** with deterministic batches, in the words of DESIGN.md
+section 1, the same as :class:`~sparkonce.sources.kafka.KafkaSource`: Spark's Kafka
+connector is itself the direct approach of section 4. It writes each batch's end offsets
+per partition into the checkpoint's offset log before the batch runs, and a batch's
+ranges are that entry and the one before (for the first batch, the initial offsets Spark
+keeps in ``sources/0/0``). A replayed batch therefore reads the same ranges, and
+re-reading a range returns the same records. The connector reads with
+``kafka.isolation.level=read_committed`` (always: it cannot be changed), so aborted
+transactions never appear. Paired with an effectively-once sink, each record takes
+effect exactly once.
+
+Limits, stated plainly:
+
+- ``failOnDataLoss`` is always true. Records that retention (or ``delete_records``)
+  removed before they were read stop the run with an
+  :class:`~sparkonce.errors.OffsetOutOfRangeError`; nothing is skipped silently.
+- The output columns are :class:`KafkaSource`'s. With ``value_format="utf8"``, key and
+  value are checked with Spark's ``validate_utf8``: the first record that is not UTF-8
+  fails the batch (KafkaSource reads the whole range first and counts the bad records).
+  ``record_id`` is the ``sparkonce-record-id`` header, cast to a string (invalid bytes
+  are not escaped, as KafkaSource does).
+- On a compacted topic a replay can return fewer records (a warning is logged, as for
+  KafkaSource). Read limits count offsets, not records.
+- A partition added to the topic while the query runs starts at its log start; its
+  first batch's range is recorded from offset 0.
+
+When to pick it over :class:`KafkaSource`: when the connector's options are already tuned
+(``minPartitions``, fetch sizes, ``kafka.*`` security settings), or for the connector's
+throughput on large batches; ``benchmarks/kafka_source.py`` measures both readers on the
+same topic. KafkaSource needs no JVM jars, reads per-partition limits
+(``max_records_per_partition``), and decodes UTF-8 strictly per range.
+
+The connector's jars come from ``$SPARKONCE_SPARK_KAFKA_JARS`` (a directory), ``spark-kafka/``
+in ``$SPARKONCE_JAR_CACHE``, or ``.cache/jars/spark-kafka`` of the sparkonce checkout
+(``scripts/fetch-jars.sh``); :meth:`SparkKafkaSource.spark_conf` puts them on
+``spark.jars``, and ``sparkonce run`` applies it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sparkonce.errors import CheckpointError, ConfigError
+from sparkonce.kafka.client import TIMEOUT_S, masked
+from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
+from sparkonce.pipeline.spark import cached_jars
+from sparkonce.sources.base import relocation_error
+from sparkonce.sources.kafka import (
+    RECORD_ID_HEADER,
+    URI_SCHEME,
+    KafkaSource,
+    _OffsetClient,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+JARS_ENV = "SPARKONCE_SPARK_KAFKA_JARS"
+CONNECTOR_JAR_PREFIX = "spark-sql-kafka-0-10_"
+
+# Connector options sparkonce sets itself, and why a user's value is refused.
+_MANAGED_OPTIONS = {
+    "subscribe": "the topic is the source's topic argument",
+    "subscribepattern": "a sparkonce source reads one topic",
+    "assign": "a sparkonce source reads every partition of its topic",
+    "startingoffsets": "pass starting_offsets=...; the ledger's end wins when it has one",
+    "startingoffsetsbytimestamp": "pass starting_offsets=...",
+    "startingtimestamp": "pass starting_offsets=...",
+    "startingoffsetsbytimestampstrategy": "pass starting_offsets=...",
+    "endingoffsets": "a streaming source has no end",
+    "endingoffsetsbytimestamp": "a streaming source has no end",
+    "endingtimestamp": "a streaming source has no end",
+    "failondataloss": "records lost to retention must stop the run, never be skipped",
+    "includeheaders": "headers are read for record_id",
+    "kafka.bootstrap.servers": "pass the brokers as bootstrap_servers",
+    "kafka.isolation.level": "the source always reads with read_committed",
+    "maxoffsetspertrigger": "pass max_records_per_batch=...",
+}
+
+
+def spark_kafka_jars() -> list[str]:
+    """The connector's jars (see the module docstring); empty if none are found."""
+    return cached_jars("spark-kafka", JARS_ENV, required_prefix=CONNECTOR_JAR_PREFIX)
+
+
+class SparkKafkaSource(KafkaSource):
+    """Read a Kafka topic through Spark's own Kafka connector (see the module docstring).
+
+    Guarantee: a replayable input with deterministic batches, as :class:`KafkaSource`:
+    Spark's offset log holds each batch's end offsets before the batch runs, the ranges
+    are read again unchanged on a replay, and always under ``read_committed``. Limits:
+    records removed by retention before they are read stop the run with a clear
+    :class:`~sparkonce.errors.OffsetOutOfRangeError` (``failOnDataLoss`` is always on).
+
+    ``options`` are the connector's own (``minPartitions``, ``kafka.fetch.max.bytes``,
+    ``kafka.security.protocol``...), passed to ``readStream.format("kafka")`` as given;
+    the ones sparkonce sets itself are refused with the argument to use instead.
+    ``client_config`` is the same as KafkaSource's (librdkafka names, for the driver's
+    offset queries); it is also given to the connector as ``kafka.``-prefixed options.
+    ``max_records_per_batch`` becomes ``maxOffsetsPerTrigger``. The other arguments are
+    KafkaSource's.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        max_records_per_batch: int | None = None,
+        starting_offsets: str = "earliest",
+        value_format: str = "binary",
+        client_config: Mapping[str, str] | None = None,
+        group_id: str | None = None,
+        timeout: float = TIMEOUT_S,
+        options: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            bootstrap_servers,
+            topic,
+            max_records_per_batch=max_records_per_batch,
+            starting_offsets=starting_offsets,
+            value_format=value_format,
+            client_config=client_config,
+            group_id=group_id,
+            timeout=timeout,
+        )
+        self.connector_options = _check_options(options)
+
+    def describe(self) -> str:
+        return f"SparkKafkaSource({self.uri()} value_format={self.value_format})"
+
+    def __repr__(self) -> str:
+        extra = f" client_config={masked(self.connection.config)}" if self.connection.config else ""
+        if self.connector_options:
+            extra += f" options={masked(self.connector_options)}"
+        return f"SparkKafkaSource({self.uri()} value_format={self.value_format}{extra})"
+
+    def relocated(self, uri: str) -> SparkKafkaSource:
+        """The same source over the brokers and topic ``uri`` names (see
+        :meth:`Source.relocated`)."""
+        form = f"{URI_SCHEME}://HOST:PORT[,HOST:PORT...]/TOPIC"
+        if not isinstance(uri, str) or not uri.startswith(f"{URI_SCHEME}://"):
+            raise relocation_error(self, uri, form)
+        bootstrap, _, topic = uri[len(URI_SCHEME) + 3 :].partition("/")
+        if not bootstrap or not topic:
+            raise relocation_error(self, uri, form, "it names no brokers or no topic")
+        try:
+            return SparkKafkaSource(
+                bootstrap,
+                topic,
+                max_records_per_batch=self.max_records_per_batch,
+                starting_offsets=self.starting_offsets,
+                value_format=self.value_format,
+                client_config=dict(self.connection.config),
+                group_id=self.group_id,
+                timeout=self.timeout,
+                options=dict(self.connector_options),
+            )
+        except ConfigError as exc:
+            raise relocation_error(self, uri, form, str(exc)) from None
+
+    def spark_conf(self) -> dict[str, str]:
+        jars = spark_kafka_jars()
+        return {"spark.jars": ",".join(jars)} if jars else {}
+
+    # -- reading -------------------------------------------------------------------------
+    def connector_settings(self, start: Mapping[TopicPartition, int] | None) -> dict[str, str]:
+        """Everything given to ``readStream.format("kafka")`` (holds client_config
+        secrets: never log it)."""
+        opts = {f"kafka.{k}": str(v) for k, v in self.connection.config.items()}
+        opts.update(self.connector_options)
+        opts.update(
+            {
+                "kafka.bootstrap.servers": self.bootstrap_servers,
+                "subscribe": self.topic,
+                "kafka.isolation.level": "read_committed",
+                "failOnDataLoss": "true",
+                "includeHeaders": "true",
+                "startingOffsets": self._starting(start),
+            }
+        )
+        if self.max_records_per_batch:
+            opts["maxOffsetsPerTrigger"] = str(self.max_records_per_batch)
+        return opts
+
+    def _starting(self, start: Mapping[TopicPartition, int] | None) -> str:
+        """Spark's ``startingOffsets``: every partition of the topic, from the ledger's end
+        offsets (``start``) or ``starting_offsets``; -2 is Spark's "earliest"."""
+        given: dict[int, int] = {p: o for (t, p), o in (start or {}).items() if t == self.topic}
+        if not given:
+            if self.starting_offsets in ("earliest", "latest"):
+                return self.starting_offsets
+            given = {int(p): int(o) for p, o in json.loads(self.starting_offsets).items()}
+            fill = 0  # KafkaSource's rule: partitions the JSON leaves out start at 0
+        else:
+            fill = -2  # a partition the ledger has not seen: its log start
+        client = _OffsetClient(self.connection, self.topic, self.timeout)
+        try:
+            partitions = client.partitions()
+        finally:
+            client.close()
+        return json.dumps({self.topic: {str(p): given.get(p, fill) for p in partitions}})
+
+    def stream(self, spark: SparkSession, start: Mapping[TopicPartition, int] | None) -> DataFrame:
+        from pyspark.errors import AnalysisException
+        from pyspark.sql import functions as F
+
+        # Fail fast, on the driver: TopicNotFoundError / KafkaUnavailableError.
+        self.connection.partitions(self.topic, timeout=self.timeout)
+        self._warn_if_compacted()
+        settings = self.connector_settings(start)
+        log.info("reading %s through Spark's Kafka connector from %s", self.describe(), start)
+        try:
+            raw = spark.readStream.format("kafka").options(**settings).load()
+        except AnalysisException as exc:
+            if "DATA_SOURCE_NOT_FOUND" in str(exc) or "Failed to find data source" in str(exc):
+                raise ConfigError(_missing_connector(spark)) from None
+            raise
+        header = F.expr(
+            "try_element_at(filter(headers, h -> h.key = "
+            f"'{RECORD_ID_HEADER}' AND length(h.value) > 0), 1).value"
+        )
+        key, value = F.col("key"), F.col("value")
+        if self.value_format == "utf8":
+            key = F.validate_utf8(key.cast("string"))
+            value = F.validate_utf8(value.cast("string"))
+        return raw.select(
+            F.col("topic"),
+            F.col("partition"),
+            F.col("offset"),
+            key.alias("key"),
+            value.alias("value"),
+            F.col("timestamp"),
+            header.cast("string").alias("record_id"),
+        )
+
+    def initial_offset(self, checkpoint: Path) -> str | None:
+        """The offsets the connector started the query at (its ``sources/0/0`` file): the
+        start of batch 0's ranges."""
+        f = checkpoint / "sources" / "0" / "0"
+        if not f.is_file():
+            return None
+        text = f.read_bytes().lstrip(b"\x00").decode("utf-8")  # a 0 byte leads (SPARK-19517)
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) < 2 or not lines[0].startswith("v"):
+            raise CheckpointError(f"{f}: not the Kafka connector's initial offsets ({lines[:1]})")
+        return lines[1]
+
+    def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
+        """A batch's ranges from Spark's offset log: this batch's end offsets, and the
+        batch before's (or the query's initial offsets) as their starts."""
+        ends = self._offsets(current)
+        starts = self._offsets(previous) if previous is not None else {}
+        return BatchRanges(
+            tuple(
+                OffsetRange(self.topic, p, starts.get(p, 0), end) for p, end in sorted(ends.items())
+            )
+        )
+
+    def _offsets(self, text: str) -> dict[int, int]:
+        try:
+            data = json.loads(text)
+            parts = data[self.topic]
+            out = {int(p): int(o) for p, o in parts.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(
+                f"Spark's Kafka offsets {text[:200]!r} do not name topic {self.topic!r} with an "
+                f"offset per partition ({type(exc).__name__}: {exc}); the checkpoint belongs to "
+                "another source. Operator action: use this pipeline's own checkpoint directory"
+            ) from None
+        other = sorted(set(data) - {self.topic})
+        if other:
+            raise CheckpointError(
+                f"Spark's Kafka offsets name topics {other} besides {self.topic!r}; a sparkonce "
+                "pipeline reads one topic. Operator action: use this pipeline's own checkpoint"
+            )
+        # -2/-1 (earliest/latest) never reach the offset log: Spark resolves them first.
+        if any(o < 0 for o in out.values()):
+            raise CheckpointError(f"Spark's Kafka offsets {text[:200]!r} hold a negative offset")
+        return out
+
+
+def _check_options(options: Mapping[str, str] | None) -> dict[str, str]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            f"options must be a mapping of Spark Kafka connector options, got "
+            f"{type(options).__name__}"
+        )
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"options keys must be connector option names, got {key!r}")
+        why = _MANAGED_OPTIONS.get(key.lower())
+        if why is not None and not (
+            key.lower() == "kafka.isolation.level" and str(value) == "read_committed"
+        ):
+            raise ConfigError(f"options may not set {key!r}: {why}")
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(
+                f"options[{key!r}] must be a string, number or boolean, got {type(value).__name__}"
+            )
+        out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
+def _missing_connector(spark: SparkSession) -> str:
+    jars = spark.sparkContext.getConf().get("spark.jars", "") or "(none)"
+    found = spark_kafka_jars()
+    where = (
+        f"found here: {', '.join(found)}; build the session with them"
+        if found
+        else f"none found: run scripts/fetch-jars.sh, or set {JARS_ENV} to a directory holding them"
+    )
+    return (
+        "SparkKafkaSource needs Spark's Kafka connector "
+        "(org.apache.spark:spark-sql-kafka-0-10_2.13 and its kafka-clients and commons-pool2) "
+        f"on spark.jars, which is {jars}. Jars {where}. "
+        "sparkonce run and sparkonce.build_session(conf=pipeline.spark_conf()) add them."
+    )
