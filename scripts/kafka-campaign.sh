@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
 # A larger `sparkonce verify` campaign over Kafka (Kafka -> Kafka, copy pipeline), on a
 # throwaway broker started from the pinned jars. The report lands in
-# benchmarks/results/kafka-campaign.json.
+# benchmarks/results/kafka-campaign.json, or, with the reader "spark" (Spark's own Kafka
+# connector, SparkKafkaSource), in benchmarks/results/kafka-campaign-spark-reader.json.
 #
-#   bash scripts/kafka-campaign.sh [TRIALS]      (default 12)
+#   bash scripts/kafka-campaign.sh [TRIALS] [READER]      (default 12, "sparkonce")
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/campaign-lib.sh  # PYTHONPATH: test this checkout
 TRIALS="${1:-12}"
+READER="${2:-sparkonce}"
+case "$READER" in
+  sparkonce) NAME=kafka-campaign ;;
+  spark) NAME=kafka-campaign-spark-reader ;;
+  *) echo "usage: $0 [TRIALS] [sparkonce|spark]" >&2; exit 2 ;;
+esac
 SEED="${SPARKONCE_CAMPAIGN_SEED:-7}"
-WORK=.cache/kafka-campaign
+WORK=.cache/$NAME
 PY=.venv/bin/python
 rm -rf "$WORK"
 mkdir -p "$WORK/out" benchmarks/results
-BOOT=$($PY -m tests.services.kafka start .services/kafka-campaign | tail -1)
-trap '$PY -m tests.services.kafka stop .services/kafka-campaign' EXIT
+BOOT=$($PY -m tests.services.kafka start .services/$NAME | tail -1)
+trap '$PY -m tests.services.kafka stop .services/$NAME' EXIT
+# 1,800 records over 3 partitions, 150 per partition per batch: 4 batches.
+if [ "$READER" = spark ]; then
+  SOURCE="SparkKafkaSource(\"$BOOT\", \"kc-in\", max_records_per_batch=450)"
+else
+  SOURCE="KafkaSource(\"$BOOT\", \"kc-in\", max_records_per_partition=150)"
+fi
 .venv/bin/sparkonce kafka create "$BOOT" kc-in --partitions 3
 .venv/bin/sparkonce kafka create "$BOOT" kc-out --partitions 3
 seq 1 1800 | awk '{print "k" ($1 % 9) "\t" $1}' |
   .venv/bin/sparkonce kafka produce "$BOOT" kc-in --separator "$(printf '\t')"
 cat > "$WORK/pipeline.py" <<PIPE
 from pyspark.sql import functions as F
-from sparkonce import KafkaSink, KafkaSource, Pipeline
+from sparkonce import KafkaSink, KafkaSource, Pipeline, SparkKafkaSource
 
 def copy(df):
     return df.select(
@@ -30,7 +44,7 @@ def copy(df):
 
 pipeline = Pipeline(
     name="kafka-campaign",
-    source=KafkaSource("$BOOT", "kc-in", max_records_per_partition=150),
+    source=$SOURCE,
     transform=copy,
     sink=KafkaSink("$BOOT", "kc-out"),
     checkpoint="$PWD/$WORK/checkpoint",
@@ -38,4 +52,4 @@ pipeline = Pipeline(
 PIPE
 PYSPARK_PYTHON="$PWD/$PY" .venv/bin/sparkonce verify "$WORK/pipeline.py" --trials "$TRIALS" \
   --seed "$SEED" --out "$WORK/out"
-cp "$WORK/out/verify.json" benchmarks/results/kafka-campaign.json
+cp "$WORK/out/verify.json" "benchmarks/results/$NAME.json"

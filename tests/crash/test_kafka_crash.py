@@ -1,4 +1,5 @@
 """Crash tests on a real Kafka broker: Kafka -> PostgreSQL, Kafka -> Kafka, embedded log -> Kafka.
+Kafka is read by KafkaSource, and by SparkKafkaSource (Spark's own connector) as well.
 
 Each pipeline runs as a real driver process (``sparkonce run FILE``) that is SIGKILLed once at
 every named crash point of the commit protocol, in turn: run 1 dies at ``before-commit``, run 2
@@ -45,7 +46,7 @@ _FILE = '''"""A sparkonce Kafka crash-test pipeline, written by tests/crash/test
 
 from pyspark.sql import functions as F
 
-from sparkonce import EmbeddedLogSource, KafkaSource, Pipeline, sink_from_url
+from sparkonce import EmbeddedLogSource, KafkaSource, Pipeline, SparkKafkaSource, sink_from_url
 
 
 def to_table(df):
@@ -141,7 +142,10 @@ def setup(
             topic = kafka_topic("in", partitions=PARTITIONS)
             _produce(kafka_broker.bootstrap, topic)
             source = (
-                f"KafkaSource({kafka_broker.bootstrap!r}, {topic!r}, "
+                f"SparkKafkaSource({kafka_broker.bootstrap!r}, {topic!r}, "
+                f"max_records_per_batch={LIMIT * PARTITIONS})"
+                if kind.startswith("sparkkafka")
+                else f"KafkaSource({kafka_broker.bootstrap!r}, {topic!r}, "
                 f"max_records_per_partition={LIMIT})"
             )
         if kind.endswith("postgres"):
@@ -175,7 +179,17 @@ def _oracle(spark: Any, tmp_path: Path, source: str, oracle_url: str) -> Counter
 
 @pytest.mark.crash
 @pytest.mark.crash_lane
-@pytest.mark.parametrize("kind", ["kafka-to-postgres", "kafka-to-kafka", "log-to-kafka"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "kafka-to-postgres",
+        "kafka-to-kafka",
+        "log-to-kafka",
+        # The same through Spark's own Kafka connector (SparkKafkaSource).
+        "sparkkafka-to-postgres",
+        "sparkkafka-to-kafka",
+    ],
+)
 def test_kill_at_every_crash_point_then_recover(
     kind: str,
     spark: Any,
