@@ -29,7 +29,7 @@ one object with these keys:
 
 ``event``
     ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"``, ``"fenced"``,
-    ``"resend-pause"`` or ``"resend-done"``.
+    ``"resend-pause"``, ``"resend-done"`` or ``"phase"``.
 ``pid``, ``at``
     The process that wrote the line, and when (Unix time, seconds).
 ``point``, ``hit`` (crash, pause, drop-connection)
@@ -40,6 +40,11 @@ one object with these keys:
 ``pipeline``, ``epoch``, ``owner_epoch`` (fenced)
     The fenced run's pipeline and epoch, and the newer owner's epoch (``null``
     when the fencing was reported by a Spark task, whose error carries only text).
+``name`` (phase)
+    A driver's progress, not a fault: ``run-started`` (the run begins, its Spark session
+    up), ``query-started`` (the epoch taken, the streaming query started) and
+    ``first-commit`` (its first batch committed). ``sparkonce verify`` splits a recovery
+    time by them.
 ``acked``, ``persisted`` (resend-pause); ``resumed_from``, ``sent``, ``records`` (resend-done)
     Written by the producer of a ``resend`` trial (:mod:`sparkonce.verify.resend`), not by
     a driver: the records acknowledged when it stopped to be killed and the count in its
@@ -173,6 +178,11 @@ class FaultPlan:
         """Record that this run ended fenced (a newer run owns ``pipeline``)."""
         self.record("fenced", pipeline=pipeline, epoch=epoch, owner_epoch=owner_epoch)
 
+    def phase(self, name: str) -> None:
+        """Record that the run reached ``name`` (``run-started``, ``query-started``,
+        ``first-commit``): ``sparkonce verify`` splits a recovery time by them."""
+        self.record("phase", name=name)
+
     # -- task hooks (Spark's Python workers) --------------------------------------------
     def fail_task(self, stage: str, key: str, attempt: int) -> bool:
         """Whether a task of ``stage`` with data ``key`` fails on this attempt.
@@ -232,7 +242,8 @@ def reset_worker_faults() -> None:
 
 def read_events(path: str | Path, event: str | None = None) -> list[dict[str, Any]]:
     """The events in ``path``, oldest first (none if the file does not exist);
-    with ``event``, only those of that kind. A torn last line is skipped."""
+    with ``event``, only those of that kind, and without it every kind but ``phase``
+    (progress marks, not faults). A torn last line is skipped."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -245,6 +256,7 @@ def read_events(path: str | Path, event: str | None = None) -> list[dict[str, An
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # only a writer killed mid-write leaves one; it recorded nothing
-        if isinstance(record, dict) and (event is None or record.get("event") == event):
+        kind = record.get("event") if isinstance(record, dict) else None
+        if kind is not None and (kind == event or (event is None and kind != "phase")):
             out.append(record)
     return out

@@ -395,7 +395,9 @@ _ENTRY = textwrap.dedent(
     from sparkonce.protocol import CrashPoint
     plan = FaultPlan.from_env()
     key = next(k for k in (f"t:0:{s}:99" for s in range(50)) if plan.fail_task("read", k, 0))
+    plan.phase("run-started")
     plan.task_failure("read", key, 0, "injected")
+    plan.phase("query-started")
     plan.crash_point(CrashPoint.AFTER_ROWS)
     print("survived", flush=True)
     """
@@ -425,6 +427,11 @@ def test_each_driver_run_has_its_own_events_file(tmp_path: Path) -> None:
     [failed] = crashed.events("task-failure")
     assert failed["stage"] == "read" and failed["task"].startswith("t:0:")
     assert [e["event"] for e in crashed.events()] == ["task-failure", "crash"]
+    # Progress marks are not faults: only asked for by name, and placed in the run's time.
+    assert [e["name"] for e in crashed.events("phase")] == ["run-started", "query-started"]
+    marks = crashed.phases()
+    assert list(marks) == ["run-started", "query-started"]
+    assert 0 < marks["run-started"] <= marks["query-started"] <= crashed.seconds
 
     calm = Driver(pipeline_file, tmp_path / "logs" / "calm.log", env=env, entry=("fake_entry",))
     assert calm.start().wait(60) == 0, calm.log_tail()
@@ -432,3 +439,32 @@ def test_each_driver_run_has_its_own_events_file(tmp_path: Path) -> None:
     again = Driver(pipeline_file, tmp_path / "logs" / "fault.log", env=env, entry=("fake_entry",))
     assert again.start().wait(60) == 0, again.log_tail()
     assert again.events("crash") == []  # a new run of the same log starts a new events file
+
+
+def test_a_recovery_is_split_by_the_run_s_marks_and_checked_against_its_goal() -> None:
+    from sparkonce.verify.campaign import (
+        Fault,
+        Oracle,
+        TrialOutcome,
+        recovery_goal,
+        recovery_split,
+        summarize,
+    )
+
+    marks = {"run-started": 9.0, "query-started": 13.5, "first-commit": 20.25}
+    assert recovery_split(marks) == {"start_s": 9.0, "plan_s": 4.5, "first_batch_s": 6.75}
+    assert recovery_split({"run-started": 9.0}) is None  # an older driver: no split
+    outcomes = [
+        TrialOutcome(i, "s", Fault("kill", delay_s=1.0), recovery_s=float(r), recovery_phases=p)
+        for i, (r, p) in enumerate(
+            [(20, recovery_split(marks)), (30, None), (40, recovery_split(marks))]
+        )
+    ]
+    [kill] = summarize(outcomes, ["kill"])
+    assert kill.recovery_phases_mean_s == {"start_s": 9.0, "plan_s": 4.5, "first_batch_s": 6.75}
+    oracle = Oracle([], 60.0, 4, first_commit_s=25.0)
+    goal = recovery_goal(outcomes, oracle)
+    assert goal is not None
+    assert (goal["p95_s"], goal["limit_s"], goal["ratio"], goal["met"]) == (40.0, 37.5, 1.6, False)
+    assert recovery_goal(outcomes[:2], oracle)["met"] is True  # type: ignore[index]
+    assert recovery_goal(outcomes, Oracle([], 60.0, 4)) is None  # no oracle timing: no goal

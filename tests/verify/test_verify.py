@@ -173,6 +173,15 @@ def test_real_sinks_pass_a_small_campaign(
     assert sum(t["fault_fired"] for t in report["trials"]) >= trials - 2
     assert (out / "recovery.png").stat().st_size > 1000
     assert report["oracle"]["rows"] == 1200
+    # Each recovery is split by the recovering driver's own marks, which add up to it.
+    recovered = [t for t in report["trials"] if t["recovery_s"] is not None]
+    assert recovered
+    for t in recovered:
+        split = t["recovery_phases"]
+        assert set(split) == {"start_s", "plan_s", "first_batch_s"} and min(split.values()) >= 0
+        assert abs(sum(split.values()) - t["recovery_s"]) < 2.0, t
+    goal = report["recovery_goal"]
+    assert goal["recoveries"] == len(recovered) and goal["met"] == (goal["ratio"] <= 1.5)
 
 
 _KAFKA_PIPELINE = """

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.cli.common import (
     DIRECTORY_EXPECTED,
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.cli.common import SubParsers
     from sparkonce.verify import Campaign, TrialOutcome
+    from sparkonce.verify.campaign import Oracle
 
 
 CHECKS_HELP = """\
@@ -255,6 +256,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "-" if s.recovery_p95_s is None else f"{s.recovery_p95_s:.1f}",
         )
     console.print(table)
+    _print_recovery(console, outcomes, campaign.oracle)
     if campaign.multi:
         console.print(_outputs_table(campaign, outcomes))
     console.print(f"every trial: {json_path}" + (f"; chart: {png_path}" if charted else ""))
@@ -473,3 +475,27 @@ def add_parser(sub: SubParsers) -> None:
         "below). COLUMN applies to every output having it; OUTPUT.COLUMN to one output",
     )
     p.set_defaults(func=cmd_verify)
+
+
+def _print_recovery(console: Any, outcomes: Sequence[TrialOutcome], oracle: Oracle | None) -> None:
+    """The recoveries' split (means over every kind) and the recovery goal, when known."""
+    import statistics
+
+    from sparkonce.verify.campaign import RECOVERY_GOAL, RECOVERY_PHASES, recovery_goal
+
+    split = [o.recovery_phases for o in outcomes if o.recovery_phases]
+    if split:
+        mean = {k: statistics.fmean(s[k] for s in split) for k in RECOVERY_PHASES}
+        console.print(
+            f"recovery, mean of {len(split)}: process and Spark start {mean['start_s']:.1f} s, "
+            f"ledger and query start {mean['plan_s']:.1f} s, first batch "
+            f"{mean['first_batch_s']:.1f} s"
+        )
+    goal = recovery_goal(outcomes, oracle)
+    if goal is not None:
+        verdict = "met" if goal["met"] else "[yellow]not met[/]"
+        console.print(
+            f"recovery goal {verdict}: p95 {goal['p95_s']:.1f} s is {goal['ratio']:.2f}x the "
+            f"oracle's cold start plus one batch ({goal['cold_start_and_one_batch_s']:.1f} s); "
+            f"the goal is at most {RECOVERY_GOAL}x"
+        )

@@ -99,7 +99,9 @@ class _BatchHandler:
         report: RunReport,
         on_batch: Callable[[BatchReport], None] | None,
         watch: RunWatch | None = None,
+        faults: FaultPlan = NO_FAULTS,
     ) -> None:
+        self.faults = faults
         self.pipeline = pipeline
         self.epoch = epoch
         self.checkpoint = checkpoint
@@ -167,6 +169,8 @@ class _BatchHandler:
                 "pipeline %s batch %d: skipped, %s [%s]", p.name, batch_id, result.reason, ranges
             )
         else:
+            if r.batches_committed == 0:
+                self.faults.phase("first-commit")
             r.batches_committed += 1
             r.rows_committed += result.row_count
             per_output = ", ".join(f"{n} {k}" for n, k in result.per_output.items())
@@ -403,6 +407,7 @@ def _run(
             sink.describe(),
             sink.guarantee,
         )
+    faults.phase("run-started")
     sink.use_faults(faults)
     sink.open()
     try:
@@ -424,7 +429,7 @@ def _run(
             )
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
-        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch)
+        handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch, faults)
         notes = _ProgressNotes(pipeline, report)
         trigger = Trigger.parse(pipeline.trigger)
         writer = (
@@ -449,6 +454,7 @@ def _run(
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
             query = writer.start()
+            faults.phase("query-started")
             if watch is not None:
                 watch.query_started(str(query.id))
             try:

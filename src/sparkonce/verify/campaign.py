@@ -245,6 +245,8 @@ class TrialOutcome:
     zombie_fenced: bool | None = None
     ledger_problems: list[str] = field(default_factory=list)
     recovery_s: float | None = None
+    # The recovering run's time split (see recovery_split): start_s, plan_s, first_batch_s.
+    recovery_phases: dict[str, float] | None = None
     driver_runs: int = 0
     seconds: float = 0.0
     error: str | None = None
@@ -773,6 +775,7 @@ class Campaign:
                 code = d.wait(DRIVER_TIMEOUT_S)
                 if out.recovery_s is None and first_commit is not None:
                     out.recovery_s = first_commit
+                    out.recovery_phases = recovery_split(d.phases())
                 if code != 0:
                     out.error = f"restart {restarts} exited with {code}: {d.log_tail(5)}"
                     continue
@@ -968,6 +971,7 @@ class Campaign:
             first = self._wait_first_commit(new, before)
             code = new.wait(DRIVER_TIMEOUT_S)
             out.recovery_s = first
+            out.recovery_phases = None if first is None else recovery_split(new.phases())
             if code != 0:
                 raise VerificationError(f"the newer run exited with {code}: {new.log_tail(8)}")
         finally:
@@ -1197,6 +1201,8 @@ class KindSummary:
     recovery_mean_s: float | None
     recovery_p95_s: float | None
     inconsistent: int = 0
+    # Means of the recoveries' split (recovery_split), over the trials that recorded it.
+    recovery_phases_mean_s: dict[str, float] | None = None
 
 
 def failure_hint(outcomes: Sequence[TrialOutcome]) -> str | None:
@@ -1232,9 +1238,55 @@ def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[Ki
                 statistics.fmean(rec) if rec else None,
                 p95,
                 sum(o.inconsistent for o in mine),
+                _mean_phases([o.recovery_phases for o in mine if o.recovery_phases]),
             )
         )
     return out
+
+
+RECOVERY_PHASES = ("start_s", "plan_s", "first_batch_s")
+RECOVERY_GOAL = 1.5  # recovery p95 at most this times the oracle's start to first commit
+
+
+def recovery_split(phases: dict[str, float]) -> dict[str, float] | None:
+    """A recovering run's time, from its process start to its first commit, in three parts:
+    ``start_s`` (the process, its imports and its Spark session), ``plan_s`` (reading the
+    ledger, taking the epoch, planning and starting the query) and ``first_batch_s`` (Spark
+    plans, runs and commits the first batch: the replayed one, or the next). None when the
+    run did not record all three marks (a driver of an older sparkonce)."""
+    try:
+        run, query, commit = (phases[k] for k in ("run-started", "query-started", "first-commit"))
+    except KeyError:
+        return None
+    return {
+        "start_s": round(run, 3),
+        "plan_s": round(query - run, 3),
+        "first_batch_s": round(commit - query, 3),
+    }
+
+
+def recovery_goal(outcomes: Sequence[TrialOutcome], oracle: Oracle | None) -> dict[str, Any] | None:
+    """The recovery goal: the p95 of every recovery at most :data:`RECOVERY_GOAL` times the
+    oracle's time from its start to its first commit (a cold start plus one batch)."""
+    rec = sorted(o.recovery_s for o in outcomes if o.recovery_s is not None)
+    if not rec or oracle is None or not oracle.first_commit_s:
+        return None
+    p95 = rec[min(len(rec) - 1, round(0.95 * (len(rec) - 1)))]
+    limit = RECOVERY_GOAL * oracle.first_commit_s
+    return {
+        "recoveries": len(rec),
+        "p95_s": round(p95, 2),
+        "cold_start_and_one_batch_s": oracle.first_commit_s,
+        "limit_s": round(limit, 2),
+        "ratio": round(p95 / oracle.first_commit_s, 2),
+        "met": p95 <= limit,
+    }
+
+
+def _mean_phases(split: Sequence[dict[str, float]]) -> dict[str, float] | None:
+    if not split:
+        return None
+    return {k: round(statistics.fmean(s[k] for s in split), 2) for k in RECOVERY_PHASES}
 
 
 @dataclass
@@ -1331,6 +1383,7 @@ def write_json(
         },
         "trial_seconds": round(sum(o.seconds for o in outcomes), 1),
         "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
+        "recovery_goal": recovery_goal(outcomes, oracle),
         "trials": [_trial_json(o) for o in sorted(outcomes, key=lambda o: o.trial)],
     }
     doc.update(_outputs_section(campaign, outcomes))

@@ -55,6 +55,7 @@ class Driver:
         self.entry = entry
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.started_wall = 0.0
         self.ended_at: float | None = None
         self.killed_by_us = False
 
@@ -79,6 +80,7 @@ class Driver:
             extra = (*extra, "--log-file", str(self.spark_log_path))
         cmd = [sys.executable, "-m", *self.entry, str(self.pipeline_file), *extra]
         self.started_at = time.monotonic()
+        self.started_wall = time.time()  # to place the run's phase events (Unix time)
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -156,6 +158,16 @@ class Driver:
         only that kind (``"crash"``, ``"pause"``, ``"drop-connection"``,
         ``"task-failure"``, ``"fenced"``)."""
         return read_events(self.events_path, event)
+
+    def phases(self) -> dict[str, float]:
+        """Seconds from this driver's start to each progress mark it recorded (the first of
+        each name: ``run-started``, ``query-started``, ``first-commit``)."""
+        out: dict[str, float] = {}
+        for e in read_events(self.events_path, "phase"):
+            name = str(e.get("name"))
+            if name not in out and isinstance(e.get("at"), (int, float)):
+                out[name] = round(float(e["at"]) - self.started_wall, 3)
+        return out
 
     def full_log(self) -> str:
         """The driver's output and its Spark log, as one text."""
