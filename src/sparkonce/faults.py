@@ -42,9 +42,9 @@ one object with these keys:
     when the fencing was reported by a Spark task, whose error carries only text).
 ``name`` (phase)
     A driver's progress, not a fault: ``run-started`` (the run begins, its Spark session
-    up), ``query-started`` (the epoch taken, the streaming query started) and
-    ``first-commit`` (its first batch committed). ``sparkonce verify`` splits a recovery
-    time by them.
+    up), ``query-started`` (the epoch taken, the streaming query started),
+    ``first-commit`` (its first batch committed) and ``run-ended`` (its query finished).
+    ``sparkonce verify`` splits a recovery time by them.
 ``acked``, ``persisted`` (resend-pause); ``resumed_from``, ``sent``, ``records`` (resend-done)
     Written by the producer of a ``resend`` trial (:mod:`sparkonce.verify.resend`), not by
     a driver: the records acknowledged when it stopped to be killed and the count in its
@@ -180,7 +180,7 @@ class FaultPlan:
 
     def phase(self, name: str) -> None:
         """Record that the run reached ``name`` (``run-started``, ``query-started``,
-        ``first-commit``): ``sparkonce verify`` splits a recovery time by them."""
+        ``first-commit``, ``run-ended``): ``sparkonce verify`` splits a recovery by them."""
         self.record("phase", name=name)
 
     # -- task hooks (Spark's Python workers) --------------------------------------------

@@ -178,6 +178,7 @@ def test_real_sinks_pass_a_small_campaign(
     assert recovered
     for t in recovered:
         split = t["recovery_phases"]
+        assert split is not None, t
         assert set(split) == {"start_s", "plan_s", "first_batch_s"} and min(split.values()) >= 0
         assert abs(sum(split.values()) - t["recovery_s"]) < 2.0, t
     goal = report["recovery_goal"]

@@ -506,6 +506,7 @@ def _run(
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
         report.end_offsets = sink.end_offsets(pipeline.name)
+        faults.phase("run-ended")
         return report
     finally:
         sink.close()

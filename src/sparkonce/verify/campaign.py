@@ -1252,10 +1252,13 @@ def recovery_split(phases: dict[str, float]) -> dict[str, float] | None:
     """A recovering run's time, from its process start to its first commit, in three parts:
     ``start_s`` (the process, its imports and its Spark session), ``plan_s`` (reading the
     ledger, taking the epoch, planning and starting the query) and ``first_batch_s`` (Spark
-    plans, runs and commits the first batch: the replayed one, or the next). None when the
-    run did not record all three marks (a driver of an older sparkonce)."""
+    plans, runs and commits the first batch: the replayed one, or the next). A run with
+    nothing new to commit (its replayed batch was the last, and skipped) ends instead, and
+    ``first_batch_s`` runs to its end. None when the run did not record the marks (a driver
+    of an older sparkonce)."""
     try:
-        run, query, commit = (phases[k] for k in ("run-started", "query-started", "first-commit"))
+        run, query = phases["run-started"], phases["query-started"]
+        commit = phases["first-commit"] if "first-commit" in phases else phases["run-ended"]
     except KeyError:
         return None
     return {
