@@ -42,8 +42,7 @@ one object with these keys:
     when the fencing was reported by a Spark task, whose error carries only text).
 ``name`` (phase)
     A driver's progress, not a fault: ``run-started`` (the run begins, its Spark session
-    up), ``query-started`` (the epoch taken, the streaming query started),
-    ``first-commit`` (its first batch committed) and ``run-ended`` (its query finished).
+    up) and ``query-started`` (the epoch taken, the streaming query started).
     ``sparkonce verify`` splits a recovery time by them.
 ``acked``, ``persisted`` (resend-pause); ``resumed_from``, ``sent``, ``records`` (resend-done)
     Written by the producer of a ``resend`` trial (:mod:`sparkonce.verify.resend`), not by
@@ -179,8 +178,8 @@ class FaultPlan:
         self.record("fenced", pipeline=pipeline, epoch=epoch, owner_epoch=owner_epoch)
 
     def phase(self, name: str) -> None:
-        """Record that the run reached ``name`` (``run-started``, ``query-started``,
-        ``first-commit``, ``run-ended``): ``sparkonce verify`` splits a recovery by them."""
+        """Record that the run reached ``name`` (``run-started``, ``query-started``):
+        ``sparkonce verify`` splits a recovery time by them."""
         self.record("phase", name=name)
 
     # -- task hooks (Spark's Python workers) --------------------------------------------

@@ -169,7 +169,7 @@ def test_zombie_write_is_fenced_never_skipped_silently(
     staged = stager.prepare(ctx, df, len(p.sink.ledger("p1")))
     with pytest.raises(FencedError) as info:
         assert zombie._committer is not None
-        zombie._committer._transaction(ctx, len(p.sink.ledger("p1")), staged)
+        zombie._committer._transaction(ctx, len(p.sink.ledger("p1")), staged, time.monotonic())
     assert info.value.owner_epoch == new.epoch
     assert rows(p) == before or Counter(map(str, rows(p))) == Counter(map(str, before))
     stored = zombie.table.txn_version(app_id("p1"))

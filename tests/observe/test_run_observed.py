@@ -132,10 +132,12 @@ def lags(samples: Samples) -> dict[int, float]:
 
 
 def done(samples: Samples) -> bool:
-    """Every record committed and lag 0 on every partition, as scraped."""
+    """Every record committed and lag 0 on every partition, as scraped, and Spark's progress
+    of the last batch received (its listener event arrives after the batch's commit)."""
     rows = value(samples, "sparkonce_rows_committed_total")
+    seen = value(samples, "sparkonce_input_rows_total")
     lag = lags(samples)
-    return rows == RECORDS and len(lag) == PARTITIONS and not any(lag.values())
+    return rows == seen == RECORDS and len(lag) == PARTITIONS and not any(lag.values())
 
 
 @dataclass

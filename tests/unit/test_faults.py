@@ -451,16 +451,13 @@ def test_a_recovery_is_split_by_the_run_s_marks_and_checked_against_its_goal() -
         summarize,
     )
 
-    marks = {"run-started": 9.0, "query-started": 13.5, "first-commit": 20.25}
-    assert recovery_split(marks) == {"start_s": 9.0, "plan_s": 4.5, "first_batch_s": 6.75}
-    assert recovery_split({"run-started": 9.0}) is None  # an older driver: no split
-    ended = {"run-started": 9.0, "query-started": 13.5, "run-ended": 15.0}  # nothing new
-    assert recovery_split(ended) == {"start_s": 9.0, "plan_s": 4.5, "first_batch_s": 1.5}
+    marks = {"run-started": 9.0, "query-started": 13.5}
+    split = recovery_split(marks, 20.25)
+    assert split == {"start_s": 9.0, "plan_s": 4.5, "first_batch_s": 6.75}
+    assert recovery_split({"run-started": 9.0}, 20.0) is None  # an older driver: no split
     outcomes = [
         TrialOutcome(i, "s", Fault("kill", delay_s=1.0), recovery_s=float(r), recovery_phases=p)
-        for i, (r, p) in enumerate(
-            [(20, recovery_split(marks)), (30, None), (40, recovery_split(marks))]
-        )
+        for i, (r, p) in enumerate([(20, split), (30, None), (40, split)])
     ]
     [kill] = summarize(outcomes, ["kill"])
     assert kill.recovery_phases_mean_s == {"start_s": 9.0, "plan_s": 4.5, "first_batch_s": 6.75}

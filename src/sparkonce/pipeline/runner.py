@@ -169,8 +169,6 @@ class _BatchHandler:
                 "pipeline %s batch %d: skipped, %s [%s]", p.name, batch_id, result.reason, ranges
             )
         else:
-            if r.batches_committed == 0:
-                self.faults.phase("first-commit")
             r.batches_committed += 1
             r.rows_committed += result.row_count
             per_output = ", ".join(f"{n} {k}" for n, k in result.per_output.items())
@@ -506,7 +504,6 @@ def _run(
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
         report.end_offsets = sink.end_offsets(pipeline.name)
-        faults.phase("run-ended")
         return report
     finally:
         sink.close()

@@ -775,7 +775,7 @@ class Campaign:
                 code = d.wait(DRIVER_TIMEOUT_S)
                 if out.recovery_s is None and first_commit is not None:
                     out.recovery_s = first_commit
-                    out.recovery_phases = recovery_split(d.phases())
+                    out.recovery_phases = recovery_split(d.phases(), first_commit)
                 if code != 0:
                     out.error = f"restart {restarts} exited with {code}: {d.log_tail(5)}"
                     continue
@@ -971,7 +971,7 @@ class Campaign:
             first = self._wait_first_commit(new, before)
             code = new.wait(DRIVER_TIMEOUT_S)
             out.recovery_s = first
-            out.recovery_phases = None if first is None else recovery_split(new.phases())
+            out.recovery_phases = None if first is None else recovery_split(new.phases(), first)
             if code != 0:
                 raise VerificationError(f"the newer run exited with {code}: {new.log_tail(8)}")
         finally:
@@ -1248,23 +1248,21 @@ RECOVERY_PHASES = ("start_s", "plan_s", "first_batch_s")
 RECOVERY_GOAL = 1.5  # recovery p95 at most this times the oracle's start to first commit
 
 
-def recovery_split(phases: dict[str, float]) -> dict[str, float] | None:
-    """A recovering run's time, from its process start to its first commit, in three parts:
-    ``start_s`` (the process, its imports and its Spark session), ``plan_s`` (reading the
-    ledger, taking the epoch, planning and starting the query) and ``first_batch_s`` (Spark
-    plans, runs and commits the first batch: the replayed one, or the next). A run with
-    nothing new to commit (its replayed batch was the last, and skipped) ends instead, and
-    ``first_batch_s`` runs to its end. None when the run did not record the marks (a driver
-    of an older sparkonce)."""
+def recovery_split(phases: dict[str, float], recovery_s: float) -> dict[str, float] | None:
+    """A recovering run's time, from its process start to its first new ledger entry (or
+    its end, when it had nothing new to commit), in three parts: ``start_s`` (the process,
+    its imports and its Spark session), ``plan_s`` (reading the ledger, taking the epoch,
+    planning and starting the query) and ``first_batch_s``, the rest (Spark plans, runs
+    and commits the first batch: the replayed one, or the next). None when the run did not
+    record its marks (a driver of an older sparkonce)."""
     try:
         run, query = phases["run-started"], phases["query-started"]
-        commit = phases["first-commit"] if "first-commit" in phases else phases["run-ended"]
     except KeyError:
         return None
     return {
         "start_s": round(run, 3),
         "plan_s": round(query - run, 3),
-        "first_batch_s": round(commit - query, 3),
+        "first_batch_s": round(max(0.0, recovery_s - query), 3),
     }
 
 

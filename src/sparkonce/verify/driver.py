@@ -161,7 +161,7 @@ class Driver:
 
     def phases(self) -> dict[str, float]:
         """Seconds from this driver's start to each progress mark it recorded (the first of
-        each name: ``run-started``, ``query-started``, ``first-commit``)."""
+        each name: ``run-started``, ``query-started``)."""
         out: dict[str, float] = {}
         for e in read_events(self.events_path, "phase"):
             name = str(e.get("name"))
