@@ -237,3 +237,35 @@ def test_a_missing_topic_is_refused_before_spark_reads(
 ) -> None:
     with pytest.raises(TopicNotFoundError):
         SparkKafkaSource(kafka_broker.bootstrap, "no-such-topic", timeout=5).stream(spark, None)
+
+
+def test_utf8_values_are_strings_and_a_bad_record_fails_its_batch(
+    spark: SparkSession, tmp_path: Path, kafka_broker: Any, kafka_topic: Callable[..., str]
+) -> None:
+    from sparkonce.errors import PipelineError
+
+    topic = kafka_topic("sk-utf8", partitions=1)
+    produce(kafka_broker.bootstrap, topic, [(0, "ключ".encode(), b"%d" % i) for i in range(10)])
+    source = SparkKafkaSource(kafka_broker.bootstrap, topic, value_format="utf8")
+
+    def keys(df: DataFrame) -> DataFrame:
+        return df.select("key", F.col("value").cast("long").alias("n"), "partition", "offset")
+
+    def utf8_pipeline() -> Pipeline:
+        return Pipeline(
+            name="sk-utf8",
+            source=source,
+            sink=sink_from_url(f"sqlite:///{tmp_path / 's.db'}", "out"),
+            checkpoint=tmp_path / "chk",
+            transform=keys,
+        )
+
+    p = utf8_pipeline()
+    assert p.run(spark).rows_committed == 10
+    got = committed(p)[0]
+    assert {r["key"] for r in got} == {"ключ"} and sorted(r["n"] for r in got) == list(range(10))
+
+    produce(kafka_broker.bootstrap, topic, [(0, b"\xff\xfe", b"10")])
+    with pytest.raises(PipelineError, match="INVALID_UTF8_STRING"):
+        utf8_pipeline().run(spark)
+    assert len(committed(p)[0]) == 10  # nothing of the bad batch was committed
