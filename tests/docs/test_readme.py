@@ -57,6 +57,7 @@ QUICK_PY = "# pipeline.py"
 QUICK_SH = "sparkonce log create data/log events --partitions 4"
 KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
 KAFKA_PRODUCER = "from sparkonce import KafkaProducer"
+SPARK_KAFKA = "from sparkonce import SparkKafkaSource"
 KAFKA_CLI = (
     "sparkonce kafka create broker:9092 events --partitions 4     # says so if it already exists"
 )
@@ -86,6 +87,7 @@ RUN = {
     QUICK_SH: "test_quick_start",
     KAFKA_PIPELINE: "test_kafka_pipeline",
     KAFKA_PRODUCER: "test_kafka_producer",
+    SPARK_KAFKA: "test_spark_kafka_source",
     KAFKA_CLI: "test_kafka_cli",
 }
 
@@ -337,6 +339,38 @@ def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkS
     rows = inspector_for(pipeline.sink, fresh=True).rows()
     ours = Counter((r["key"], r["value"]) for r in rows if str(r["value"]).endswith(tag))
     assert ours == Counter((k, v) for v, k in sent.items())
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:
+    """The SparkKafkaSource block: exec'd, then read into SQLite by a pipeline."""
+    from sparkonce import KafkaProducer, Pipeline, SparkKafkaSource, sink_from_url
+
+    b = block(SPARK_KAFKA)
+    kafka_broker.create_topic("orders", 2, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    with KafkaProducer(kafka_broker.bootstrap, "orders") as producer:
+        for i in range(12):
+            producer.send(f"spark-{i}-{tag}")
+        assert producer.flush() == 12
+
+    ns = exec_block(b, substitute(b.text, bootstrap=kafka_broker.bootstrap), tmp_path)
+    source = ns["source"]
+    assert isinstance(source, SparkKafkaSource)
+    assert source.connector_options == {"minPartitions": "8", "kafka.fetch.max.bytes": "52428800"}
+    pipeline = Pipeline(
+        name=f"readme-spark-kafka-{tag}",
+        source=source,
+        sink=sink_from_url(f"sqlite:///{tmp_path / 'out.db'}", "orders"),
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: df.selectExpr("CAST(value AS STRING) AS value", "partition", "offset"),
+    )
+    pipeline.run(spark)
+    rows = inspector_for(pipeline.sink, fresh=True).rows()
+    assert sorted(r["value"] for r in rows if r["value"].endswith(tag)) == sorted(
+        f"spark-{i}-{tag}" for i in range(12)
+    )
 
 
 def test_orders_example(
