@@ -105,6 +105,36 @@ def test_settings_and_repr_hide_secrets() -> None:
         source.relocated("sparkonce-log:///tmp/log/events")
 
 
+def test_a_kafka_sink_is_refused_because_task_numbers_move(tmp_path: Path) -> None:
+    """A verify kill trial found it: the connector numbered a replayed batch's partitions
+    differently, and KafkaSink (which knows a replayed task by its number) skipped one
+    Kafka partition's records and wrote another's twice."""
+    from sparkonce import KafkaSink, KafkaSource
+
+    source = SparkKafkaSource("127.0.0.1:9", "in")
+    with pytest.raises(ConfigError, match="SparkKafkaSource cannot feed a KafkaSink"):
+        Pipeline("p", source, KafkaSink("127.0.0.1:9", "out"), checkpoint=tmp_path / "c")
+    with pytest.raises(ConfigError, match="Read with KafkaSource"):
+        Pipeline(
+            "p",
+            source,
+            checkpoint=tmp_path / "c",
+            outputs={
+                "a": sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "a"),
+                "b": KafkaSink("127.0.0.1:9", "out"),
+            },
+        )
+    Pipeline(
+        "p",
+        KafkaSource("127.0.0.1:9", "in"),
+        KafkaSink("127.0.0.1:9", "out"),
+        checkpoint=tmp_path / "c",
+    )  # KafkaSource's task numbers are stable
+    Pipeline(
+        "p", source, sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "a"), checkpoint=tmp_path / "c"
+    )
+
+
 def test_batch_ranges_from_the_offset_log_and_the_initial_offsets(tmp_path: Path) -> None:
     source = SparkKafkaSource("127.0.0.1:9", "events")
     initial = tmp_path / "sources" / "0" / "0"
