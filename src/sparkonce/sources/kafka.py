@@ -248,18 +248,21 @@ class KafkaSource(Source):
         if not isinstance(uri, str) or not uri.startswith(f"{URI_SCHEME}://"):
             raise relocation_error(self, uri, form)
         try:
-            return KafkaSource.from_uri(
-                uri,
-                max_records_per_partition=self.max_records_per_partition,
-                max_records_per_batch=self.max_records_per_batch,
-                starting_offsets=self.starting_offsets,
-                value_format=self.value_format,
-                client_config=dict(self.connection.config),
-                group_id=self.group_id,
-                timeout=self.timeout,
-            )
+            return type(self).from_uri(uri, **self._kept_options())
         except ConfigError as exc:
             raise relocation_error(self, uri, form, str(exc)) from None
+
+    def _kept_options(self) -> dict[str, Any]:
+        """The constructor's arguments other than the location (kept by :meth:`relocated`)."""
+        return {
+            "max_records_per_partition": self.max_records_per_partition,
+            "max_records_per_batch": self.max_records_per_batch,
+            "starting_offsets": self.starting_offsets,
+            "value_format": self.value_format,
+            "client_config": dict(self.connection.config),
+            "group_id": self.group_id,
+            "timeout": self.timeout,
+        }
 
     def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
         """The data source options (contain client_config secrets: never log them)."""

@@ -44,16 +44,14 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import CheckpointError, ConfigError
 from sparkonce.kafka.client import TIMEOUT_S, masked
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.pipeline.spark import cached_jars
-from sparkonce.sources.base import relocation_error
 from sparkonce.sources.kafka import (
     RECORD_ID_HEADER,
-    URI_SCHEME,
     KafkaSource,
     _OffsetClient,
 )
@@ -143,29 +141,10 @@ class SparkKafkaSource(KafkaSource):
             extra += f" options={masked(self.connector_options)}"
         return f"SparkKafkaSource({self.uri()} value_format={self.value_format}{extra})"
 
-    def relocated(self, uri: str) -> SparkKafkaSource:
-        """The same source over the brokers and topic ``uri`` names (see
-        :meth:`Source.relocated`)."""
-        form = f"{URI_SCHEME}://HOST:PORT[,HOST:PORT...]/TOPIC"
-        if not isinstance(uri, str) or not uri.startswith(f"{URI_SCHEME}://"):
-            raise relocation_error(self, uri, form)
-        bootstrap, _, topic = uri[len(URI_SCHEME) + 3 :].partition("/")
-        if not bootstrap or not topic:
-            raise relocation_error(self, uri, form, "it names no brokers or no topic")
-        try:
-            return SparkKafkaSource(
-                bootstrap,
-                topic,
-                max_records_per_batch=self.max_records_per_batch,
-                starting_offsets=self.starting_offsets,
-                value_format=self.value_format,
-                client_config=dict(self.connection.config),
-                group_id=self.group_id,
-                timeout=self.timeout,
-                options=dict(self.connector_options),
-            )
-        except ConfigError as exc:
-            raise relocation_error(self, uri, form, str(exc)) from None
+    def _kept_options(self) -> dict[str, Any]:
+        kept = super()._kept_options()
+        del kept["max_records_per_partition"]  # not an argument here
+        return {**kept, "options": dict(self.connector_options)}
 
     def spark_conf(self) -> dict[str, str]:
         jars = spark_kafka_jars()
