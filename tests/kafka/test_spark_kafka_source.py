@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from sparkonce import ConfigError, Pipeline, SparkKafkaSource, sink_from_url
 from sparkonce.errors import CheckpointError, OffsetOutOfRangeError, TopicNotFoundError
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
+from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.pipeline.spark import cached_jars
 from sparkonce.sinks.inspect import inspector_for
 from tests.kafka.test_source import (
@@ -140,7 +141,7 @@ def test_batch_ranges_from_the_offset_log_and_the_initial_offsets(tmp_path: Path
     initial = tmp_path / "sources" / "0" / "0"
     initial.parent.mkdir(parents=True)
     initial.write_bytes(b'\x00v1\n{"events":{"1":4,"0":2}}')
-    first = source.initial_offset(tmp_path)
+    first = source.initial_offset(Checkpoint(tmp_path))
     assert first is not None
     got = source.batch_ranges(first, '{"events":{"0":10,"1":4}}')
     assert got == BatchRanges((OffsetRange("events", 0, 2, 10), OffsetRange("events", 1, 4, 4)))
@@ -152,7 +153,7 @@ def test_batch_ranges_from_the_offset_log_and_the_initial_offsets(tmp_path: Path
         (2, 0, 3),
     ]
     assert source.batch_ranges('{"events":{"0":10}}', '{"events":{"0":10}}').empty
-    assert source.initial_offset(tmp_path / "none") is None
+    assert source.initial_offset(Checkpoint(tmp_path / "none")) is None
     with pytest.raises(CheckpointError, match="another source"):
         source.batch_ranges(None, '{"other":{"0":1}}')
     with pytest.raises(CheckpointError, match="besides"):

@@ -341,16 +341,17 @@ def test_a_directory_option_naming_a_file_is_a_usage_error(
     usage_error(err, flag, env, a_file, "a directory path (it exists and is not a directory)")
 
 
-def test_a_checkpoint_that_is_a_file_or_not_local_is_a_usage_error(
+def test_a_checkpoint_that_is_a_file_or_a_url_without_host_is_a_usage_error(
     a_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     env = "SPARKONCE_RUN_CHECKPOINT"
     err = refused(["run", "p.py"], {env: a_file}, monkeypatch, capsys)
     usage_error(
-        err, "--checkpoint", env, a_file, "a local directory path (it exists and is not a dir"
+        err, "--checkpoint", env, a_file, "a directory path or a URL (it exists and is not a dir"
     )
-    err = refused(["run", "p.py"], {env: "hdfs://nn/ckpt"}, monkeypatch, capsys)
-    usage_error(err, "--checkpoint", env, "hdfs://nn/ckpt", "a local directory path (not a local")
+    err = refused(["run", "p.py"], {env: "s3a:///ckpt"}, monkeypatch, capsys)
+    usage_error(err, "--checkpoint", env, "s3a:///ckpt", "a directory path or a URL (the checkp")
+    assert "s3a://BUCKET-OR-HOST/path" in err
 
 
 def test_a_log_file_that_is_a_directory_is_a_usage_error(

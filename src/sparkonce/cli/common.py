@@ -387,10 +387,17 @@ def _check_directory(text: str) -> None:
 
 
 def _check_checkpoint(text: str) -> None:
-    """A local directory (see :class:`~sparkonce.pipeline.Pipeline`'s checkpoint)."""
-    if "://" in text and not text.startswith("file://"):
-        raise ValueError("not a local path; checkpoints are local directories in this version")
-    _check_directory(text.removeprefix("file://"))
+    """A local directory or a URL (see :class:`~sparkonce.pipeline.Pipeline`'s checkpoint);
+    whether Spark reaches a URL is checked when the run starts."""
+    from sparkonce.errors import ConfigError
+    from sparkonce.files import is_remote, location
+
+    try:
+        loc = location(text, "checkpoint")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if not is_remote(loc):
+        _check_directory(loc)
 
 
 def _check_file(text: str) -> None:

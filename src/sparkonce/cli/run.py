@@ -154,7 +154,7 @@ def add_parser(sub: SubParsers) -> None:
     )
     p.add_argument(
         "--checkpoint",
-        type=_env_checked("--checkpoint", "a local directory path", _check_checkpoint),
+        type=_env_checked("--checkpoint", "a directory path or a URL", _check_checkpoint),
         default=_env("SPARKONCE_RUN_CHECKPOINT"),
         help=_help("use this checkpoint directory instead", "SPARKONCE_RUN_CHECKPOINT"),
     )

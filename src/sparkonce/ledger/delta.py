@@ -78,7 +78,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
+from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SparkOnceError
+from sparkonce.files import HadoopFiles
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
 from sparkonce.offsets import BatchRanges
 
@@ -152,8 +153,7 @@ class DeltaTable:
         jvm = spark._jvm
         assert jvm is not None
         self.jvm = jvm
-        self._jpath = jvm.org.apache.hadoop.fs.Path(path)
-        self.fs = self._jpath.getFileSystem(spark._jsc.hadoopConfiguration())
+        self.files = HadoopFiles(spark)
         self._log: Any = None
 
     # -- Delta's log -----------------------------------------------------------------
@@ -264,62 +264,25 @@ class DeltaTable:
         return True
 
     # -- files beside the table ----------------------------------------------------
+    # Through Hadoop's FileSystem for every location, local included (sparkonce.files), so
+    # the ledger files live wherever the table does.
     def read_text(self, path: str) -> str | None:
-        p = self.jvm.org.apache.hadoop.fs.Path(path)
-        if not self.fs.exists(p):
-            return None
-        stream = self.fs.open(p)
-        try:
-            reader = self.jvm.java.io.BufferedReader(
-                self.jvm.java.io.InputStreamReader(stream, "UTF-8")
-            )
-            lines = []
-            while True:
-                line = reader.readLine()
-                if line is None:
-                    break
-                lines.append(line)
-            return "\n".join(lines)
-        except Exception as exc:
-            if "FileNotFoundException" in str(exc):
-                return None
-            raise
-        finally:
-            stream.close()
+        return self.files.read_text(path)
 
     def write_text(self, path: str, text: str, *, overwrite: bool) -> bool:
         """Write ``text`` to ``path``. Without ``overwrite``, a file already there is kept
         (returns False). With it, the text goes to a temporary file renamed into place,
         so a crash leaves the old file or the new one, never a torn one."""
-        jvm = self.jvm
-        target = jvm.org.apache.hadoop.fs.Path(path)
-        if not overwrite and self.fs.exists(target):
-            return False
-        tmp = jvm.org.apache.hadoop.fs.Path(f"{path}.{os.getpid()}.tmp")
-        out = self.fs.create(tmp, True)
         try:
-            out.write(bytearray(text.encode()))
-        finally:
-            out.close()
-        if overwrite and self.fs.exists(target):
-            self.fs.delete(target, False)
-        if not self.fs.rename(tmp, target):
-            self.fs.delete(tmp, False)
-            if not overwrite and self.fs.exists(target):
-                return False  # another writer of the same file got there first
-            raise SinkError(f"could not move {tmp} to {path} on the table's filesystem")
-        return True
+            return self.files.write_text(path, text, overwrite=overwrite)
+        except SparkOnceError as exc:
+            raise SinkError(f"{exc} (the Delta table's filesystem)") from None
 
     def list_names(self, path: str) -> list[str]:
-        p = self.jvm.org.apache.hadoop.fs.Path(path)
-        if not self.fs.exists(p):
-            return []
-        return [str(s.getPath().getName()) for s in self.fs.listStatus(p)]
+        return self.files.list_names(path)
 
     def delete(self, path: str) -> None:
-        p = self.jvm.org.apache.hadoop.fs.Path(path)
-        if self.fs.exists(p):
-            self.fs.delete(p, True)
+        self.files.delete(path)
 
 
 def _stored_version(snapshot: Any, app: str) -> int | None:

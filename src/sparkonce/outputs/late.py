@@ -298,9 +298,11 @@ def batch_watermark_ms(checkpoint_dir: str | Path, batch_id: int) -> int:
     """The watermark (ms) behind which Spark's aggregation drops records in ``batch_id``.
 
     That is ``batchWatermarkMs`` of ``<checkpoint_dir>/offsets/<batch_id - 1>`` (the previous
-    batch's), and 0 for batch 0. Call it while batch ``batch_id`` runs or later: Spark keeps
-    the previous batch's entry. Raises :class:`CheckpointError` when that entry is missing or
-    malformed, :class:`ConfigError` for a negative or non-integer ``batch_id``.
+    batch's), and 0 for batch 0. ``checkpoint_dir`` is a local path, or a URL that the active
+    Spark session's Hadoop filesystem reaches. Call it while batch ``batch_id`` runs or
+    later: Spark keeps the previous batch's entry. Raises :class:`CheckpointError` when that
+    entry is missing or malformed, :class:`ConfigError` for a negative or non-integer
+    ``batch_id``.
     """
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
         raise ConfigError(
@@ -308,17 +310,21 @@ def batch_watermark_ms(checkpoint_dir: str | Path, batch_id: int) -> int:
         )
     if batch_id == 0:
         return 0
-    path = Path(checkpoint_dir) / "offsets" / str(batch_id - 1)
+    from sparkonce.files import files_for, join, location
+
+    loc = location(checkpoint_dir, "checkpoint")
+    path = join(loc, "offsets", str(batch_id - 1))
     try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+        text = files_for(loc).read_text(path)
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc}") from exc
+    if text is None:
         raise CheckpointError(
             f"{path} is missing: Spark writes the offset log entry of batch {batch_id - 1} "
             f"before batch {batch_id} runs. Check that {checkpoint_dir} is this query's "
             f"checkpoint and that batch {batch_id} belongs to it"
-        ) from None
-    except OSError as exc:
-        raise CheckpointError(f"{path} cannot be read: {exc}") from exc
+        )
+    lines = text.splitlines()
     if len(lines) < 2 or not re.fullmatch(r"v\d+", lines[0].strip()):
         raise CheckpointError(
             f"{path} is not a Spark offset log entry: expected a version line 'v1' and a JSON "

@@ -227,8 +227,8 @@ class OutputSet(Sink):
         self.single = single
         self.groups = self._group()
         self.stable = len(self.groups) > 1 if stable is None else bool(stable)
-        self.stable_root = None if stable_root is None else Path(stable_root)
-        self.checkpoint = None if checkpoint is None else Path(checkpoint)
+        self.stable_root = None if stable_root is None else str(stable_root)
+        self.checkpoint = None if checkpoint is None else str(checkpoint)
         self.layout: OutputLayout | None = None
         self.aliases: dict[str, str] = {}
         self._warned = False
@@ -350,7 +350,7 @@ class OutputSet(Sink):
         lowest = {tp: min(e.get(tp, 0) for e in ends) for tp in set().union(*ends)}
         return {tp: o for tp, o in lowest.items() if o}
 
-    def check_stores_agree(self, pipeline: str, checkpoint: Path) -> None:
+    def check_stores_agree(self, pipeline: str, checkpoint: str) -> None:
         """Refuse to resume from the ledgers alone when they end at different offsets."""
         ends = self.store_ends(pipeline)
         if len({BatchRanges.at(e).to_json() for _, e in ends}) <= 1:

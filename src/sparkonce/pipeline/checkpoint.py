@@ -4,40 +4,75 @@ Spark writes ``<checkpoint>/offsets/<batchId>`` *before* it runs a batch (the
 batch's source offsets, our offset ranges) and ``<checkpoint>/commits/<batchId>``
 after the batch's sink finished. sparkonce reads the offset log to learn which
 ranges a batch covers; it never trusts the checkpoint for progress (the ledger
-is the truth).
+is the truth). The checkpoint may be on any filesystem Spark supports: it is read
+through :mod:`sparkonce.files`, the way Spark writes it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkonce.errors import CheckpointError, ConfigError
+from sparkonce.errors import CheckpointError
+from sparkonce.files import Files, files_for, is_remote, join, location
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
     from sparkonce.sources.base import Source
 
 
-@dataclass(frozen=True)
 class Checkpoint:
-    """A local checkpoint directory."""
+    """A query's checkpoint location: a local directory or any URL Spark's Hadoop reaches.
 
-    path: Path
+    ``location`` is as :func:`sparkonce.files.location` returns it; ``files`` reads it
+    (:func:`sparkonce.files.files_for`: local paths need no Spark session, other
+    locations go through the session's Hadoop filesystem, as Spark's own checkpoint
+    writer does).
+    """
+
+    def __init__(self, location: str | Path, files: Files | None = None) -> None:
+        self.location = _location(location)
+        self.files: Files = files if files is not None else files_for(self.location)
+
+    @classmethod
+    def open(cls, location: str | Path, spark: SparkSession | None = None) -> Checkpoint:
+        """The checkpoint at ``location``, read through ``spark`` when it is not local."""
+        loc = _location(location)
+        return cls(loc, files_for(loc, spark))
+
+    @property
+    def path(self) -> str:
+        """The location (an absolute local path or a URL), for messages and Spark."""
+        return self.location
+
+    @property
+    def spark_location(self) -> str:
+        """What Spark's ``checkpointLocation`` gets: a local path as a ``file://`` URI, so a
+        cluster whose default filesystem is HDFS or S3 still writes it where this process
+        reads it."""
+        return self.location if self.remote else "file://" + self.location
+
+    @property
+    def remote(self) -> bool:
+        return is_remote(self.location)
+
+    def _at(self, *parts: str) -> str:
+        return join(self.location, *parts)
 
     @property
     def is_new(self) -> bool:
         """True when Spark has never planned a batch here (missing or empty offset log)."""
-        offsets = self.path / "offsets"
-        return not offsets.is_dir() or not any(p.name.isdigit() for p in offsets.iterdir())
+        return not self.batch_ids("offsets")
 
     def query_id(self) -> str | None:
-        meta = self.path / "metadata"
-        if not meta.exists():
+        meta = self._at("metadata")
+        text = self.files.read_text(meta)
+        if text is None:
             return None
         try:
-            return str(json.loads(meta.read_text().splitlines()[0])["id"])
+            return str(json.loads(text.splitlines()[0])["id"])
         except (ValueError, KeyError, IndexError) as exc:
             raise CheckpointError(f"{meta} is not a Spark checkpoint metadata file: {exc}") from exc
 
@@ -50,47 +85,33 @@ class Checkpoint:
         ``transformWithStateInPandas``...), before the batch's sink runs. A stateless
         query never creates it.
         """
-        state = self.path / "state"
-        return state.is_dir() and any(p.name.isdigit() for p in state.iterdir())
+        return any(n.isdigit() for n in self.files.list_names(self._at("state")))
 
     def check_usable(self) -> None:
-        """Raise :class:`ConfigError` if the path cannot be a checkpoint directory."""
-        p = self.path
-        if p.exists() and not p.is_dir():
-            raise ConfigError(
-                f"checkpoint {p} is a file, not a directory. Operator action: point the "
-                "pipeline's checkpoint (or --checkpoint) at a directory; it is created if missing"
-            )
-        parent = p if p.exists() else next((a for a in p.parents if a.exists()), None)
-        if parent is None or not parent.is_dir():
-            raise ConfigError(
-                f"checkpoint {p}: {parent} is not a directory, so the checkpoint cannot be "
-                "created there. Operator action: choose a path under an existing directory"
-            )
-        import os
-
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"checkpoint {p}: {parent} is not writable by this user. Operator action: fix "
-                "its permissions or choose another checkpoint directory"
-            )
+        """Raise :class:`ConfigError` if the location cannot be a checkpoint directory."""
+        self.files.check_writable_dir(self.location, "checkpoint")
 
     def batch_ids(self, kind: str = "offsets") -> list[int]:
-        d = self.path / kind
-        if not d.is_dir():
-            return []
-        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
+        return sorted(int(n) for n in self.files.list_names(self._at(kind)) if n.isdigit())
 
     def last_committed_batch(self) -> int | None:
         ids = self.batch_ids("commits")
         return ids[-1] if ids else None
 
+    def read_text(self, *parts: str) -> str | None:
+        """A file of the checkpoint (``parts`` below its root), None when missing."""
+        return self.files.read_text(self._at(*parts))
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        return self.files.read_bytes(self._at(*parts))
+
     def source_offset(self, batch_id: int) -> str | None:
         """The serialized source offset Spark planned for ``batch_id`` (None if purged)."""
-        f = self.path / "offsets" / str(batch_id)
-        if not f.exists():
+        f = self._at("offsets", str(batch_id))
+        text = self.files.read_text(f)
+        if text is None:
             return None
-        lines = f.read_text().splitlines()
+        lines = text.splitlines()
         if not lines or not lines[0].startswith("v"):
             raise CheckpointError(f"{f}: unknown offset log format (first line {lines[:1]})")
         sources = [ln for ln in lines[2:] if ln.strip()]
@@ -110,7 +131,14 @@ class Checkpoint:
         source's initial offset (None for sources whose offsets hold whole ranges)."""
         if batch_id > 0:
             return self.source_offset(batch_id - 1)
-        return source.initial_offset(self.path)
+        return source.initial_offset(self)
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.location!r})"
+
+
+def _location(raw: str | Path) -> str:
+    return location(raw, "checkpoint")
 
 
 def _canonical(offset: str) -> str:

@@ -159,7 +159,7 @@ def explain(pipeline: Pipeline, spark: SparkSession) -> Explanation:
     sinks = _sinks(pipeline)
     parts: list[Part] = [_source_part(pipeline), _transform_part(facts)]
     parts.append(_state_part(pipeline, spark, facts))
-    checkpoint = checkpoint_storage(pipeline.checkpoint_path)
+    checkpoint = checkpoint_storage(pipeline.checkpoint_location)
     parts.append(_checkpoint_part(checkpoint, bool(facts.stateful)))
     parts.append(_records_part(pipeline, facts))
     stable = pipeline.output_set.stable if pipeline.output_set is not None else False
@@ -238,10 +238,15 @@ def _seq(seq: Any) -> list[Any]:
 
 
 # -- checkpoint storage --------------------------------------------------------------------
-def checkpoint_storage(path: Path, mounts: str | None = None) -> dict[str, str]:
+def checkpoint_storage(path: str | Path, mounts: str | None = None) -> dict[str, str]:
     """Where ``path`` lives: ``{"path", "mount", "fstype", "storage"}``, storage being
-    ``"shared"`` (a network filesystem), ``"memory"`` (tmpfs) or ``"local"``. ``mounts``
-    is the text of /proc/mounts (read when None; unknown without it)."""
+    ``"shared"`` (a network filesystem, or a URL such as ``s3a://`` or ``hdfs://``),
+    ``"memory"`` (tmpfs) or ``"local"``. ``mounts`` is the text of /proc/mounts (read when
+    None; unknown without it)."""
+    from sparkonce.files import scheme
+
+    if scheme(path):
+        return {"path": str(path), "mount": "", "fstype": scheme(path), "storage": "shared"}
     if mounts is None:
         try:
             mounts = Path("/proc/mounts").read_text()
@@ -377,13 +382,19 @@ def _state_part(pipeline: Pipeline, spark: SparkSession, facts: PlanFacts) -> Pa
 
 def _checkpoint_part(info: dict[str, str], stateful: bool) -> Part:
     where = f"{info['path']} ({info['storage']}"
-    where += f", {info['fstype']} at {info['mount']})" if info["fstype"] else ")"
+    if info["fstype"] and info["mount"]:
+        where += f", {info['fstype']} at {info['mount']})"
+    elif info["fstype"]:
+        where += f", {info['fstype']}://, through Spark's Hadoop filesystem)"
+    else:
+        where += ")"
     if info["storage"] == "shared":
         return Part(
             "checkpoint",
             where,
             "shared",
-            "on a network filesystem: it outlives this machine",
+            "on shared storage: it outlives this machine, and a cluster's driver and "
+            "executors all reach it",
         )
     lost = (
         "the pipeline refuses to resume (its state cannot be rebuilt) until the checkpoint is "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkonce.config import OutputMode, Trigger, check_pipeline_name
 from sparkonce.errors import ConfigError
+from sparkonce.files import is_remote, join, location
 from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.sinks.base import Sink
 from sparkonce.sources.base import Source
@@ -44,7 +45,9 @@ class Pipeline:
         An effectively-once sink, e.g. :class:`~sparkonce.sinks.SQLiteSink`, for a
         pipeline with one output. Give either ``sink`` or ``outputs``.
     checkpoint:
-        Spark's checkpoint directory (a local path).
+        Spark's checkpoint directory: a local path, or a URL on any filesystem Spark's
+        Hadoop reaches (``s3a://bucket/dir``, ``hdfs://namenode/dir``, ``abfs://...``),
+        which a cluster's driver and executors share.
     transform:
         ``DataFrame -> DataFrame`` applied to the source's stream (with ``outputs``:
         ``DataFrame -> {name: DataFrame}``, one streaming DataFrame per output, all
@@ -119,11 +122,7 @@ class Pipeline:
                 f"pipeline {self.name!r}: checkpoint must be a directory path, "
                 f"got {self.checkpoint!r}"
             )
-        if "://" in str(self.checkpoint) and not str(self.checkpoint).startswith("file://"):
-            raise ConfigError(
-                f"pipeline {self.name!r}: checkpoint {str(self.checkpoint)!r} is not a local "
-                "path; this version supports local checkpoint directories only"
-            )
+        location(self.checkpoint, f"pipeline {self.name!r}'s checkpoint")  # raises if malformed
         if not callable(self.transform):
             raise ConfigError(f"pipeline {self.name!r}: transform must be a callable")
         object.__setattr__(self, "trigger", Trigger.parse(self.trigger))
@@ -137,13 +136,13 @@ class Pipeline:
         _refuse_unstable_task_partitions(
             self.name, self.source, list(self.outputs.values()) if self.outputs else [sink]
         )
-        stable_root = self.checkpoint_path / "sparkonce" / "stable"
+        stable_root = join(self.checkpoint_location, "sparkonce", "stable")
         if self.outputs is not None:
             sink = OutputSet(
                 self.outputs,
                 stable=self.stable_output,
                 stable_root=stable_root,
-                checkpoint=self.checkpoint_path,
+                checkpoint=self.checkpoint_location,
             )
         elif self.stable_output:
             assert sink is not None
@@ -151,8 +150,16 @@ class Pipeline:
                 {SINGLE_OUTPUT: sink},
                 stable=True,
                 stable_root=stable_root,
-                checkpoint=self.checkpoint_path,
+                checkpoint=self.checkpoint_location,
                 single=True,
+            )
+        if isinstance(sink, OutputSet) and sink.stable and is_remote(self.checkpoint_location):
+            raise ConfigError(
+                f"pipeline {self.name!r}: stable output keeps each batch's copy under the "
+                "checkpoint on a local filesystem, and the checkpoint "
+                f"{self.checkpoint_location} is not local. Use a local checkpoint directory, "
+                "or set stable_output=False (each store then commits on its own, so a "
+                "non-deterministic transform may hand the stores different rows on a replay)"
             )
         object.__setattr__(self, "sink", sink)
 
@@ -200,10 +207,15 @@ class Pipeline:
         """Settings the SparkSession needs for this pipeline's source and sinks (for example
         Spark's Kafka connector jars, or a Delta Lake sink's jars and extension);
         :func:`sparkonce.build_session` takes them as ``conf``, and ``sparkonce run``
-        passes them."""
+        passes them. A checkpoint on ``s3a://`` adds the fetched ``hadoop-aws`` jars."""
+        from sparkonce.files import filesystem_conf
         from sparkonce.pipeline.spark import merge_spark_conf
 
-        return merge_spark_conf(self.source.spark_conf(), self.sink.spark_conf())
+        return merge_spark_conf(
+            self.source.spark_conf(),
+            self.sink.spark_conf(),
+            filesystem_conf(self.checkpoint_location),
+        )
 
     def explain(self, spark: SparkSession) -> Explanation:
         """What this pipeline guarantees as configured, part by part, with the reason for
@@ -220,9 +232,19 @@ class Pipeline:
         return self.sink if isinstance(self.sink, OutputSet) else None
 
     @property
+    def checkpoint_location(self) -> str:
+        """The checkpoint as an absolute local path or a URL (:func:`sparkonce.files.location`)."""
+        return location(self.checkpoint, "checkpoint")
+
+    @property
     def checkpoint_path(self) -> Path:
-        raw = str(self.checkpoint)
-        return Path(raw.removeprefix("file://")).resolve()
+        """The checkpoint as a local :class:`~pathlib.Path` (a local checkpoint only)."""
+        if is_remote(self.checkpoint_location):
+            raise ConfigError(
+                f"pipeline {self.name!r}: the checkpoint {self.checkpoint_location} is not a "
+                "local path; read it with sparkonce.pipeline.Checkpoint.open(location, spark)"
+            )
+        return Path(self.checkpoint_location)
 
     def run(
         self,

@@ -410,7 +410,7 @@ def _run(
     sink.open()
     try:
         # 1. Checks, before any epoch is taken: reading the ledger changes nothing.
-        checkpoint = Checkpoint(pipeline.checkpoint_path)
+        checkpoint = Checkpoint.open(pipeline.checkpoint_location, spark)
         checkpoint.check_usable()
         seen_end = sink.end_offsets(pipeline.name)
         out = _output(pipeline, spark, seen_end)
@@ -432,7 +432,7 @@ def _run(
         trigger = Trigger.parse(pipeline.trigger)
         writer = (
             out.writeStream.foreachBatch(handler)
-            .option("checkpointLocation", str(checkpoint.path))
+            .option("checkpointLocation", checkpoint.spark_location)
             .outputMode(pipeline.output_mode)
         )
         if trigger.kind == "availableNow":

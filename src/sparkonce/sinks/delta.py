@@ -208,7 +208,10 @@ class DeltaSink(Sink, Stager):
         return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
 
     def spark_conf(self) -> dict[str, str]:
-        return delta_spark_conf()
+        from sparkonce.files import filesystem_conf
+        from sparkonce.pipeline.spark import merge_spark_conf
+
+        return merge_spark_conf(delta_spark_conf(), filesystem_conf(self.path))
 
     # -- ownership and progress ------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:

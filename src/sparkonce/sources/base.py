@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkonce.config import mask_url
@@ -33,6 +32,8 @@ from sparkonce.offsets import BatchRanges, TopicPartition, batch_from_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
+
+    from sparkonce.pipeline.checkpoint import Checkpoint
 
 
 _registered: set[tuple[int, str]] = set()
@@ -88,7 +89,7 @@ class Source(ABC):
         before = None if previous is None else BatchRanges.from_json(previous)
         return batch_from_offsets(before, BatchRanges.from_json(current))
 
-    def initial_offset(self, checkpoint: Path) -> str | None:
+    def initial_offset(self, checkpoint: Checkpoint) -> str | None:
         """The start of batch 0, for a source whose offsets hold only ends (Spark's Kafka
         connector keeps it in the checkpoint); None (the default) for sources whose
         offsets hold whole ranges."""

@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import CheckpointError, ConfigError
@@ -58,6 +57,8 @@ from sparkonce.sources.kafka import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
+
+    from sparkonce.pipeline.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -221,16 +222,19 @@ class SparkKafkaSource(KafkaSource):
             header.cast("string").alias("record_id"),
         )
 
-    def initial_offset(self, checkpoint: Path) -> str | None:
+    def initial_offset(self, checkpoint: Checkpoint) -> str | None:
         """The offsets the connector started the query at (its ``sources/0/0`` file): the
         start of batch 0's ranges."""
-        f = checkpoint / "sources" / "0" / "0"
-        if not f.is_file():
+        data = checkpoint.read_bytes("sources", "0", "0")
+        if data is None:
             return None
-        text = f.read_bytes().lstrip(b"\x00").decode("utf-8")  # a 0 byte leads (SPARK-19517)
+        text = data.lstrip(b"\x00").decode("utf-8")  # a 0 byte leads (SPARK-19517)
         lines = [ln for ln in text.splitlines() if ln.strip()]
         if len(lines) < 2 or not lines[0].startswith("v"):
-            raise CheckpointError(f"{f}: not the Kafka connector's initial offsets ({lines[:1]})")
+            where = f"{checkpoint.path}/sources/0/0"
+            raise CheckpointError(
+                f"{where}: not the Kafka connector's initial offsets ({lines[:1]})"
+            )
         return lines[1]
 
     def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
