@@ -61,9 +61,7 @@ def test_hadoop_files_write_keep_and_list(spark: SparkSession, tmp_path: Path) -
     assert files.read_text(target) == "first"
     assert files.write_text(target, "third", overwrite=True)
     assert files.read_text(target) == "third"
-    assert [n for n in files.list_names(str(tmp_path / "d")) if not n.startswith(".")] == [
-        "f.txt"
-    ]
+    assert [n for n in files.list_names(str(tmp_path / "d")) if not n.startswith(".")] == ["f.txt"]
     assert files.list_names(str(tmp_path / "none")) == []
     files.delete(str(tmp_path / "d"))
     assert not files.exists(str(tmp_path / "d"))
