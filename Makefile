@@ -98,7 +98,8 @@ pg-start: setup
 pg-stop: setup
 	$(PY) -m tests.services.postgres stop .services/postgres
 
-# Pinned Kafka broker, Spark Kafka connector and Delta Lake jars (jars/pom.xml), fetched once.
+# Pinned Kafka broker, Spark Kafka connector, Delta Lake and PostgreSQL JDBC jars (jars/pom.xml),
+# fetched once.
 jars:
 	bash scripts/fetch-jars.sh
 
