@@ -62,6 +62,17 @@ bench: setup jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 
+# Kafka pipelines side by side on 5 million records, each sparkonce sink against its
+# at-least-once counterpart: KafkaSink against Spark's Kafka sink (through both readers,
+# KafkaSource and Spark's connector), PostgresTwoPhaseSink against foreachBatch with Spark's
+# JDBC writer and with COPY, and its upsert against INSERT ... ON CONFLICT; on a throwaway
+# broker (pinned jars) and PostgreSQL server. Results: benchmarks/results/kafka.json and
+# kafka.png. BENCH_ARGS="--records 500000" for less, "--variants a,b" for some.
+.PHONY: bench-kafka
+bench-kafka: setup jars
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka.py $(BENCH_ARGS)
+
 # Stable batch output's cost: two outputs in two stores (PostgreSQL and SQLite) with and
 # without it, interleaved, on 2 million records (3 rounds; about 20 minutes). Results:
 # benchmarks/results/stable-output.json and stable-output.png. BENCH_ARGS="--repeat 1" for less.
