@@ -42,7 +42,8 @@ JDBC baseline too), the driver's peak resident memory (``VmHWM`` of the Python d
 JVM), per-batch commit latency p50/p99 (the time of each ``foreachBatch`` call or sparkonce
 commit; for Spark's own sinks, Spark's ``addBatch`` time; the batch's reading is included, as
 Spark evaluates it lazily inside the sink), and CPU seconds spent over the run by the driver's
-process tree (Python driver, JVM, Python workers), the broker and PostgreSQL.
+process tree (Python driver, JVM, Python workers), the broker and PostgreSQL (these two only
+when the script started them, not with ``--bootstrap`` or ``--pg-url``).
 
 After each variant the parent checks its output exactly (outside Spark): every value
 ``0..records-1`` exactly once in the output topic (read with ``read_committed``) or table, so a
@@ -490,8 +491,19 @@ def check_topic(bootstrap: str, topic: str, records: int) -> dict:
         open_partitions = set(partitions)
         with Progress(transient=True) as progress:
             task = progress.add_task(f"checking {topic}", total=records)
+            last_progress = time.monotonic()
             while open_partitions:
-                for m in consumer.consume(10_000, timeout=10):
+                # consume() waits for a full batch or the timeout: a short one, so the
+                # topic's tail costs no long wait; a stall of 120 s fails the check.
+                got = consumer.consume(10_000, timeout=0.2)
+                if got:
+                    last_progress = time.monotonic()
+                elif time.monotonic() - last_progress > 120:
+                    raise RuntimeError(
+                        f"reading {topic}: no record for 120 s, and partitions "
+                        f"{sorted(open_partitions)} are not at their end"
+                    )
+                for m in got:
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
