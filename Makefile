@@ -63,11 +63,11 @@ bench: setup jars
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 
 # Kafka pipelines side by side on 5 million records, each sparkonce sink against its
-# at-least-once counterpart: KafkaSink against Spark's Kafka sink (through both readers,
-# KafkaSource and Spark's connector), PostgresTwoPhaseSink against foreachBatch with Spark's
-# JDBC writer and with COPY, and its upsert against INSERT ... ON CONFLICT; on a throwaway
-# broker (pinned jars) and PostgreSQL server. Results: benchmarks/results/kafka.json and
-# kafka.png. BENCH_ARGS="--records 500000" for less, "--variants a,b" for some.
+# at-least-once counterpart: KafkaSink (read by KafkaSource) against Spark's Kafka sink (read
+# by KafkaSource, and by Spark's connector), PostgresTwoPhaseSink against foreachBatch with
+# Spark's JDBC writer and with COPY, and its upsert against INSERT ... ON CONFLICT; on a
+# throwaway broker (pinned jars) and PostgreSQL server. Results: benchmarks/results/kafka.json
+# and kafka.png. BENCH_ARGS="--records 500000" for less, "--variants a,b" for some.
 .PHONY: bench-kafka
 bench-kafka: setup jars
 	bash scripts/ensure-postgres.sh
