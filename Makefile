@@ -62,6 +62,17 @@ bench: setup jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 
+# Kafka pipelines side by side on 5 million records, each sparkonce sink against its
+# at-least-once counterpart: KafkaSink (read by KafkaSource) against Spark's Kafka sink (read
+# by KafkaSource, and by Spark's connector), PostgresTwoPhaseSink against foreachBatch with
+# Spark's JDBC writer and with COPY, and its upsert against INSERT ... ON CONFLICT; on a
+# throwaway broker (pinned jars) and PostgreSQL server. Results: benchmarks/results/kafka.json
+# and kafka.png. BENCH_ARGS="--records 500000" for less, "--variants a,b" for some.
+.PHONY: bench-kafka
+bench-kafka: setup jars
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka.py $(BENCH_ARGS)
+
 # Stable batch output's cost: two outputs in two stores (PostgreSQL and SQLite) with and
 # without it, interleaved, on 2 million records (3 rounds; about 20 minutes). Results:
 # benchmarks/results/stable-output.json and stable-output.png. BENCH_ARGS="--repeat 1" for less.
@@ -98,7 +109,8 @@ pg-start: setup
 pg-stop: setup
 	$(PY) -m tests.services.postgres stop .services/postgres
 
-# Pinned Kafka broker, Spark Kafka connector and Delta Lake jars (jars/pom.xml), fetched once.
+# Pinned Kafka broker, Spark Kafka connector, Delta Lake and PostgreSQL JDBC jars (jars/pom.xml),
+# fetched once.
 jars:
 	bash scripts/fetch-jars.sh
 

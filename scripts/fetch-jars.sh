@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars and the Delta Lake jars
-# (versions pinned in jars/pom.xml) from Maven Central into the git-ignored jar cache:
+# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars, the Delta Lake jars and the
+# PostgreSQL JDBC driver (versions pinned in jars/pom.xml) from Maven Central into the git-ignored
+# jar cache:
 #
 #   .cache/jars/broker/       single-node KRaft broker: java -cp '.cache/jars/broker/*' kafka.Kafka
 #   .cache/jars/spark-kafka/  spark-sql-kafka connector + kafka-clients + commons-pool2, for
 #                             spark.jars (nothing that pyspark already ships)
 #   .cache/jars/delta/        delta-spark + delta-storage, for spark.jars (DeltaSink)
+#   .cache/jars/jdbc/         the PostgreSQL JDBC driver, for spark.jars (the JDBC baseline of
+#                             benchmarks/kafka.py only)
 #
 # Idempotent: a directory whose stamp file matches the current jars/pom.xml checksum is left
 # alone. Set SPARKONCE_JAR_CACHE to use another cache directory; pass --force to refetch.
@@ -19,7 +22,7 @@ case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
   -h | --help)
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -76,6 +79,7 @@ fetch() {
 fetch broker "$CACHE/broker"
 fetch spark-kafka "$CACHE/spark-kafka"
 fetch delta "$CACHE/delta"
+fetch jdbc "$CACHE/jdbc"
 
 echo "broker jars:      $CACHE/broker   (java -cp '$CACHE/broker/*' kafka.Kafka server.properties)"
 echo "spark-kafka jars: $CACHE/spark-kafka   (spark.jars = $(
@@ -83,4 +87,7 @@ echo "spark-kafka jars: $CACHE/spark-kafka   (spark.jars = $(
 ))"
 echo "delta jars:       $CACHE/delta   (spark.jars = $(
   ls "$CACHE"/delta/*.jar | paste -sd, -
+))"
+echo "jdbc jars:        $CACHE/jdbc   (spark.jars = $(
+  ls "$CACHE"/jdbc/*.jar | paste -sd, -
 ))"

@@ -1,0 +1,114 @@
+"""benchmarks/kafka.py (``make bench-kafka``) at a tiny size, on the session's broker and
+PostgreSQL server: the script runs end to end, its JSON holds what the README says it
+reports, and its output checks catch a variant that loses or repeats records.
+
+Timing is not checked here (a few thousand records say nothing about speed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+if TYPE_CHECKING:
+    from tests.services.kafka import KafkaBroker
+    from tests.services.postgres import PostgresServer
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "kafka.py"
+
+
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_kafka", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_variants_end_to_end(
+    kafka_broker: KafkaBroker, pg_server: PostgresServer, tmp_path: Path
+) -> None:
+    records, batch = 2000, 1000
+    variants = ["k2pg-alo-copy", "k2pg-2pc-append"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--records",
+            str(records),
+            "--batch-records",
+            str(batch),
+            "--variants",
+            ",".join(variants),
+            "--bootstrap",
+            kafka_broker.bootstrap,
+            "--pg-url",
+            pg_server.url,
+            "--quick-start",
+            "--out",
+            str(tmp_path / "kafka"),
+        ],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "kafka.json").read_text())
+    assert (tmp_path / "kafka.png").stat().st_size > 0
+    assert report["records"] == records and report["batch_records"] == batch
+    assert list(report["results"]) == variants
+    for name, r in report["results"].items():
+        assert r["check"]["complete"], (name, r["check"])
+        assert r["check"]["records"] == records and r["records"] == records
+        assert r["batches"] == records // batch, name
+        assert r["records_per_s"] > 0 and r["python_driver_peak_mb"] > 0
+        assert r["jvm_driver_peak_mb"] > 0
+        assert r["commit_p50_s"] is not None and r["commit_p99_s"] >= r["commit_p50_s"]
+    eo = report["results"]["k2pg-2pc-append"]
+    assert eo["counterpart"] == "k2pg-alo-copy" and eo["goal"] == 0.95
+    ratio = eo["records_per_s"] / report["results"]["k2pg-alo-copy"]["records_per_s"]
+    assert eo["vs_counterpart"] == pytest.approx(ratio)
+    assert eo["goal_met"] == (ratio >= 0.95)
+
+
+def test_topic_check_counts_losses_and_repeats(kafka_broker: KafkaBroker) -> None:
+    topic = f"bench-check-{os.getpid()}"
+    kafka_broker.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for value in [*range(8), 3, 3, 42, "x"]:  # 8 and 9 lost, 3 thrice, two foreign values
+        producer.produce(topic, str(value).encode(), partition=1 if value == 3 else 0)
+    assert producer.flush(30) == 0
+    check = bench().check_topic(kafka_broker.bootstrap, topic, 10)
+    assert check["records"] == 12
+    assert (check["missing"], check["duplicates"], check["foreign"]) == (2, 2, 2)
+    assert not check["complete"]
+
+
+def test_table_check_counts_losses_and_repeats(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (record_id text, key text, value bigint)")
+        rows = [(f"0/{i}", "k", i) for i in range(8)] + [("1/0", "k", 3), ("1/1", "k", 42)]
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO t VALUES (%s, %s, %s)", rows)
+    check = bench().check_table(pg_url, "t", 10)
+    assert check["records"] == 10 and check["distinct_record_ids"] == 10
+    assert (check["missing"], check["duplicates"], check["foreign"]) == (2, 1, 1)
+    assert not check["complete"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM t WHERE record_id IN ('1/0', '1/1')")
+    assert bench().check_table(pg_url, "t", 8)["complete"]
