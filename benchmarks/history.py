@@ -48,6 +48,7 @@ the file are kept, so the code before and after a change can be measured into on
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -87,6 +88,14 @@ def now_iso() -> str:
 
 def load() -> float:
     return os.getloadavg()[0]
+
+
+def rss() -> float:
+    """This process's resident memory now, in MB (the driver's, with every store's reads)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 # -- building a ledger of N entries ---------------------------------------------------------------
@@ -464,15 +473,22 @@ def measure_store(
         for _ in range(args.starts):
             if sink is not None:
                 sink.close()
+                sink = None  # an old store's memory is not held through the next start
+                gc.collect()
             sink, seconds = start_up(make_sink)
             starts.append(seconds)
+        rss_mb = rss()
         result = {
             "build_s": build_s,
             "startup_first_s": starts[0],
             "startup_s": statistics.median(starts[1:] if len(starts) > 1 else starts),
             "startup_runs_s": starts,
+            "rss_mb_after_start": rss_mb,
             **commits(sink, args.batches, spark),
             "load_1min": [load_before, load()],
+            "settings": {
+                k: getattr(args, k) for k in ("starts", "batches", "tasks", "delta_window")
+            },
             "notes": notes,
         }
     finally:
@@ -612,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--label", default="after", help="this run's name in the results file")
     parser.add_argument("--src", type=Path, default=REPO / "src", help="sparkonce to measure")
-    parser.add_argument("--starts", type=int, default=3, help="start-ups per size (>= 2)")
+    parser.add_argument("--starts", type=int, default=3, help="start-ups per size")
     parser.add_argument("--batches", type=int, default=5, help="data (and no-data) commits")
     parser.add_argument("--tasks", type=int, default=2, help="Kafka task markers per batch")
     parser.add_argument("--delta-window", type=int, default=10_000, help="entry files written")
@@ -652,15 +668,15 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=150)
     console.print(f"measuring sparkonce from {src} (commit {commit}), label {args.label!r}")
+    previous = report["runs"].get(args.label, {})
     run: dict[str, Any] = {
-        "sizes": sizes,
+        "sizes": sorted(set(previous.get("sizes", [])) | set(sizes)),
         "src": str(src),
         "commit": commit,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {platform.platform()}",
         "load_1min_at_start": load(),
-        "settings": {k: getattr(args, k) for k in ("starts", "batches", "tasks", "delta_window")},
-        "stores": {},
+        "stores": previous.get("stores", {}),  # a run of some stores or sizes adds to it
     }
     work = Path(tempfile.mkdtemp(prefix="sparkonce-history-"))
     try:

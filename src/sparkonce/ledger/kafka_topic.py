@@ -52,7 +52,9 @@ from offset 0, as before, and writes the first snapshot; later starts read from 
 Older sparkonce versions ignore snapshot records (their fold skips unknown types), so a
 topic stays readable by them. Spark tasks read only the records after the last batch
 entry (``after_last_entry``), as before. A topic shared by several pipelines: a pipeline
-reads back to its own newest snapshot, through the others' records since.
+reads back to its own newest snapshot, through the others' records since; past
+:data:`SEARCH_LIMIT` offsets it gives up and folds the topic from its start, as a topic
+without snapshots is read (slower, never different).
 
 Errors: a fenced producer raises :class:`~sparkonce.errors.FencedError`; any other
 Kafka failure raises :class:`~sparkonce.errors.KafkaUnavailableError`, which
@@ -119,6 +121,9 @@ SNAPSHOT_EVERY = 2_000
 SNAPSHOT_ENTRIES = 100  # newest entries a snapshot carries (Spark keeps 100 batches of offsets)
 SNAPSHOT_MAX_BYTES = 512 * 1024  # under Kafka's default 1 MiB record limit, with room
 SEARCH_WINDOW = 4_096  # offsets read in the first backward window; doubles while not found
+# Offsets the backward search reads at most before it gives up and folds from the log start
+# (a topic written by an older sparkonce, or a pipeline idle while others wrote this much).
+SEARCH_LIMIT = 16 * SEARCH_WINDOW
 MEMORY_ENTRIES = 1_000  # entries kept in memory for a pipeline loaded from a snapshot
 
 
@@ -172,21 +177,27 @@ class LedgerTopic:
             return reader.watermarks(self.topic, 0)
 
     def newest_snapshot(
-        self, pipeline: str, low: int, high: int, *, window: int = SEARCH_WINDOW
+        self,
+        pipeline: str,
+        low: int,
+        high: int,
+        *,
+        window: int = SEARCH_WINDOW,
+        limit: int = SEARCH_LIMIT,
     ) -> tuple[dict[str, Any], int, int] | None:
         """The newest snapshot record of ``pipeline`` below ``high``, with the offsets read.
 
         Reads windows backwards from ``high`` (``window`` offsets, doubling each time),
-        looking only at records keyed ``s:<pipeline>``, until one holds a snapshot or the
-        log start ``low`` is passed. Returns ``(record, its offset, offsets read)``, or
-        None when the topic has no snapshot of this pipeline (written by an older
-        sparkonce, or never by this pipeline). A snapshot of an unknown version counts as
+        looking only at records keyed ``s:<pipeline>``, until one holds a snapshot, or the
+        log start ``low`` or ``limit`` offsets read are passed. Returns ``(record, its
+        offset, offsets read)``, or None when none was found (a topic written by an older
+        sparkonce, or a pipeline that never wrote one). A snapshot of an unknown version counts as
         none (the caller then reads the whole topic).
         """
         key = f"s:{pipeline}".encode()
         end = high
         with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
-            while end > low:
+            while end > low and high - end < limit:
                 start = max(low, end - window)
                 found: Any = None
                 for m in reader.read(self.topic, 0, start, end):
@@ -417,7 +428,9 @@ class KafkaLedgerStore(LedgerStore):
     def _load(self, pipeline: str) -> LedgerState:
         """Start from the newest snapshot (none: the log start) and fold what follows."""
         low, high = self._ledger.watermarks()
-        found = self._ledger.newest_snapshot(pipeline, low, high, window=self.search_window)
+        found = self._ledger.newest_snapshot(
+            pipeline, low, high, window=self.search_window, limit=16 * self.search_window
+        )
         searched = 0
         if found is not None:
             record, offset, searched = found
