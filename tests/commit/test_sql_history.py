@@ -16,7 +16,7 @@ from sparkonce.config import StoreURL
 from sparkonce.db import dialect_for
 from sparkonce.errors import ConfigError, FencedError
 from sparkonce.ledger.base import BatchContext
-from sparkonce.ledger.sql import LEDGER_TABLE, SPARK_BATCH_INDEX, SqlLedgerStore
+from sparkonce.ledger.sql import LEDGER_TABLE, NO_DATA_QUERY, SPARK_BATCH_INDEX, SqlLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 from tests.commit.test_committer import RecordingStager
 
@@ -50,12 +50,23 @@ def test_a_no_data_batch_is_looked_up_through_an_index(store_url: str, pipeline:
     """Every new no-data batch asks the ledger for its Spark identity: not a table scan."""
     store = store_for(store_url)
     conn = store.conn
-    query = (
-        f"SELECT seq, ranges FROM {LEDGER_TABLE} WHERE pipeline = 'p' AND "
-        "checkpoint_id = 'q' AND spark_batch_id = 7"
-    )
     if store.dialect.name == "sqlite":
-        plan = " ".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + query))
+        # The very statement the ledger runs, on a ledger with rows (no statistics).
+        ledger = store.ledger
+        epoch = store.acquire(pipeline).epoch
+        for seq in range(50):
+            ledger.record(
+                conn,
+                pipeline=pipeline,
+                seq=seq,
+                ranges=ranges(seq),
+                epoch=epoch,
+                row_count=1,
+                spark_batch_id=seq,
+                checkpoint_id="q",
+            )
+        query = store.dialect.q("EXPLAIN QUERY PLAN " + NO_DATA_QUERY)
+        plan = " ".join(str(r[-1]) for r in conn.execute(query, (pipeline, "q", 7)))
         assert SPARK_BATCH_INDEX in plan, plan
     else:
         names = [

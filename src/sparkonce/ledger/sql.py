@@ -64,6 +64,11 @@ log = logging.getLogger(__name__)
 OWNER_TABLE = "sparkonce_owner"
 LEDGER_TABLE = "sparkonce_ledger"
 SPARK_BATCH_INDEX = "sparkonce_ledger_spark_batch"
+# How a no-data batch is looked up by its Spark identity (through SPARK_BATCH_INDEX).
+NO_DATA_QUERY = (
+    f"SELECT seq, ranges FROM {LEDGER_TABLE} "
+    "WHERE pipeline = %s AND checkpoint_id = %s AND spark_batch_id = %s"
+)
 PRUNE_ROWS = 10_000  # at most this many entries deleted per prune (a commit stays short)
 
 
@@ -263,13 +268,11 @@ class SqlLedger:
         if checkpoint_id is None:
             return None
         rows = fetchall(
-            conn,
-            self.dialect,
-            f"SELECT seq, ranges FROM {LEDGER_TABLE} WHERE pipeline = %s AND checkpoint_id = %s "
-            "AND spark_batch_id = %s ORDER BY seq DESC",
-            (pipeline, checkpoint_id, spark_batch_id),
+            conn, self.dialect, NO_DATA_QUERY, (pipeline, checkpoint_id, spark_batch_id)
         )
-        for seq, ranges in rows:
+        # Sorted here, not by ORDER BY: SQLite would rather walk the primary key in seq order
+        # (every row of the pipeline) than use the index and sort its few rows.
+        for seq, ranges in sorted(rows, key=lambda r: -int(r[0])):
             if BatchRanges.from_json(ranges).empty:
                 return int(seq)
         return None
