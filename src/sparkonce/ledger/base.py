@@ -146,3 +146,13 @@ class LedgerStore(ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+
+def behind_end(entry: LedgerEntry, ends: Mapping[TopicPartition, int]) -> bool:
+    """Whether ``entry`` ends before ``ends`` in a partition both name.
+
+    Ledger entries chain without gaps, so every partition's end offset only grows with
+    ``seq``: no entry at or before one behind ``ends`` can equal a batch sitting at
+    ``ends`` (a no-data batch at the ledger's end), and the search for one stops there.
+    """
+    return any(end < ends[tp] for tp, end in entry.ranges.ends().items() if tp in ends)

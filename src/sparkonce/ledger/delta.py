@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SparkOnceError
 from sparkonce.files import HadoopFiles
-from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
+from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
 from sparkonce.offsets import BatchRanges
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -543,8 +543,16 @@ class DeltaLedgerStore(LedgerStore):
 
     def find(self, txn: Any | None, pipeline: str, ctx: BatchContext) -> LedgerEntry | None:
         """The committed entry of exactly ``ctx``'s batch: newest first, through the entry
-        files (a replay of an older batch, after a checkpoint behind the ledger)."""
+        files (a replay of an older batch, after a checkpoint behind the ledger).
+
+        The walk stops where no older entry can match: for a batch with offsets, at an
+        entry that ends before the batch starts; for a no-data batch (asked for every new
+        one, which sits at the ledger's end), at the first entry behind its position
+        (:func:`~sparkonce.ledger.base.behind_end`): the newest data batch, or the entry
+        before it. Without that stop, every new no-data batch read every entry file.
+        """
         view = self._view(pipeline)
+        at = ctx.ranges.ends()
         for seq in range(view.entries - 1, -1, -1):
             e = self._entry(pipeline, seq)
             if e.ranges == ctx.ranges and (
@@ -552,6 +560,8 @@ class DeltaLedgerStore(LedgerStore):
                 or (e.checkpoint_id == ctx.checkpoint_id and e.spark_batch_id == ctx.spark_batch_id)
             ):
                 return e
+            if ctx.ranges.empty and behind_end(e, at):
+                return None  # entries this old end before the no-data batch's position
             starts = ctx.ranges.starts()
             if not ctx.ranges.empty and all(
                 e.ranges.ends().get(tp, 0) <= start for tp, start in starts.items()

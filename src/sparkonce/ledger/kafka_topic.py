@@ -8,6 +8,8 @@ one partition, kept forever, created when missing) holds JSON records, read with
     {"type": "batch",  "pipeline", "seq", "ranges", "epoch", "rows", "spark_batch_id",
                        "checkpoint_id", "stateful", "commit_seconds", "at", ...}
     {"type": "marker", "pipeline", "partition", "seq", "ranges", ...}   (written by tasks)
+    {"type": "snapshot", "pipeline", "v": 1, "through", "owner", "entries", "after_last_entry",
+                       "pending", "at"}                                 (written by the driver)
 
 :class:`KafkaLedgerStore` is the :class:`~sparkonce.ledger.base.LedgerStore` the
 committer uses. Everything in it runs on the **driver**. Owner and batch records
@@ -17,6 +19,42 @@ are written by the driver's transactional producer, whose ``transactional.id``
 every older run's producer (take over by writing before reading). A fenced run's
 commit therefore fails at step 5 even if its step 1 passed: that is the "lock" that
 step 1 holds until the transaction ends.
+
+**Snapshots: start-up does not read the whole history.** A pipeline that commits for a
+year leaves millions of records in its ledger topic, and folding them all from offset 0
+on every start would make each start slower than the last. So the driver writes a
+*snapshot* record of the pipeline's folded state (:class:`LedgerState`): in the same
+Kafka transaction as its owner record on every ``acquire``, and as a batch record once
+:data:`SNAPSHOT_EVERY` ledger offsets have passed since the newest snapshot. A snapshot
+holds the fold of every committed record **below its** ``through`` **offset** (the last
+stable offset the driver had read when it wrote it): the owner, the newest entries (at
+most :data:`SNAPSHOT_ENTRIES`), ``after_last_entry`` and the pending markers. Loading a
+pipeline (:meth:`KafkaLedgerStore.refresh`) finds the newest snapshot by reading windows
+of the topic backwards from its end (:meth:`LedgerTopic.newest_snapshot`), starts from
+its state and folds the records from ``through`` on, which include the records written
+meanwhile and the transaction's own owner or batch record. Why the result is the same
+fold as a read from offset 0 (and so every guarantee below holds unchanged):
+
+* under ``read_committed``, everything below the last stable offset is decided, so the
+  fold of ``[0, through)`` is final when the snapshot is written, and the snapshot
+  becomes visible only if its transaction (with the owner or batch record) commits;
+* a fenced driver cannot commit a snapshot at all (its producer is fenced), and a
+  snapshot written by a run that was later fenced is still a correct fold of what it read;
+* the resume point, the owner epoch and the pending markers of a partly committed batch
+  are all in the state; the entries before the window are not, and only two things ever
+  read them: :meth:`KafkaLedgerStore.entries` (status, ``sparkonce verify``), which then
+  reads the whole topic once, as before; and :meth:`KafkaLedgerStore.find` for a replayed
+  batch older than the window, which falls back to the same full read. A replay of the
+  last batch (the only one Spark replays after a crash) never needs it.
+
+A ledger topic written by an older sparkonce has no snapshot: its first start folds it
+from offset 0, as before, and writes the first snapshot; later starts read from there.
+Older sparkonce versions ignore snapshot records (their fold skips unknown types), so a
+topic stays readable by them. Spark tasks read only the records after the last batch
+entry (``after_last_entry``), as before. A topic shared by several pipelines: a pipeline
+reads back to its own newest snapshot, through the others' records since; past
+:data:`SEARCH_LIMIT` offsets it gives up and folds the topic from its start, as a topic
+without snapshots is read (slower, never different).
 
 Errors: a fenced producer raises :class:`~sparkonce.errors.FencedError`; any other
 Kafka failure raises :class:`~sparkonce.errors.KafkaUnavailableError`, which
@@ -42,7 +80,7 @@ from sparkonce.config import check_pipeline_name
 from sparkonce.errors import FencedError, SparkOnceError
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.kafka.consumer import KafkaReader
-from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
+from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
 from sparkonce.offsets import BatchRanges
 
 TIMEOUT_S = 30.0  # seconds: reading the ledger topic, initializing and committing transactions
@@ -75,6 +113,19 @@ def is_fenced(exc: BaseException) -> bool:
 
 # --- reading the ledger topic ---------------------------------------------------------------
 
+SNAPSHOT_VERSION = 1
+# A batch record writes a snapshot once this many ledger offsets have passed since the
+# pipeline's newest one, so a start reads about this many records after it (plus the first
+# backward window). A snapshot costs one record of up to SNAPSHOT_MAX_BYTES.
+SNAPSHOT_EVERY = 2_000
+SNAPSHOT_ENTRIES = 100  # newest entries a snapshot carries (Spark keeps 100 batches of offsets)
+SNAPSHOT_MAX_BYTES = 512 * 1024  # under Kafka's default 1 MiB record limit, with room
+SEARCH_WINDOW = 4_096  # offsets read in the first backward window; doubles while not found
+# Offsets the backward search reads at most before it gives up and folds from the log start
+# (a topic written by an older sparkonce, or a pipeline idle while others wrote this much).
+SEARCH_LIMIT = 16 * SEARCH_WINDOW
+MEMORY_ENTRIES = 1_000  # entries kept in memory for a pipeline loaded from a snapshot
+
 
 @dataclass
 class LedgerState:
@@ -86,6 +137,11 @@ class LedgerState:
     # Every task marker written after the last batch entry, in ledger order: a partly
     # committed batch's, or a fenced (zombie) attempt's that came too late.
     pending: list[dict[str, Any]] = field(default_factory=list)
+    position: int = 0  # the ledger offset folded up to (exclusive)
+    # Whether ``entries`` holds every entry since the topic's start (False: loaded from a
+    # snapshot, or trimmed in memory; the older entries are read from the topic on demand).
+    complete: bool = True
+    snapshot_at: int = -1  # offset of the pipeline's newest snapshot seen (-1: none)
 
 
 class LedgerTopic:
@@ -115,6 +171,46 @@ class LedgerTopic:
                 records.append(record)
             return records, max(pos, high)
 
+    def watermarks(self) -> tuple[int, int]:
+        """(log start offset, last stable offset) of the ledger topic."""
+        with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
+            return reader.watermarks(self.topic, 0)
+
+    def newest_snapshot(
+        self,
+        pipeline: str,
+        low: int,
+        high: int,
+        *,
+        window: int = SEARCH_WINDOW,
+        limit: int = SEARCH_LIMIT,
+    ) -> tuple[dict[str, Any], int, int] | None:
+        """The newest snapshot record of ``pipeline`` below ``high``, with the offsets read.
+
+        Reads windows backwards from ``high`` (``window`` offsets, doubling each time),
+        looking only at records keyed ``s:<pipeline>``, until one holds a snapshot, or the
+        log start ``low`` or ``limit`` offsets read are passed. Returns ``(record, its
+        offset, offsets read)``, or None when none was found (a topic written by an older
+        sparkonce, or a pipeline that never wrote one). A snapshot of an unknown version counts as
+        none (the caller then reads the whole topic).
+        """
+        key = f"s:{pipeline}".encode()
+        end = high
+        with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
+            while end > low and high - end < limit:
+                start = max(low, end - window)
+                found: Any = None
+                for m in reader.read(self.topic, 0, start, end):
+                    if m.key() == key:
+                        found = m
+                if found is not None:
+                    record = json.loads(found.value() or b"{}")
+                    if record.get("v") != SNAPSHOT_VERSION:
+                        return None
+                    return record, int(found.offset()), high - start
+                end, window = start, window * 2
+        return None
+
     @staticmethod
     def fold(state: LedgerState, pipeline: str, records: list[dict[str, Any]]) -> LedgerState:
         for r in records:
@@ -122,33 +218,106 @@ class LedgerTopic:
                 continue
             kind = r.get("type")
             if kind == "owner":
-                state.owner = Owner(
-                    pipeline,
-                    int(r["epoch"]),
-                    datetime.fromisoformat(r["at"]),
-                    r.get("holder", ""),
-                    r.get("source"),
-                )
+                state.owner = _owner(pipeline, r)
             elif kind == "batch":
-                state.entries.append(
-                    LedgerEntry(
-                        pipeline,
-                        int(r["seq"]),
-                        BatchRanges.from_json_obj(r["ranges"]),
-                        int(r["epoch"]),
-                        int(r["rows"]),
-                        datetime.fromisoformat(r["at"]),
-                        r.get("spark_batch_id"),
-                        r.get("checkpoint_id"),
-                        r.get("stateful"),
-                        r.get("commit_seconds"),
-                    )
-                )
+                state.entries.append(_entry(pipeline, r))
                 state.after_last_entry = int(r.get("_offset", -1)) + 1
                 state.pending = []
             elif kind == "marker":
                 state.pending.append(r)
+            elif kind == "snapshot":
+                # Older news than the records folded here: only where it is matters.
+                state.snapshot_at = max(state.snapshot_at, int(r.get("_offset", -1)))
         return state
+
+    @staticmethod
+    def snapshot(pipeline: str, state: LedgerState) -> dict[str, Any] | None:
+        """The snapshot record of ``state`` (the fold below ``state.position``), or None
+        when even its newest entry alone would be too large for one record."""
+        owner = state.owner
+        record: dict[str, Any] = {
+            "type": "snapshot",
+            "pipeline": pipeline,
+            "v": SNAPSHOT_VERSION,
+            "through": state.position,
+            "owner": None
+            if owner is None
+            else {
+                "epoch": owner.epoch,
+                "holder": owner.holder,
+                "source": owner.source,
+                "at": owner.acquired_at.isoformat(),
+            },
+            "after_last_entry": state.after_last_entry,
+            "pending": state.pending,
+            "at": datetime.now(UTC).isoformat(),
+        }
+        keep = min(len(state.entries), SNAPSHOT_ENTRIES)
+        while True:
+            record["entries"] = [_entry_record(e) for e in state.entries[-keep:]] if keep else []
+            record["complete"] = state.complete and keep == len(state.entries)
+            text = json.dumps(record)
+            if len(text) <= SNAPSHOT_MAX_BYTES:
+                return record
+            if keep <= 1:
+                return None
+            keep = max(1, keep // 2)
+
+    @staticmethod
+    def from_snapshot(pipeline: str, record: dict[str, Any], offset: int) -> LedgerState:
+        """The state a snapshot holds: the fold of every record below its ``through``."""
+        owner = record.get("owner")
+        return LedgerState(
+            owner=None if owner is None else _owner(pipeline, owner),
+            entries=[_entry(pipeline, e) for e in record.get("entries", [])],
+            after_last_entry=int(record["after_last_entry"]),
+            pending=list(record.get("pending", [])),
+            position=int(record["through"]),
+            complete=bool(record.get("complete", False)),
+            snapshot_at=offset,
+        )
+
+
+def _owner(pipeline: str, r: dict[str, Any]) -> Owner:
+    return Owner(
+        pipeline,
+        int(r["epoch"]),
+        datetime.fromisoformat(r["at"]),
+        r.get("holder", ""),
+        r.get("source"),
+    )
+
+
+def _entry(pipeline: str, r: dict[str, Any]) -> LedgerEntry:
+    return LedgerEntry(
+        pipeline,
+        int(r["seq"]),
+        BatchRanges.from_json_obj(r["ranges"]),
+        int(r["epoch"]),
+        int(r["rows"]),
+        datetime.fromisoformat(r["at"]),
+        r.get("spark_batch_id"),
+        r.get("checkpoint_id"),
+        r.get("stateful"),
+        r.get("commit_seconds"),
+    )
+
+
+def _entry_record(entry: LedgerEntry) -> dict[str, Any]:
+    """A batch record's fields of ``entry`` (what :func:`_entry` reads back)."""
+    return {
+        "type": "batch",
+        "pipeline": entry.pipeline,
+        "seq": entry.seq,
+        "ranges": entry.ranges.to_json_obj(),
+        "epoch": entry.epoch,
+        "rows": entry.row_count,
+        "spark_batch_id": entry.spark_batch_id,
+        "checkpoint_id": entry.checkpoint_id,
+        "stateful": entry.stateful,
+        "commit_seconds": entry.commit_seconds,
+        "at": entry.committed_at.isoformat(),
+    }
 
 
 # --- the ledger store (driver side) -----------------------------------------------------------
@@ -178,6 +347,10 @@ class KafkaLedgerStore(LedgerStore):
     with the first record (a transaction that records nothing writes nothing);
     leaving the block commits it and waits until ``read_committed`` readers see the
     record; an error inside the block aborts it.
+
+    ``snapshot_every``: ledger offsets between two snapshots (module docstring);
+    ``search_window``: the first backward window of the snapshot search. The tests make
+    both small.
     """
 
     def __init__(
@@ -188,20 +361,27 @@ class KafkaLedgerStore(LedgerStore):
         topic: str,
         transaction_timeout_ms: int = 60_000,
         inspect_hint: str = "",
+        snapshot_every: int = SNAPSHOT_EVERY,
+        search_window: int = SEARCH_WINDOW,
     ) -> None:
         self.conn = conn
         self.ledger_topic = ledger_topic
         self.topic = topic
         self.transaction_timeout_ms = transaction_timeout_ms
         self.inspect_hint = inspect_hint
+        self.snapshot_every = snapshot_every
+        self.search_window = search_window
         self._ledger = LedgerTopic(conn, ledger_topic)
         self._states: dict[str, LedgerState] = {}
-        self._position = 0  # ledger offset read so far
-        self._records: list[dict[str, Any]] = []
+        self._names: dict[str, None] = {}  # pipelines with an owner record, in order
+        self._names_position = 0
         self._driver: Any = None  # transactional producer of the current run
         self._driver_pipeline: str | None = None
         self._epoch: int | None = None
         self._opened = False
+        # Offsets the last load of a pipeline read (the snapshot search and the fold), for
+        # the tests and the benchmark.
+        self.last_load: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
@@ -220,8 +400,8 @@ class KafkaLedgerStore(LedgerStore):
     def forget(self) -> None:
         """Drop what was read and the driver's producer (after the topic was emptied)."""
         self._states.clear()
-        self._records.clear()
-        self._position = 0
+        self._names.clear()
+        self._names_position = 0
         self._driver = None
 
     def describe(self) -> str:
@@ -232,37 +412,72 @@ class KafkaLedgerStore(LedgerStore):
 
     # -- the ledger, folded -----------------------------------------------------------
     def refresh(self, pipeline: str) -> LedgerState:
-        """Fold the ledger records written since the last read into every pipeline's state."""
+        """The pipeline's state, with the ledger records written since the last read folded
+        in (loaded from its newest snapshot on the first call)."""
         if not self._opened:
             self.open()
-        self._read_new()
-        if pipeline not in self._states:
-            self._states[pipeline] = LedgerTopic.fold(LedgerState(), pipeline, self._records)
-        return self._states[pipeline]
+        state = self._states.get(pipeline)
+        if state is None:
+            state = self._states[pipeline] = self._load(pipeline)
+        else:
+            self._read_into(pipeline, state)
+        if not state.complete and len(state.entries) > 2 * MEMORY_ENTRIES:
+            del state.entries[:-MEMORY_ENTRIES]  # a long run: memory stays flat too
+        return state
 
-    def _read_new(self) -> None:
-        """Read the ledger records written since the last read; fold them into every
-        pipeline's state read so far."""
-        new, self._position = self._ledger.read(self._position)
-        self._records.extend(new)
-        for name, st in self._states.items():
-            LedgerTopic.fold(st, name, new)
+    def _load(self, pipeline: str) -> LedgerState:
+        """Start from the newest snapshot (none: the log start) and fold what follows."""
+        low, high = self._ledger.watermarks()
+        found = self._ledger.newest_snapshot(
+            pipeline, low, high, window=self.search_window, limit=16 * self.search_window
+        )
+        searched = 0
+        if found is not None:
+            record, offset, searched = found
+            state = LedgerTopic.from_snapshot(pipeline, record, offset)
+            if state.position < low:  # records below the log start are gone: read from 0
+                state = LedgerState(position=low)
+        else:
+            state = LedgerState(position=low)
+        start = state.position
+        self._read_into(pipeline, state)
+        self.last_load[pipeline] = searched + state.position - start
+        return state
+
+    def _read_into(self, pipeline: str, state: LedgerState) -> None:
+        """Fold the records from ``state.position`` to the last stable offset into it."""
+        new, state.position = self._ledger.read(state.position)
+        LedgerTopic.fold(state, pipeline, new)
+
+    def history(self, pipeline: str) -> LedgerState:
+        """The pipeline's state with every entry since the topic's start (reads the whole
+        topic once if the state was loaded from a snapshot; kept up to date after that)."""
+        state = self.refresh(pipeline)
+        if state.complete:
+            return state
+        low, _ = self._ledger.watermarks()
+        full = LedgerState(position=low)
+        self._read_into(pipeline, full)
+        self._states[pipeline] = full
+        return full
 
     def pipelines(self) -> list[str]:
         """Every pipeline that took an epoch in this ledger topic, in the order of their
-        first epoch (reads the records written since the last read)."""
+        first epoch (reads the owner records written since the last call)."""
         if not self._opened:
             self.open()
-        self._read_new()
-        owners = (r.get("pipeline") for r in self._records if r.get("type") == "owner")
-        return [str(name) for name in dict.fromkeys(owners) if name]
+        records, self._names_position = self._ledger.read(self._names_position)
+        for r in records:
+            if r.get("type") == "owner" and r.get("pipeline"):
+                self._names.setdefault(str(r["pipeline"]), None)
+        return list(self._names)
 
     def folded(self, pipeline: str) -> LedgerState:
         """The state as last read (read now if this pipeline was never read)."""
         state = self._states.get(pipeline)
         return state if state is not None else self.refresh(pipeline)
 
-    def _await_visible(self, offset: int) -> None:
+    def _await_visible(self, pipeline: str, offset: int) -> None:
         """Wait until read_committed readers see the ledger up to ``offset``.
 
         The last stable offset moves only once the coordinator has written the
@@ -270,8 +485,7 @@ class KafkaLedgerStore(LedgerStore):
         """
         deadline = time.monotonic() + TIMEOUT_S
         while offset >= 0 and time.monotonic() < deadline:
-            self._read_new()
-            if self._position > offset:
+            if self.refresh(pipeline).position > offset:
                 return
             time.sleep(0.05)
         if offset >= 0:
@@ -279,7 +493,11 @@ class KafkaLedgerStore(LedgerStore):
 
     # -- outside a commit -------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        """Take ``epoch + 1``: fence older runs' producers first, then read, then write."""
+        """Take ``epoch + 1``: fence older runs' producers first, then read, then write.
+
+        The owner record's transaction also holds a snapshot of the state just read (its
+        ``through`` is what was read), so the next start reads from here on.
+        """
         check_pipeline_name(pipeline)
         self._driver = None
         self._driver_producer(pipeline)  # write before read: the fencing write comes first
@@ -294,8 +512,11 @@ class KafkaLedgerStore(LedgerStore):
             "source": source,
             "at": datetime.now(UTC).isoformat(),
         }
+        snapshot = LedgerTopic.snapshot(pipeline, state)
         with self.transaction() as txn:
             self._produce(txn, pipeline, record)
+            if snapshot is not None:
+                self._produce(txn, pipeline, snapshot)
         state = self.refresh(pipeline)
         assert state.owner is not None
         return state.owner
@@ -304,7 +525,8 @@ class KafkaLedgerStore(LedgerStore):
         return self.refresh(pipeline).owner
 
     def entries(self, pipeline: str) -> list[LedgerEntry]:
-        return list(self.refresh(pipeline).entries)
+        """Every entry since the topic's start (see :meth:`history`)."""
+        return list(self.history(pipeline).entries)
 
     def last(self, pipeline: str) -> LedgerEntry | None:
         entries = self.refresh(pipeline).entries
@@ -325,7 +547,7 @@ class KafkaLedgerStore(LedgerStore):
                 txn.producer.commit_transaction(TIMEOUT_S)
             except Exception as exc:
                 raise self._failed(txn.pipeline, txn.producer, exc) from None
-            self._await_visible(txn.written[0] if txn.written else -1)
+            self._await_visible(txn.pipeline, txn.written[0] if txn.written else -1)
 
     def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
         """Step 1: the ledger's newest owner record must carry ``epoch``.
@@ -344,22 +566,27 @@ class KafkaLedgerStore(LedgerStore):
         return entries[-1] if entries else None
 
     def find(self, txn: Any, pipeline: str, ctx: BatchContext) -> LedgerEntry | None:
-        entries = self.folded(pipeline).entries
-        if not ctx.ranges.empty:
-            return next((e for e in reversed(entries) if e.ranges == ctx.ranges), None)
-        if ctx.checkpoint_id is None:
-            return None
-        for e in reversed(entries):
-            if (
-                e.ranges.empty
-                and e.checkpoint_id == ctx.checkpoint_id
-                and e.spark_batch_id == ctx.spark_batch_id
-            ):
-                return e
-        return None
+        """The entry of exactly ``ctx``'s batch, newest first.
+
+        The walk stops where no older entry can match: for a batch with offsets, at an
+        entry that ends at or before the batch's start; for a no-data batch, at an entry
+        behind its position (:func:`behind_end`). When the entries in memory (a snapshot's
+        window) end before that point, the whole history is read (:meth:`history`), so
+        the answer is always the one a read from offset 0 gives.
+        """
+        state = self.folded(pipeline)
+        found, decided = _search(state.entries, ctx)
+        if found is not None or decided or state.complete:
+            return found
+        return _search(self.history(pipeline).entries, ctx)[0]
 
     def record(self, txn: Any, entry: LedgerEntry) -> None:
-        """Step 4: produce the batch record into the driver's open Kafka transaction."""
+        """Step 4: produce the batch record into the driver's open Kafka transaction.
+
+        Once :attr:`snapshot_every` offsets have passed since the pipeline's newest
+        snapshot, a snapshot of the state read at step 1 follows it in the same transaction
+        (the module docstring says why that is exact).
+        """
         record: dict[str, Any] = {
             "type": "batch",
             "pipeline": entry.pipeline,
@@ -375,6 +602,11 @@ class KafkaLedgerStore(LedgerStore):
             "at": entry.committed_at.isoformat(),
         }
         self._produce(txn, entry.pipeline, record)
+        state = self.folded(entry.pipeline)
+        if state.position - max(state.snapshot_at, 0) >= self.snapshot_every:
+            snapshot = LedgerTopic.snapshot(entry.pipeline, state)
+            if snapshot is not None:
+                self._produce(txn, entry.pipeline, snapshot)
 
     # -- the driver's transactional producer -----------------------------------------------
     def _driver_producer(self, pipeline: str) -> Any:
@@ -451,3 +683,29 @@ class KafkaLedgerStore(LedgerStore):
                 self._driver = None
                 return exc
         return None
+
+
+def _search(entries: list[LedgerEntry], ctx: BatchContext) -> tuple[LedgerEntry | None, bool]:
+    """``ctx``'s entry in ``entries`` (newest first), and whether the walk reached a point
+    where no older entry can match (so a longer history would not change the answer)."""
+    if not ctx.ranges.empty:
+        starts = ctx.ranges.starts()
+        for e in reversed(entries):
+            if e.ranges == ctx.ranges:
+                return e, True
+            if all(e.ranges.ends().get(tp, 0) <= start for tp, start in starts.items()):
+                return None, True  # entries this old end before the batch starts
+        return None, False
+    if ctx.checkpoint_id is None:
+        return None, True
+    at = ctx.ranges.ends()
+    for e in reversed(entries):
+        if (
+            e.ranges == ctx.ranges
+            and e.checkpoint_id == ctx.checkpoint_id
+            and e.spark_batch_id == ctx.spark_batch_id
+        ):
+            return e, True
+        if behind_end(e, at):
+            return None, True
+    return None, False

@@ -16,6 +16,30 @@ to a ledger table an older sparkonce created.
 The ledger's newest entry holds the pipeline's resume point: its end offsets.
 Every method takes a connection, so the sink can run the ledger's statements in
 the same transaction as its own rows (steps 1, 2 and 4 of the protocol).
+
+**A long history.** Every statement of a start (the owner row, the newest entry) and of a
+commit reads a bounded number of rows through an index, however many batches the ledger
+holds: the primary key ``(pipeline, seq)`` finds the newest entry and an entry by seq, and
+the index ``sparkonce_ledger_spark_batch`` on ``(pipeline, checkpoint_id, spark_batch_id)``
+finds a no-data batch by its Spark identity (:meth:`SqlLedger.find_no_data_batch`, which
+every new no-data batch asks; without the index it read every row of the pipeline).
+:meth:`SqlLedger.entries` alone reads them all (status, ``sparkonce verify``).
+
+**Pruning** (:meth:`SqlLedger.prune`, and ``SqlSink(ledger_keep=N)``, which prunes in
+every commit's transaction) deletes a pipeline's oldest entries, keeping the newest
+``keep`` (at least 1) and every entry that ends at the ledger's end. Why nothing a run
+asks of the ledger changes:
+
+* the resume point and the stateful flag are the newest entry's, which is kept;
+* a replayed batch is classified against the newest entry's end offsets
+  (:func:`sparkonce.offsets.classify`): a replay of a pruned batch is still recognised
+  as committed and skipped, with no entry to name (``seq`` None in its result);
+* a no-data batch is found by its Spark identity only when it sits exactly at the
+  ledger's end, and every entry that ends there is kept (entries before the newest one
+  behind the end can never equal such a batch: ends only grow along the ledger);
+* the seq chain stays gap-free: pruning removes a prefix, and new entries go on from the
+  newest seq; ``entries`` then starts at the first kept seq;
+* the owner table is not touched, so fencing is unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +55,7 @@ from typing import Any
 
 from sparkonce.config import StoreURL
 from sparkonce.db import Dialect, connect, execute, fetchall, fetchone, write_transaction
-from sparkonce.errors import FencedError
+from sparkonce.errors import ConfigError, FencedError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
 from sparkonce.offsets import BatchRanges, TopicPartition
 
@@ -39,6 +63,13 @@ log = logging.getLogger(__name__)
 
 OWNER_TABLE = "sparkonce_owner"
 LEDGER_TABLE = "sparkonce_ledger"
+SPARK_BATCH_INDEX = "sparkonce_ledger_spark_batch"
+# How a no-data batch is looked up by its Spark identity (through SPARK_BATCH_INDEX).
+NO_DATA_QUERY = (
+    f"SELECT seq, ranges FROM {LEDGER_TABLE} "
+    "WHERE pipeline = %s AND checkpoint_id = %s AND spark_batch_id = %s"
+)
+PRUNE_ROWS = 10_000  # at most this many entries deleted per prune (a commit stays short)
 
 
 class SqlLedger:
@@ -65,6 +96,9 @@ class SqlLedger:
             f" ranges TEXT NOT NULL, epoch {big} NOT NULL, row_count {big} NOT NULL,"
             f" committed_at {ts} NOT NULL, spark_batch_id {big}, checkpoint_id TEXT,"
             f" stateful {flag}, commit_seconds {real}, PRIMARY KEY (pipeline, seq))",
+            # A new no-data batch is looked up by its Spark identity: an index, not a scan.
+            f"CREATE INDEX IF NOT EXISTS {SPARK_BATCH_INDEX} ON {LEDGER_TABLE}"
+            " (pipeline, checkpoint_id, spark_batch_id)",
         ]
         if self.dialect.name == "postgresql":
             # Two first runs may race to create the tables; serialise them.
@@ -139,6 +173,76 @@ class SqlLedger:
         )
         return None if row is None else _entry(pipeline, row)
 
+    def entry(self, conn: Any, pipeline: str, seq: int) -> LedgerEntry | None:
+        """Entry ``seq`` (None: never committed, or pruned)."""
+        row = fetchone(
+            conn,
+            self.dialect,
+            f"SELECT {_COLS} FROM {LEDGER_TABLE} WHERE pipeline = %s AND seq = %s",
+            (pipeline, seq),
+        )
+        return None if row is None else _entry(pipeline, row)
+
+    def prune(self, conn: Any, pipeline: str, keep: int, *, limit: int = PRUNE_ROWS) -> int:
+        """Delete the oldest entries of ``pipeline``, keeping the newest ``keep`` (>= 1) and
+        every entry that ends at the ledger's end (see the module docstring for why that is
+        safe). Deletes at most ``limit`` rows per call; returns how many it deleted.
+
+        Run it inside the commit's transaction (``SqlSink(ledger_keep=...)`` does), or on its
+        own: it changes nothing a run reads, so it needs no epoch.
+        """
+        if not isinstance(keep, int) or keep < 1:
+            raise ConfigError(
+                f"ledger keep must be an integer >= 1 (the newest entry), got {keep!r}"
+            )
+        last = self.last(conn, pipeline)
+        if last is None:
+            return 0
+        cut = min(last.seq - keep + 1, self._first_at_end(conn, pipeline, last))
+        row = fetchone(
+            conn,
+            self.dialect,
+            f"SELECT min(seq) FROM {LEDGER_TABLE} WHERE pipeline = %s",
+            (pipeline,),
+        )
+        first = int(row[0]) if row and row[0] is not None else cut
+        upto = min(cut, first + limit)
+        if upto <= first:
+            return 0
+        execute(
+            conn,
+            self.dialect,
+            f"DELETE FROM {LEDGER_TABLE} WHERE pipeline = %s AND seq < %s",
+            (pipeline, upto),
+        )
+        return upto - first
+
+    def _first_at_end(self, conn: Any, pipeline: str, last: LedgerEntry) -> int:
+        """The seq of the oldest entry in the run of newest entries that end at ``last``'s
+        end offsets (the newest data batch and the no-data batches after it)."""
+        ends = last.end_offsets
+        first, below = last.seq, last.seq
+        while below > 0:
+            rows = fetchall(
+                conn,
+                self.dialect,
+                f"SELECT seq, ranges FROM {LEDGER_TABLE} WHERE pipeline = %s AND seq < %s "
+                "ORDER BY seq DESC LIMIT 100",
+                (pipeline, below),
+            )
+            for seq, text in rows:
+                if any(
+                    end < ends[tp]
+                    for tp, end in BatchRanges.from_json(text).ends().items()
+                    if tp in ends
+                ):
+                    return first
+                first = int(seq)
+            if len(rows) < 100:
+                return first
+            below = first
+        return first
+
     def end_offsets(self, conn: Any, pipeline: str) -> dict[TopicPartition, int]:
         """The resume point: end offsets of the newest ledger entry (empty if none)."""
         last = self.last(conn, pipeline)
@@ -164,13 +268,11 @@ class SqlLedger:
         if checkpoint_id is None:
             return None
         rows = fetchall(
-            conn,
-            self.dialect,
-            f"SELECT seq, ranges FROM {LEDGER_TABLE} WHERE pipeline = %s AND checkpoint_id = %s "
-            "AND spark_batch_id = %s ORDER BY seq DESC",
-            (pipeline, checkpoint_id, spark_batch_id),
+            conn, self.dialect, NO_DATA_QUERY, (pipeline, checkpoint_id, spark_batch_id)
         )
-        for seq, ranges in rows:
+        # Sorted here, not by ORDER BY: SQLite would rather walk the primary key in seq order
+        # (every row of the pipeline) than use the index and sort its few rows.
+        for seq, ranges in sorted(rows, key=lambda r: -int(r[0])):
             if BatchRanges.from_json(ranges).empty:
                 return int(seq)
         return None
@@ -258,10 +360,22 @@ class SqlLedgerStore(LedgerStore):
     ``SELECT ... FOR UPDATE`` locks the owner row). Both are held until step 5.
     """
 
-    def __init__(self, url: StoreURL, dialect: Dialect, *, inspect_hint: str = "") -> None:
+    def __init__(
+        self,
+        url: StoreURL,
+        dialect: Dialect,
+        *,
+        inspect_hint: str = "",
+        keep: int | None = None,
+    ) -> None:
+        """``keep``: prune each pipeline's ledger to its newest ``keep`` entries in every
+        commit's transaction (:meth:`SqlLedger.prune`); None keeps every entry."""
         self.url = url
         self.dialect = dialect
         self.ledger = SqlLedger(dialect, inspect_hint=inspect_hint)
+        if keep is not None and (not isinstance(keep, int) or keep < 1):
+            raise ConfigError(f"ledger_keep must be an integer >= 1 or None, got {keep!r}")
+        self.keep = keep
         self._conn: Any = None
 
     # -- the connection ---------------------------------------------------------------
@@ -361,7 +475,7 @@ class SqlLedgerStore(LedgerStore):
             seq = None if row is None else int(row[0])
         if seq is None:
             return None
-        return next((e for e in self.ledger.entries(txn, pipeline) if e.seq == seq), None)
+        return self.ledger.entry(txn, pipeline, seq)
 
     def record(self, txn: Any, entry: LedgerEntry) -> None:
         self.ledger.record(
@@ -376,3 +490,6 @@ class SqlLedgerStore(LedgerStore):
             stateful=bool(entry.stateful),
             commit_seconds=entry.commit_seconds,
         )
+        if self.keep is not None:
+            # Same transaction as the new entry, which is the newest: it is always kept.
+            self.ledger.prune(txn, entry.pipeline, self.keep)

@@ -36,7 +36,8 @@ The replay (same offsets, from Spark's checkpoint) runs every task again; the
 tasks that find their marker skip, the others write, and step 4 completes the
 batch. The owner epochs and ledger live in the sink's own store: the ledger
 topic ``<topic>.sparkonce-ledger`` (one partition, kept forever), created when
-missing.
+missing. A start reads it from the pipeline's newest snapshot on, not from offset 0
+(:mod:`sparkonce.ledger.kafka_topic`), so it takes the same time after a year of batches.
 
 Limits, stated plainly:
 
@@ -373,6 +374,11 @@ class KafkaSink(Sink, Stager):
     def pipelines(self) -> list[str]:
         self.open()
         return self._store.pipelines()
+
+    def last_entry(self, pipeline: str) -> LedgerEntry | None:
+        """The newest entry, from the pipeline's newest snapshot on (never the whole topic)."""
+        self.open()
+        return self._store.last(pipeline)
 
     def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
         last = self.last_entry(pipeline)

@@ -292,6 +292,11 @@ class SqlSink(Sink, Stager):
     ``"complete"`` every batch replaces the table's content. The sink creates the
     output table from the DataFrame's schema if it is missing, and its own metadata
     tables ``sparkonce_owner`` and ``sparkonce_ledger``.
+
+    ``ledger_keep`` (None: keep every entry): prune each pipeline's ledger to its newest
+    ``ledger_keep`` entries (at least 1) in every commit's transaction, keeping every entry
+    at the ledger's end; replays, resume points and fencing work as before (see
+    :mod:`sparkonce.ledger.sql`). ``sparkonce status`` then shows the kept entries only.
     """
 
     guarantee: ClassVar[Guarantee] = "effectively-once"
@@ -306,6 +311,7 @@ class SqlSink(Sink, Stager):
         mode: WriteMode = "append",
         keys: tuple[str, ...] | list[str] = (),
         latest_by: tuple[str, ...] | list[str] = (),
+        ledger_keep: int | None = None,
     ) -> None:
         self.url = url if isinstance(url, StoreURL) else StoreURL.parse(url)
         if self.scheme and self.url.scheme != self.scheme:
@@ -320,7 +326,10 @@ class SqlSink(Sink, Stager):
         self.output_mode: OutputMode = "append"
         self.dialect: Dialect = dialect_for(self.url)
         self._store = SqlLedgerStore(
-            self.url, self.dialect, inspect_hint=self._status_hint("{pipeline}")
+            self.url,
+            self.dialect,
+            inspect_hint=self._status_hint("{pipeline}"),
+            keep=ledger_keep,
         )
         self._ledger = self._store.ledger
         self._committer: Committer | None = None

@@ -100,7 +100,8 @@ class PostgresTwoPhaseSink(PostgresSink):
     pre-committed rows become visible only through the driver's one transaction with the
     epoch check and the ledger row, and only for the attempts Spark reports successful.
 
-    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` included). In append
+    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` and ``ledger_keep``
+    included). In append
     mode the name ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is
     a table with a primary key on ``keys``. Spark's ``"complete"`` output mode is refused.
     """
@@ -113,8 +114,11 @@ class PostgresTwoPhaseSink(PostgresSink):
         mode: WriteMode = "append",
         keys: tuple[str, ...] | list[str] = (),
         latest_by: tuple[str, ...] | list[str] = (),
+        ledger_keep: int | None = None,
     ) -> None:
-        super().__init__(url, table, mode=mode, keys=keys, latest_by=latest_by)
+        super().__init__(
+            url, table, mode=mode, keys=keys, latest_by=latest_by, ledger_keep=ledger_keep
+        )
         longest = self.table + max(DATA_SUFFIX, STAGE_SUFFIX, key=len)
         if len(longest) > MAX_IDENTIFIER:
             raise ConfigError(
