@@ -217,19 +217,7 @@ class DeltaTable:
             )
         now = jvm.java.lang.Long.valueOf(int(datetime.now(UTC).timestamp() * 1000))
         txn.updateSetTransaction(app, version, jvm.scala.Option.apply(now))
-        none = jvm.scala.Option.empty()
-        save_mode = jvm.org.apache.spark.sql.SaveMode
-        op = jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
-            save_mode.Overwrite if overwrite else save_mode.Append,
-            none,
-            none,
-            none,
-            none,
-            none,
-            none,
-            none,
-            none,
-        )
+        op = self._write_op(overwrite=overwrite)
         with session_conf(self.spark, {USER_METADATA_CONF: metadata}):
             committed = int(txn.commit(actions, op))
         return True, committed
@@ -249,18 +237,39 @@ class DeltaTable:
     def start_transaction(self) -> Any:
         return self.delta_log.startTransaction()
 
+    def _write_op(self, *, overwrite: bool = False) -> Any:
+        """Delta's ``WRITE`` operation (append or overwrite) for a commit's history."""
+        jvm = self.jvm
+        none = jvm.scala.Option.empty()
+        save_mode = jvm.org.apache.spark.sql.SaveMode
+        return jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
+            save_mode.Overwrite if overwrite else save_mode.Append,
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,
+        )
+
     def _commit_set_transaction(self, txn: Any, app: str, version: int, metadata: str) -> bool:
+        """Commit only ``txn(app, version)`` (an epoch), with no data files.
+
+        As a ``WRITE`` (append) of nothing, not Delta's ``MANUAL UPDATE``: measured on Delta
+        4.4.0, a ``MANUAL UPDATE`` commit makes Delta compute the new snapshot's state right
+        after (four Spark jobs, 2-4 s on a small local table), a ``WRITE`` does not (one
+        job, about 1 s). The commit's ``userMetadata`` says it is an epoch commit.
+        """
         jvm = self.jvm
         now = jvm.java.lang.Long.valueOf(int(datetime.now(UTC).timestamp() * 1000))
         txn.updateSetTransaction(app, version, jvm.scala.Option.apply(now))
-        op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$").__getattr__(
-            "MODULE$"
-        )
         no_actions = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
             jvm.java.util.ArrayList()
         ).toSeq()
         with session_conf(self.spark, {USER_METADATA_CONF: metadata}):
-            txn.commit(no_actions, op)
+            txn.commit(no_actions, self._write_op())
         return True
 
     # -- files beside the table ----------------------------------------------------
