@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars and the Delta Lake jars
-# (versions pinned in jars/pom.xml) from Maven Central into the git-ignored jar cache:
+# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars, the Delta Lake jars and
+# the S3A jars (versions pinned in jars/pom.xml) from Maven Central into the git-ignored jar
+# cache:
 #
 #   .cache/jars/broker/       single-node KRaft broker: java -cp '.cache/jars/broker/*' kafka.Kafka
 #   .cache/jars/spark-kafka/  spark-sql-kafka connector + kafka-clients + commons-pool2, for
 #                             spark.jars (nothing that pyspark already ships)
 #   .cache/jars/delta/        delta-spark + delta-storage, for spark.jars (DeltaSink)
+#   .cache/jars/s3/           hadoop-aws + the AWS SDK v2 bundle (about 690 MB, most of the
+#                             download), for spark.jars: s3a:// paths
 #
 # Idempotent: a directory whose stamp file matches the current jars/pom.xml checksum is left
 # alone. Set SPARKONCE_JAR_CACHE to use another cache directory; pass --force to refetch.
@@ -19,7 +22,7 @@ case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
   -h | --help)
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -76,6 +79,7 @@ fetch() {
 fetch broker "$CACHE/broker"
 fetch spark-kafka "$CACHE/spark-kafka"
 fetch delta "$CACHE/delta"
+fetch s3 "$CACHE/s3"
 
 echo "broker jars:      $CACHE/broker   (java -cp '$CACHE/broker/*' kafka.Kafka server.properties)"
 echo "spark-kafka jars: $CACHE/spark-kafka   (spark.jars = $(
@@ -83,4 +87,7 @@ echo "spark-kafka jars: $CACHE/spark-kafka   (spark.jars = $(
 ))"
 echo "delta jars:       $CACHE/delta   (spark.jars = $(
   ls "$CACHE"/delta/*.jar | paste -sd, -
+))"
+echo "s3 jars:          $CACHE/s3   (spark.jars = $(
+  ls "$CACHE"/s3/*.jar | paste -sd, -
 ))"
