@@ -10,6 +10,7 @@ boto3, straight from the server, never through Spark or Hadoop.
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from sparkonce.pipeline.spark import (
     S3_ANALYTICS_ACCELERATOR_VERSION,
     pyspark_hadoop_version,
 )
+from tests.services import s3 as s3_service
 from tests.services.s3 import S3Server
 
 pytestmark = pytest.mark.s3
@@ -56,6 +58,17 @@ def test_boto3_round_trip(s3: S3Server, s3_bucket: str) -> None:
     assert s3.list_keys(s3_bucket, "dir/") == ["dir/a.txt", "dir/b.txt"]
     assert s3.list_keys(s3_bucket) == ["dir/a.txt", "dir/b.txt", "other.txt"]
     assert s3.create_bucket(s3_bucket) == s3_bucket  # our own bucket again: no error
+
+
+def test_start_failure_shows_the_server_log(tmp_path: Path) -> None:
+    """A server that cannot start fails with the end of its own log, not a bare timeout."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind((s3_service.HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError, match=r"(?s)exited with code .*in use"):
+            s3_service.start(tmp_path / "s3", port=port)
+    assert not (tmp_path / "s3" / s3_service.PID_NAME).exists()
 
 
 @pytest.mark.spark
