@@ -28,10 +28,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
 
-# The tests start a throwaway PostgreSQL cluster and a single-node KRaft Kafka broker on
-# 127.0.0.1 themselves (tests/services/); this only makes sure the PostgreSQL binaries and the
-# pinned Kafka jars (Maven Central, cached in .cache/jars) are there, and Debian's Chromium,
-# which the `sparkonce ui` browser tests drive headless (tests/ui).
+# The tests start a throwaway PostgreSQL cluster, a single-node KRaft Kafka broker and an
+# S3-compatible server (moto, from the dev extras) on 127.0.0.1 themselves (tests/services/);
+# this only makes sure the PostgreSQL binaries and the pinned jars (Maven Central, cached in
+# .cache/jars) are there, and Debian's Chromium, which the `sparkonce ui` browser tests drive
+# headless (tests/ui).
 #
 # Two lanes, chosen by the `crash_lane` marker (pyproject.toml); every test is in exactly one:
 #   make test        everything without it: unit, simulation, Spark, PostgreSQL and Kafka
@@ -109,8 +110,8 @@ pg-start: setup
 pg-stop: setup
 	$(PY) -m tests.services.postgres stop .services/postgres
 
-# Pinned Kafka broker, Spark Kafka connector, Delta Lake and PostgreSQL JDBC jars (jars/pom.xml),
-# fetched once.
+# Pinned Kafka broker, Spark Kafka connector, Delta Lake, PostgreSQL JDBC and S3A (hadoop-aws +
+# AWS SDK) jars (jars/pom.xml), fetched once.
 jars:
 	bash scripts/fetch-jars.sh
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars, the Delta Lake jars and the
-# PostgreSQL JDBC driver (versions pinned in jars/pom.xml) from Maven Central into the git-ignored
-# jar cache:
+# Fetch the Apache Kafka broker jars, the Spark Kafka connector jars, the Delta Lake jars, the
+# PostgreSQL JDBC driver and the S3A jars (versions pinned in jars/pom.xml) from Maven Central
+# into the git-ignored jar cache:
 #
 #   .cache/jars/broker/       single-node KRaft broker: java -cp '.cache/jars/broker/*' kafka.Kafka
 #   .cache/jars/spark-kafka/  spark-sql-kafka connector + kafka-clients + commons-pool2, for
@@ -9,6 +9,8 @@
 #   .cache/jars/delta/        delta-spark + delta-storage, for spark.jars (DeltaSink)
 #   .cache/jars/jdbc/         the PostgreSQL JDBC driver, for spark.jars (the JDBC baseline of
 #                             benchmarks/kafka.py only)
+#   .cache/jars/s3/           hadoop-aws + the AWS SDK v2 bundle (about 690 MB, most of the
+#                             download), for spark.jars: s3a:// paths
 #
 # Idempotent: a directory whose stamp file matches the current jars/pom.xml checksum is left
 # alone. Set SPARKONCE_JAR_CACHE to use another cache directory; pass --force to refetch.
@@ -80,6 +82,7 @@ fetch broker "$CACHE/broker"
 fetch spark-kafka "$CACHE/spark-kafka"
 fetch delta "$CACHE/delta"
 fetch jdbc "$CACHE/jdbc"
+fetch s3 "$CACHE/s3"
 
 echo "broker jars:      $CACHE/broker   (java -cp '$CACHE/broker/*' kafka.Kafka server.properties)"
 echo "spark-kafka jars: $CACHE/spark-kafka   (spark.jars = $(
@@ -90,4 +93,7 @@ echo "delta jars:       $CACHE/delta   (spark.jars = $(
 ))"
 echo "jdbc jars:        $CACHE/jdbc   (spark.jars = $(
   ls "$CACHE"/jdbc/*.jar | paste -sd, -
+))"
+echo "s3 jars:          $CACHE/s3   (spark.jars = $(
+  ls "$CACHE"/s3/*.jar | paste -sd, -
 ))"

@@ -1,8 +1,10 @@
-"""Shared fixtures: one local[2] SparkSession per test run, and a real PostgreSQL server.
+"""Shared fixtures: one local[2] SparkSession per test run, and real servers.
 
 The PostgreSQL server is a throwaway cluster on 127.0.0.1 started by
-``tests/services/postgres.py`` (installed by ``scripts/ensure-postgres.sh``);
-tests never skip because it is missing: they fail.
+``tests/services/postgres.py`` (installed by ``scripts/ensure-postgres.sh``), the Kafka
+broker comes from ``tests/services/kafka.py`` and the S3-compatible server (moto) from
+``tests/services/s3.py``; tests never skip because one is missing or fails to start:
+they fail.
 
 Test lanes: ``make test`` runs ``-m "not crash_lane"`` and ``make test-crash`` runs
 ``-m crash_lane``, so every test is in exactly one lane. A crash test that stays in
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
     from tests.services.kafka import KafkaBroker
     from tests.services.postgres import PostgresServer
+    from tests.services.s3 import S3Server
 
 _db_counter = itertools.count()
 
@@ -126,12 +129,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from sparkonce.pipeline.spark import build_session, merge_spark_conf
+    from sparkonce.pipeline.spark import build_session, merge_spark_conf, s3_jars
     from sparkonce.sinks.delta import delta_jars, delta_spark_conf
     from sparkonce.sources.spark_kafka import spark_kafka_jars
 
-    # With Delta Lake and Spark's Kafka connector (their jars are fetched by `make jars`),
-    # for DeltaSink and SparkKafkaSource.
+    # With Delta Lake, Spark's Kafka connector and Hadoop's S3A filesystem (their jars are
+    # fetched by `make jars`), for DeltaSink, SparkKafkaSource and s3a:// paths. The s3a
+    # endpoint is set later, by the `s3_spark` fixture, once the S3 server runs.
     assert delta_jars(), "the Delta jars are missing: run scripts/fetch-jars.sh (make jars)"
     kafka_jars = spark_kafka_jars()
     assert kafka_jars, "the Spark Kafka connector jars are missing: run make jars"
@@ -139,7 +143,7 @@ def spark() -> Iterator[SparkSession]:
         master="local[2]",
         app_name="sparkonce-tests",
         shuffle_partitions=2,
-        conf=merge_spark_conf(delta_spark_conf(), {"spark.jars": ",".join(kafka_jars)}),
+        conf=merge_spark_conf(delta_spark_conf(), {"spark.jars": ",".join(kafka_jars + s3_jars())}),
     )
     yield session
     session.stop()
@@ -176,6 +180,37 @@ def kafka_broker() -> Iterator[KafkaBroker]:
         yield from session_broker(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """The session's S3-compatible server: moto's standalone server (tests/services/s3.py).
+
+    Started on first use and stopped at the end of the run; tests fail, never skip, if it
+    cannot start. Buckets live in the server's memory, so each test makes its own.
+    """
+    from tests.services.s3 import session_server
+
+    root = Path(tempfile.mkdtemp(prefix="sparkonce-test-s3-"))
+    try:
+        yield from session_server(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_spark(spark: SparkSession, s3: S3Server) -> SparkSession:
+    """The shared SparkSession with ``s3a://`` paths pointed at the session's S3 server."""
+    from tests.services.s3 import apply_s3a_settings
+
+    apply_s3a_settings(spark, s3)
+    return spark
+
+
+@pytest.fixture
+def s3_bucket(s3: S3Server) -> str:
+    """A fresh, empty bucket on the session's S3 server."""
+    return s3.create_bucket(f"t{os.getpid()}-{next(_db_counter)}")
 
 
 @pytest.fixture

@@ -337,7 +337,7 @@ def filesystem_conf(loc: str) -> dict[str, str]:
     kind = FETCHED_SCHEMES.get(scheme(loc))
     if kind is None:
         return {}
-    from sparkonce.pipeline.spark import cached_jars
+    from sparkonce.pipeline.spark import S3_JARS, S3_JARS_ENV, cached_jars
 
-    jars = cached_jars(kind, f"SPARKONCE_{kind.upper()}_JARS", required_prefix="hadoop-aws")
+    jars = cached_jars(kind, S3_JARS_ENV, names=S3_JARS)
     return {"spark.jars": ",".join(jars)} if jars else {}
