@@ -101,6 +101,11 @@ class SqlLedger:
             " (pipeline, checkpoint_id, spark_batch_id)",
         ]
         if self.dialect.name == "postgresql":
+            if self._pg_schema_complete(conn, added):
+                # Nothing to do, and no DDL: even with IF NOT EXISTS, CREATE INDEX and ALTER
+                # TABLE lock the ledger table first, and a sink opening while other runs
+                # commit into the same database then deadlocks with their transactions.
+                return
             # Two first runs may race to create the tables; serialise them.
             with write_transaction(conn, self.dialect):
                 conn.execute("SELECT pg_advisory_xact_lock(727274)")
@@ -117,6 +122,27 @@ class SqlLedger:
             for name, kind in added.items():
                 if name not in columns:  # a ledger written by an older sparkonce
                     conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN {name} {kind}")
+
+    def _pg_schema_complete(self, conn: Any, added: dict[str, str]) -> bool:
+        """Whether PostgreSQL has both tables, the index and every added column (catalog
+        reads only: no table lock)."""
+        with write_transaction(conn, self.dialect):
+            row = fetchone(
+                conn,
+                self.dialect,
+                "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
+                (OWNER_TABLE, LEDGER_TABLE, SPARK_BATCH_INDEX),
+            )
+            if row is None or any(v is None for v in row):
+                return False
+            columns = fetchall(
+                conn,
+                self.dialect,
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = %s AND table_schema = current_schema()",
+                (LEDGER_TABLE,),
+            )
+        return set(added) <= {str(c[0]) for c in columns}
 
     # -- owner epochs ---------------------------------------------------------
     def acquire(self, conn: Any, pipeline: str, source: str | None = None) -> Owner:
