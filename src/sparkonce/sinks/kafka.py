@@ -164,15 +164,27 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
             ("fenced", pa.bool_()),
         ]
     )
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        errors.append(str(err))
+
     producer = Producer(
-        plan.conn.client_config(
-            transactional_id=_transactional_id(plan.pipeline, plan.topic, pid),
-            transaction_timeout_ms=plan.transaction_timeout_ms,
-            enable_idempotence=True,
-            acks="all",
-            partitioner="murmur2_random",
-            linger_ms=20,
-        )
+        {
+            **plan.conn.client_config(
+                transactional_id=_transactional_id(plan.pipeline, plan.topic, pid),
+                transaction_timeout_ms=plan.transaction_timeout_ms,
+                enable_idempotence=True,
+                acks="all",
+                partitioner="murmur2_random",
+                linger_ms=20,
+            ),
+            # Reports of failed deliveries only: a Python call per delivered record cost
+            # about a third of this task's CPU per record (measured on 400k records). A
+            # failed record also fails commit_transaction, whatever is reported.
+            "delivery.report.only.error": True,
+            "on_delivery": on_delivery,
+        }
     )
     # Bump the producer epoch first: any zombie attempt of this task is fenced from here on,
     # and its open transaction aborted (take over by writing before reading).
@@ -206,32 +218,33 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         )
         return
 
-    errors: list[str] = []
-
-    def on_delivery(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
-
     producer.begin_transaction()
     rows = 0
+    produce, topic = producer.produce, plan.topic
     for rb in batches:
         cols = rb.to_pydict()
         values = cols["value"]
-        keys = cols.get("key") if plan.key_column else None
-        parts = cols.get("partition") if plan.partition_column else None
-        for i, v in enumerate(values):
-            kwargs: dict[str, Any] = {"value": v, "on_delivery": on_delivery}
-            if keys is not None and keys[i] is not None:
-                kwargs["key"] = keys[i]
-            if parts is not None and parts[i] is not None:
-                kwargs["partition"] = int(parts[i])
-            while True:
+        n = len(values)
+        keys = cols["key"] if plan.key_column else [None] * n
+        # -1: librdkafka's "no partition given", so the partitioner picks it.
+        parts = (
+            [-1 if p is None else int(p) for p in cols["partition"]]
+            if plan.partition_column
+            else None
+        )
+        if parts is None:
+            for v, k in zip(values, keys, strict=True):
                 try:
-                    producer.produce(plan.topic, **kwargs)
-                    break
+                    produce(topic, v, k)
+                except BufferError:  # the local queue is full: deliver some, then again
+                    _produce_when_room(producer, topic, v, k, -1)
+        else:
+            for v, k, part in zip(values, keys, parts, strict=True):
+                try:
+                    produce(topic, v, k, part)
                 except BufferError:
-                    producer.poll(0.05)
-            rows += 1
+                    _produce_when_room(producer, topic, v, k, part)
+        rows += n
         producer.poll(0)
     marker = {
         "type": "marker",
@@ -251,7 +264,6 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         key=f"m:{plan.pipeline}:{pid}",
         value=json.dumps(marker),
         partition=0,
-        on_delivery=on_delivery,
     )
     producer.flush(TIMEOUT_S)
     if errors:
@@ -265,6 +277,16 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pylist(
         [{"partition": pid, "rows": rows, "skipped": False, "fenced": False}], out_schema
     )
+
+
+def _produce_when_room(producer: Any, topic: str, value: Any, key: Any, partition: int) -> None:
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(topic, value, key, partition)
+            return
+        except BufferError:
+            continue
 
 
 def _describe_batch(ranges: BatchRanges, who: Any) -> str:
