@@ -189,3 +189,33 @@ def test_checkpoint_deleted_resumes_from_ledger(
     assert report.resumed_from == "ledger"
     values = Counter(int(r["value"].split(":")[0]) for r in inspector_for(sink, fresh=True).rows())
     assert sorted(values) == list(range(1, 601)) and set(values.values()) == {1}
+
+
+def test_a_record_the_broker_refuses_fails_the_batch_with_nothing_visible(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], kafka_broker, out_topic
+) -> None:
+    """Delivery reports come only for failures (one Python call per record otherwise): a
+    record the broker rejects must still fail its task, abort its transaction and say so."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = kafka_broker.admin()
+    small = ConfigEntry("max.message.bytes", "300", incremental_operation=AlterConfigOpType.SET)
+    res = ConfigResource("topic", out_topic, incremental_configs=[small])
+    for f in admin.incremental_alter_configs([res]).values():
+        f.result()
+    log_dir = make_log(60)
+    sink = KafkaSink(kafka_broker.bootstrap, out_topic)
+    p = Pipeline(
+        name="k1",
+        source=EmbeddedLogSource(log_dir, "events"),
+        sink=sink,
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: as_records(df).select(
+            "key", F.concat(F.col("value"), F.lit("x" * 1000)).alias("value")
+        ),
+    )
+    with pytest.raises(Exception) as failed:
+        run_pipeline(p, spark)
+    assert "could not write" in str(failed.value) and "too large" in str(failed.value).lower()
+    assert inspector_for(sink, fresh=True).rows() == []
+    assert inspector_for(sink).fresh().ledger("k1") == []
