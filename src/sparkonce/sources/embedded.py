@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import ConfigError
+from sparkonce.errors import ConfigError, SourceError, TopicNotFoundError
 from sparkonce.log.storage import Topic, validate_topic_name
 from sparkonce.offsets import OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
@@ -185,6 +186,28 @@ class RangePartition(InputPartition):
         self.end = end
 
 
+def _not_this_machine(part: RangePartition) -> str:
+    import socket
+
+    return (
+        f"This task ran on host {socket.gethostname()!r}. The embedded log is a SQLite file "
+        "read by the machine that holds it: on a cluster, every executor must see the same "
+        f"file at {part.path} (executors on the driver's machine, or a filesystem mounted at "
+        "that path on every node); otherwise read from Kafka (KafkaSource)"
+    )
+
+
+@contextmanager
+def _open_on_executor(part: RangePartition) -> Iterator[Topic]:
+    """The topic, opened where this task runs; a clear error when it is not there."""
+    try:
+        topic = Topic(Path(part.path), part.topic)
+    except TopicNotFoundError as exc:
+        raise SourceError(f"{exc}. {_not_this_machine(part)}") from None
+    with topic:
+        yield topic
+
+
 def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
     import pyarrow as pa
 
@@ -200,7 +223,7 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
         ]
     )
     fail_at = injected_failure_offset(part.topic, part.partition, part.start, part.end)
-    with Topic(Path(part.path), part.topic) as t:
+    with _open_on_executor(part) as t:
         lo = part.start
         while lo < part.end:
             if fail_at is not None and lo >= fail_at:
@@ -215,7 +238,10 @@ def _arrow_batches(part: RangePartition, chunk: int = 50_000) -> Iterator[Any]:
             hi = min(part.end, lo + chunk)
             if fail_at is not None and lo < fail_at:
                 hi = min(hi, fail_at)
-            cols = t.read_columns(part.partition, lo, hi)
+            try:
+                cols = t.read_columns(part.partition, lo, hi)
+            except SourceError as exc:
+                raise SourceError(f"{exc}. {_not_this_machine(part)}") from None
             n = hi - lo
             yield pa.RecordBatch.from_arrays(
                 [
