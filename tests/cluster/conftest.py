@@ -114,6 +114,20 @@ class ClusterDriver:
 StartDriver = Callable[..., ClusterDriver]
 
 
+def sparkonce_run(pipeline_file: Path, cluster: SparkCluster, spark_log: Path) -> list[str]:
+    """The arguments of ``python -m sparkonce run FILE`` on ``cluster``."""
+    return [
+        "-m",
+        "sparkonce",
+        "run",
+        str(pipeline_file),
+        "--master",
+        cluster.master_url,
+        "--log-file",
+        str(spark_log),
+    ]
+
+
 @pytest.fixture
 def start_driver(
     spark_cluster: SparkCluster, executor_archive: Path, driver_dir: Path, tmp_path: Path

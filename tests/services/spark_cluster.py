@@ -3,9 +3,10 @@
 :class:`SparkCluster` runs one master and some workers (two by default, one core each) from
 the Spark that pip installed with PySpark (``SPARK_HOME`` is the ``pyspark`` package
 directory, whose ``bin/spark-class`` starts them). Each daemon gets free ports, a process
-group of its own (so a worker's executors and their Python workers die with it, as on a
-machine that fails) and a log file; startup waits until the master's JSON page lists every
-worker ALIVE. Everything lives in one directory::
+group of its own (a worker's executors join it) and a log file; startup waits until the
+master's JSON page lists every worker ALIVE. :meth:`SparkCluster.kill_worker` takes a
+worker down as a failing machine would: its JVM, its executors and their Python workers at
+once. Everything lives in one directory::
 
     ROOT/master.log              the master's output (Spark logs to stderr)
     ROOT/worker-N.log            worker N's output; N counts up, replacements get new numbers
@@ -150,6 +151,22 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     # "pid (comm) S ppid pgrp ...": comm may hold spaces, so split after the last ')'.
     fields = text.rsplit(")", 1)[1].split()
     return fields[0], int(fields[1]), int(fields[2])
+
+
+def _cwd(pid: int) -> pathlib.Path | None:
+    try:
+        return pathlib.Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+def _describe(pid: int) -> str:
+    """A process's command line, short: a JVM by its main class and what follows."""
+    args = _cmdline(pid)
+    main = next((i for i, a in enumerate(args) if a.startswith("org.apache.spark.")), None)
+    if main is not None:
+        args = ["java", *args[main:]]
+    return " ".join(args)[:200]
 
 
 def _pids() -> Iterator[int]:
@@ -372,8 +389,9 @@ class SparkCluster:
         return "\n".join(parts)
 
     def close(self) -> None:
-        """Stop every worker, then the master: SIGTERM to each process group, SIGKILL after
-        :data:`STOP_TIMEOUT_S`. Their executors and Python workers are in those groups."""
+        """Stop every worker and the master (SIGTERM to each process group: a worker stops
+        its executors), then SIGKILL whatever of the cluster is left after
+        :data:`STOP_TIMEOUT_S` (see :meth:`processes`)."""
         procs = [w.proc for w in self.workers]
         if self.master is not None:
             procs.append(self.master)
@@ -385,17 +403,17 @@ class SparkCluster:
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.0, deadline - time.monotonic()))
-        # Whatever is left in the groups (an executor slow to stop, a stopped worker's
-        # orphans) goes now.
-        for group in self._groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+        # Whatever is left (an executor slow to stop, a Python daemon that has not yet seen
+        # its executor go) goes now.
+        deadline = time.monotonic() + 10
+        while (left := self._members(self.root, self._groups)) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-        deadline = time.monotonic() + 10
-        while self.processes() and time.monotonic() < deadline:
-            time.sleep(0.1)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -441,49 +459,59 @@ class SparkCluster:
         return out
 
     def worker_of(self, pid: int) -> Worker | None:
-        """The worker whose process group ``pid`` (an executor, or one of its Python
-        workers) belongs to."""
-        state = _stat(pid)
-        if state is None:
+        """The worker that ``pid`` (an executor, or one of its Python workers) runs under,
+        from its working directory (executors and their Python workers run in
+        ``WORKDIR/APP_ID/EXECUTOR_ID``)."""
+        cwd = _cwd(pid)
+        if cwd is None:
             return None
-        return next((w for w in self.workers if w.pid == state[2]), None)
+        return next((w for w in self.workers if cwd.is_relative_to(w.workdir)), None)
 
     def processes(self) -> list[tuple[int, str]]:
         """Every live process this cluster started (daemons, executors, their Python
         workers), as (pid, command line): empty once :meth:`close` is done."""
-        return [
-            (pid, " ".join(_cmdline(pid))[:200])
-            for group in sorted(self._groups)
-            for pid in self._group_members(group)
-        ]
+        return [(pid, _describe(pid)) for pid in self._members(self.root, self._groups)]
+
+    def _members(self, root: pathlib.Path, groups: set[int]) -> list[int]:
+        """Live processes in ``groups``, their descendants, and any process working under
+        ``root``. PySpark's daemon (an executor's Python workers' parent) moves itself
+        into a process group of its own, and outlives its executor for a moment when
+        that dies: the tree and the working directory find it either way."""
+        table = {pid: st for pid in _pids() if (st := _stat(pid)) is not None and st[0] != "Z"}
+        found = {pid for pid, (_, _, group) in table.items() if group in groups}
+        found |= {pid for pid in table if (cwd := _cwd(pid)) and cwd.is_relative_to(root)}
+        children: dict[int, list[int]] = {}
+        for pid, (_, parent, _) in table.items():
+            children.setdefault(parent, []).append(pid)
+        todo = list(found)
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+        return sorted(found)
 
     # -- faults ----------------------------------------------------------------------------------
 
     def kill_worker(self, index: int) -> list[int]:
-        """SIGKILL worker ``index`` like a machine that dies: its JVM and its whole process
-        group (its executors and their Python workers) at once. Returns the pids killed."""
+        """SIGKILL worker ``index`` like a machine that dies: its JVM, its executors and
+        their Python workers, all at once. Returns the pids killed."""
         worker = self.workers[index]
-        killed = self._group_members(worker.pid)
         self._killed.add(index)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
+        killed = self._members(worker.workdir, {worker.pid})
+        for pid in killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         worker.proc.wait(30)
         deadline = time.monotonic() + 30
-        while self._group_members(worker.pid):
+        while left := self._members(worker.workdir, {worker.pid}):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {index}'s processes outlived SIGKILL: {killed}")
+                raise RuntimeError(f"worker {index}'s processes outlived SIGKILL: {left}")
+            for pid in left:  # anything forked meanwhile
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
         return killed
-
-    @staticmethod
-    def _group_members(group: int) -> list[int]:
-        """Live (not zombie) processes of process group ``group``."""
-        out = []
-        for pid in _pids():
-            state = _stat(pid)
-            if state is not None and state[0] != "Z" and state[2] == group:
-                out.append(pid)
-        return out
 
 
 # --- the executors' Python environment ----------------------------------------------------------
