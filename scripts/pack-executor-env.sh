@@ -14,9 +14,9 @@
 # ($SPARK_HOME/python/lib/pyspark.zip and py4j-*.zip on PYTHONPATH), which is also what
 # keeps the Python side and the JVM side of Spark at one version.
 #
-# The archive is named by a hash of what goes into it (this script, pyproject.toml, README.md,
-# every file under src/, the interpreter's version and the extras), so it is rebuilt
-# exactly when one of them changes; older archives in OUT_DIR are removed.
+# The archive is named by a hash of what goes into it (this script, pyproject.toml, every
+# file under src/, the interpreter's version and the extras), so it is rebuilt exactly when
+# one of them changes; older archives in OUT_DIR are removed.
 #
 # venv-pack does not pack the interpreter: the archive's bin/python is a symlink to the
 # interpreter the environment was made from (PYTHON, default: the one behind .venv, else
@@ -67,7 +67,10 @@ key="$(
   {
     sha256sum "$SCRIPT" | cut -d' ' -f1
     echo "python $py_version extras $EXTRAS"
-    (cd "$WORK/src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    # README.md is copied only because the build reads it (the package's description):
+    # editing it changes nothing an executor runs, so it is not part of the key.
+    (cd "$WORK/src" && find . -type f ! -path ./README.md -print0 | LC_ALL=C sort -z \
+      | xargs -0 sha256sum)
   } | sha256sum | cut -c1-16
 )"
 ARCHIVE="$OUT_DIR/sparkonce-executor-env-$key.tar.gz"
