@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.services.spark_cluster import (
+    ENV_PYTHON,
     SparkCluster,
     client_settings,
     driver_environment,
@@ -133,9 +134,10 @@ def start_driver(
     spark_cluster: SparkCluster, executor_archive: Path, driver_dir: Path, tmp_path: Path
 ) -> Iterator[StartDriver]:
     """``start_driver(args, name, settings=..., env=...)`` starts ``python ARGS...`` as a
-    driver on the cluster: in ``driver_dir``, with the cluster's client settings (plus
-    ``settings``) in a ``spark-defaults.conf`` of its own and ``env`` added. Drivers still
-    running at teardown are killed with their process group."""
+    driver on the cluster: in ``driver_dir`` (or ``cwd``), with the cluster's client
+    settings (plus ``settings``) in a ``spark-defaults.conf`` of its own, ``PYSPARK_PYTHON``
+    set to ``python`` (None: not set) and ``env`` added. Drivers still running at teardown
+    are killed with their process group."""
     started: list[ClusterDriver] = []
 
     def start(
@@ -143,16 +145,18 @@ def start_driver(
         name: str = "driver",
         settings: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        python: str | None = ENV_PYTHON,
     ) -> ClusterDriver:
         conf = {**client_settings(spark_cluster, executor_archive), **(settings or {})}
-        environment = driver_environment(tmp_path / f"{name}-conf", conf)
+        environment = driver_environment(tmp_path / f"{name}-conf", conf, python)
         # The driver runs this checkout's sparkonce, as the archive does (the virtualenv's
         # editable install may point at another checkout).
         paths = [str(REPO / "src"), *(env or {}).get("PYTHONPATH", "").split(os.pathsep)]
         environment.update(env or {})
         environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         driver = ClusterDriver(
-            [sys.executable, *args], tmp_path / f"{name}.log", driver_dir, environment
+            [sys.executable, *args], tmp_path / f"{name}.log", cwd or driver_dir, environment
         )
         started.append(driver)
         return driver

@@ -1,10 +1,13 @@
-"""A driver program for tests/cluster/test_session.py: ``python probe.py MASTER OUT RELEASE``.
+"""A driver program for tests/cluster/test_session.py:
+``python probe.py MASTER OUT RELEASE [LOG_DIR]``.
 
 It builds its session as ``sparkonce run`` does (:func:`sparkonce.build_session`, so the
 environment's ``PYSPARK_PYTHON`` and ``SPARK_CONF_DIR`` apply), runs a Python UDF in
 ``TASKS`` tasks, and writes what each task saw, with the driver's own facts, to OUT as
-JSON. It then keeps the session (and so the executors) alive until the file RELEASE
-appears, so that the test can look at the executor processes, and stops.
+JSON. With LOG_DIR it also counts the records of the embedded log's topic ``events`` there
+(``log_rows``), or records why it could not (``log_error``). It then keeps the session (and
+so the executors) alive until the file RELEASE appears, so that the test can look at the
+executor processes, and stops.
 
 It runs as a process of its own: a session on the cluster cannot share a process with the
 tests' ``local[2]`` one. Only PySpark and sparkonce are imported, no test module.
@@ -58,7 +61,17 @@ def task_facts(_row_id: int) -> str:
     )
 
 
-def main(master: str, out: Path, release: Path) -> None:
+def count_log(spark: Any, log_dir: Path) -> dict[str, Any]:
+    """The embedded log's records counted through sparkonce's source, or the error."""
+    from sparkonce import EmbeddedLogSource
+
+    try:
+        return {"log_rows": EmbeddedLogSource(log_dir, "events").read_all(spark).count()}
+    except Exception as exc:  # reported to the test, which decides
+        return {"log_error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
+def main(master: str, out: Path, release: Path, log_dir: Path | None) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -77,6 +90,8 @@ def main(master: str, out: Path, release: Path) -> None:
         "python_exec": sc.pythonExec,
         "tasks": [json.loads(r.facts) for r in rows],
     }
+    if log_dir is not None:
+        result.update(count_log(spark, log_dir))
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.rename(out)
@@ -87,4 +102,9 @@ def main(master: str, out: Path, release: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))
+    main(
+        sys.argv[1],
+        Path(sys.argv[2]),
+        Path(sys.argv[3]),
+        Path(sys.argv[4]) if sys.argv[4:] else None,
+    )

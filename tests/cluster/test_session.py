@@ -3,7 +3,7 @@ executors in JVMs of their own, on both workers.
 
 tests/cluster/probe.py is the driver: it runs a Python UDF in 8 tasks and reports what each
 task saw. The driver process itself runs the tests' virtualenv; only its Python workers and
-the executors' use the archive.
+the executors' use the archive. The second test shows two set-ups that do not ship it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +75,57 @@ def test_udf_runs_the_shipped_environment_on_both_workers(
     assert task_executors == {pid for pids in executors.values() for pid in pids}
     assert result["driver_jvm_pid"] not in task_executors
     assert result["driver_pid"] not in {t["pid"] for t in tasks}
+
+
+def _probe(
+    start_driver: StartDriver, cluster: SparkCluster, directory: Path, name: str, **options: Any
+) -> dict[str, Any]:
+    """Run the probe to its end (released at once); its result."""
+    out, release = directory / f"{name}.json", directory / f"{name}.release"
+    release.touch()
+    args = [str(PROBE), cluster.master_url, str(out), str(release)]
+    if "log_dir" in options:
+        args.append(str(options.pop("log_dir")))
+    driver = start_driver(args, name=name, **options)
+    assert driver.wait() == 0, driver.tail()
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_settings_that_do_not_ship_the_environment(
+    spark_cluster: SparkCluster,
+    start_driver: StartDriver,
+    make_log: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    """Two set-ups that look right, for a driver started from Python in client mode.
+
+    1. ``spark.pyspark.python`` and ``spark.executorEnv.PYSPARK_PYTHON`` name the archive's
+       interpreter, but the driver's environment has no ``PYSPARK_PYTHON``: Spark reads
+       neither setting on this path, and the executors run the driver's own interpreter
+       (:func:`sparkonce.build_session` sets ``PYSPARK_PYTHON`` to it). The archive is
+       shipped and unpacked, and nothing uses it.
+    2. ``PYSPARK_PYTHON=./environment/bin/python``, but the driver runs in a directory
+       without ``./environment``: a UDF runs on the executors in the archive, and
+       sparkonce's source fails on the driver, whose JVM starts the source's planning
+       workers with that same relative path.
+    """
+    relative = {
+        "spark.pyspark.python": ENV_PYTHON,
+        "spark.executorEnv.PYSPARK_PYTHON": ENV_PYTHON,
+    }
+    ignored = _probe(
+        start_driver, spark_cluster, tmp_path, "settings-only", settings=relative, python=None
+    )
+    assert ignored["python_exec"] == sys.executable
+    assert {t["executable"] for t in ignored["tasks"]} == {sys.executable}, ignored["tasks"]
+
+    elsewhere = tmp_path / "no-environment-here"
+    elsewhere.mkdir()
+    log_dir = make_log(30, partitions=3)
+    no_env = _probe(
+        start_driver, spark_cluster, tmp_path, "driver-without-env", cwd=elsewhere, log_dir=log_dir
+    )
+    assert all(t["executable"].endswith(f"/{ENV_NAME}/bin/python") for t in no_env["tasks"])
+    assert "log_rows" not in no_env, no_env
+    assert f'Cannot run program "{ENV_PYTHON}"' in no_env["log_error"], no_env["log_error"]

@@ -26,14 +26,14 @@ process's ``PYSPARK_PYTHON``: PySpark stores it in every Python function it send
 JVM, and every Python worker of that function, on an executor or on the driver, is started
 with it. Spark's ``spark.pyspark.python`` and ``spark.executorEnv.PYSPARK_PYTHON`` are not
 read on this path (a driver started from Python, not by ``spark-submit app.py``): with
-only them, executors run the driver's interpreter (tests/cluster checks that they
-did not). Because the path is relative, the driver's side needs an ``environment`` too:
-Spark runs the planning half of a Python data source (sparkonce's sources find their
-offsets and plan a batch's ranges there) in Python workers that the *driver's* JVM starts
-with the same ``./environment/bin/python``, relative to the driver's working directory. So
-a driver in client mode runs in a directory where the same archive is unpacked
-(:func:`unpack_environment`); its own process keeps whatever interpreter started it.
-:func:`client_settings` and :func:`driver_environment` give the rest.
+only them, executors run the driver's interpreter. Because the path is relative, the
+driver's side needs an ``environment`` too: Spark runs the planning half of a Python data
+source (sparkonce's sources find their offsets and plan a batch's ranges there) in Python
+workers that the *driver's* JVM starts with the same ``./environment/bin/python``,
+relative to the driver's working directory. So a driver in client mode runs in a
+directory where the same archive is unpacked (:func:`unpack_environment`); its own process
+keeps whatever interpreter started it. tests/cluster/test_session.py shows both set-ups
+that fall short. :func:`client_settings` and :func:`driver_environment` give the rest.
 
 On a real cluster the archive works the same way as long as every node has the
 interpreter its ``bin/python`` links to at the same path (see the script for
@@ -568,18 +568,23 @@ def client_settings(cluster: SparkCluster, archive: pathlib.Path) -> dict[str, s
 
 
 def driver_environment(
-    conf_dir: pathlib.Path, settings: Mapping[str, str], python: str = ENV_PYTHON
+    conf_dir: pathlib.Path, settings: Mapping[str, str], python: str | None = ENV_PYTHON
 ) -> dict[str, str]:
     """The environment of a driver process (``sparkonce run``, or any PySpark program) using
     ``settings``: they go to ``conf_dir/spark-defaults.conf``, which ``spark-submit`` reads
     through ``SPARK_CONF_DIR`` (as a cluster's own ``conf/`` would hold them), and
-    ``PYSPARK_PYTHON`` is the executors' interpreter (see the module docstring)."""
+    ``PYSPARK_PYTHON`` is the executors' interpreter (see the module docstring; None leaves
+    it unset, and :func:`sparkonce.build_session` then sets it to the driver's own)."""
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "spark-defaults.conf").write_text(
         "".join(f"{key} {value}\n" for key, value in settings.items())
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS",)}
-    env.update(SPARK_CONF_DIR=str(conf_dir), PYSPARK_PYTHON=python, SPARK_LOCAL_IP=HOST)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS", "PYSPARK_PYTHON")
+    }
+    env.update(SPARK_CONF_DIR=str(conf_dir), SPARK_LOCAL_IP=HOST)
+    if python is not None:
+        env["PYSPARK_PYTHON"] = python
     return env
 
 
