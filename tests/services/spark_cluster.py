@@ -272,7 +272,10 @@ class SparkCluster:
             # A taken port fails the start (and it is retried with fresh ones) instead of
             # Spark moving to the next port, which this class would not know about.
             SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0 -Dspark.worker.timeout=15",
-            SPARK_WORKER_OPTS="-Dspark.port.maxRetries=0",
+            # Each application's work dir holds the unpacked archive (about 370 MB per
+            # executor): a finished application's goes a minute after its last file.
+            SPARK_WORKER_OPTS="-Dspark.port.maxRetries=0 -Dspark.worker.cleanup.enabled=true "
+            "-Dspark.worker.cleanup.interval=60 -Dspark.worker.cleanup.appDataTtl=60",
         )
         return env
 
