@@ -33,7 +33,8 @@ from tests.services.s3 import S3Server
 
 pytestmark = pytest.mark.s3
 
-FAMILIES = ["sqlite", "postgres", "postgres-2pc", "kafka", "delta"]
+# "delta-s3": the Delta table itself in the bucket too (its log, data files and ledger files).
+FAMILIES = ["sqlite", "postgres", "postgres-2pc", "kafka", "delta", "delta-s3"]
 
 
 def values(df: DataFrame) -> DataFrame:
@@ -85,6 +86,9 @@ def last_commit(s3: S3Server, bucket: str, prefix: str) -> int:
 @pytest.fixture
 def sink_of(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str, str], Any]:
     def make(family: str, table: str) -> Any:
+        if family == "delta-s3":
+            bucket = request.getfixturevalue("s3_bucket")
+            return DeltaSink(f"s3a://{bucket}/tables", table=table)
         if family == "sqlite":
             return sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", table)
         if family == "kafka":
@@ -124,6 +128,10 @@ def test_each_sink_family_with_its_checkpoint_on_s3(
     # Spark wrote its checkpoint into the bucket.
     keys = set(s3.list_keys(s3_bucket, "ck/"))
     assert {"ck/metadata", "ck/offsets/0", f"ck/offsets/{n - 1}", f"ck/commits/{n - 1}"} <= keys
+    if family == "delta-s3":
+        table = s3.list_keys(s3_bucket, "tables/events_out/")
+        assert any(k.startswith("tables/events_out/_delta_log/") for k in table)
+        assert any(k.startswith("tables/events_out/_sparkonce/s3p/entries/") for k in table)
 
     # A checkpoint behind the ledger (a crash after the sink's commit, before Spark's
     # commit log): the batch replays, and the sink skips it.
