@@ -79,16 +79,23 @@ pipeline = Pipeline(
     name={name!r},
     source=EmbeddedLogSource({log_dir!r}, {topic!r}, max_records_per_partition={limit}),
     transform=transform,
-    sink=sink_from_url({sink_url!r}, {table!r}),
+    sink=sink_from_url({sink_url!r}, {table!r}, two_phase={two_phase!r}),
     checkpoint={checkpoint!r},
 )
 '''
 
 
 def write_pipeline(
-    path: Path, *, log_dir: Path, sink_url: str, markers: Path, row_seconds: float = 0.0
+    path: Path,
+    *,
+    log_dir: Path,
+    sink_url: str,
+    markers: Path,
+    row_seconds: float = 0.0,
+    two_phase: bool = False,
 ) -> Path:
-    """Write the pipeline file to ``path`` (checkpoint beside it); return ``path``."""
+    """Write the pipeline file to ``path`` (checkpoint beside it); return ``path``.
+    ``two_phase``: a PostgreSQL URL gets ``PostgresTwoPhaseSink`` (executors pre-commit)."""
     markers.mkdir(parents=True, exist_ok=True)
     path.write_text(
         _PIPELINE_FILE.format(
@@ -100,6 +107,7 @@ def write_pipeline(
             limit=LIMIT,
             sink_url=sink_url,
             table=TABLE,
+            two_phase=two_phase,
             checkpoint=str(path.with_name(path.stem + "-checkpoint")),
         )
     )
