@@ -160,7 +160,7 @@ def test_delta_schedules(spark) -> None:  # type: ignore[no-untyped-def]
     """The Delta ledger through the committer's simulation: real Delta commits (about 0.3 s
     each), so a time box of schedules, in this process (the session's Spark)."""
     n = env_int("SPARKONCE_SIM_DELTA_SCHEDULES", 1_000)
-    seconds = env_int("SPARKONCE_SIM_DELTA_SECONDS", 150)
+    seconds = env_int("SPARKONCE_SIM_DELTA_SECONDS", 60)
     c = Campaign(
         TargetSpec("delta", sink="delta", namespace=uuid.uuid4().hex[:6]),
         seed=SEED,
