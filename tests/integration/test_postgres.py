@@ -102,3 +102,44 @@ def test_commit_waits_for_a_concurrent_epoch_bump_and_is_then_fenced(pg_url: str
         with pytest.raises(FencedError):
             ledger.check_owner(old.conn, "p", epoch)
         old.conn.execute("ROLLBACK")
+
+
+def test_opening_a_sink_takes_no_lock_while_other_runs_commit(pg_url: str) -> None:
+    """Every run opens its sink (ensure_schema) while other runs of the same database may be
+    committing. With the schema complete, that open must not wait on their transactions:
+    CREATE INDEX and ALTER TABLE lock the table even with IF NOT EXISTS, which deadlocked
+    concurrent runs (the PostgreSQL simulation found it)."""
+    from sparkonce.config import StoreURL
+    from sparkonce.db import PostgresDialect, connect
+    from sparkonce.ledger.sql import LEDGER_TABLE, SPARK_BATCH_INDEX, SqlLedger
+
+    ledger = SqlLedger(PostgresDialect())
+    first = connect(StoreURL.parse(pg_url))
+    ledger.ensure_schema(first)
+    # Another run's commit in flight: it holds a row lock on the ledger table.
+    first.execute("BEGIN")
+    first.execute(
+        f"INSERT INTO {LEDGER_TABLE} (pipeline, seq, ranges, epoch, row_count, committed_at) "
+        "VALUES ('other', 0, '[]', 1, 0, now())"
+    )
+    second = connect(StoreURL.parse(pg_url))
+    second.execute("SET lock_timeout = '2s'")
+    started = time.monotonic()
+    ledger.ensure_schema(second)  # would wait for the insert above, then time out
+    assert time.monotonic() - started < 2
+    first.execute("ROLLBACK")
+
+    # An older ledger (no index, no newer columns) gets them, once, on open.
+    second.execute("BEGIN")
+    second.execute(f"DROP INDEX {SPARK_BATCH_INDEX}")
+    second.execute(f"ALTER TABLE {LEDGER_TABLE} DROP COLUMN commit_seconds")
+    second.execute("COMMIT")
+    ledger.ensure_schema(second)
+    row = second.execute(
+        "SELECT to_regclass(%s), count(*) FROM information_schema.columns "
+        "WHERE table_name = %s AND column_name = 'commit_seconds'",
+        (SPARK_BATCH_INDEX, LEDGER_TABLE),
+    ).fetchone()
+    assert row is not None and row[0] is not None and row[1] == 1
+    first.close()
+    second.close()

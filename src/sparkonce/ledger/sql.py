@@ -101,20 +101,33 @@ class SqlLedger:
             " (pipeline, checkpoint_id, spark_batch_id)",
         ]
         if self.dialect.name == "postgresql":
-            if self._pg_schema_complete(conn, added):
-                # Nothing to do, and no DDL: even with IF NOT EXISTS, CREATE INDEX and ALTER
-                # TABLE lock the ledger table first, and a sink opening while other runs
-                # commit into the same database then deadlocks with their transactions.
+            # DDL only for what is missing, and never a lock upgrade on the ledger table:
+            # CREATE INDEX takes a SHARE lock and ALTER TABLE an ACCESS EXCLUSIVE one, even
+            # with IF NOT EXISTS, so running them on every open deadlocked with other runs'
+            # commits into the same database (the PostgreSQL simulation caught it). The
+            # catalog reads take no table lock.
+            with write_transaction(conn, self.dialect):
+                missing = self._pg_missing(conn, added)
+            if not missing:
                 return
-            # Two first runs may race to create the tables; serialise them.
+            # Two first runs may race to create the tables; serialise them, then look again.
             with write_transaction(conn, self.dialect):
                 conn.execute("SELECT pg_advisory_xact_lock(727274)")
-                for s in stmts:
-                    conn.execute(s)
+                missing = self._pg_missing(conn, added)
+                if missing and "tables" not in missing:
+                    # An older ledger table: take the strongest lock first, waiting for the
+                    # commits in flight, rather than upgrading a weaker one later.
+                    conn.execute(f"LOCK TABLE {LEDGER_TABLE} IN ACCESS EXCLUSIVE MODE")
+                if "tables" in missing:
+                    for stmt in stmts[:2]:
+                        conn.execute(stmt)
+                if "tables" in missing or "index" in missing:
+                    conn.execute(stmts[2])
                 for name, kind in added.items():
-                    conn.execute(
-                        f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}"
-                    )
+                    if "tables" in missing or name in missing:
+                        conn.execute(
+                            f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}"
+                        )
         else:
             for s in stmts:
                 conn.execute(s)
@@ -123,26 +136,27 @@ class SqlLedger:
                 if name not in columns:  # a ledger written by an older sparkonce
                     conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN {name} {kind}")
 
-    def _pg_schema_complete(self, conn: Any, added: dict[str, str]) -> bool:
-        """Whether PostgreSQL has both tables, the index and every added column (catalog
-        reads only: no table lock)."""
-        with write_transaction(conn, self.dialect):
-            row = fetchone(
-                conn,
-                self.dialect,
-                "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
-                (OWNER_TABLE, LEDGER_TABLE, SPARK_BATCH_INDEX),
-            )
-            if row is None or any(v is None for v in row):
-                return False
-            columns = fetchall(
-                conn,
-                self.dialect,
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_name = %s AND table_schema = current_schema()",
-                (LEDGER_TABLE,),
-            )
-        return set(added) <= {str(c[0]) for c in columns}
+    def _pg_missing(self, conn: Any, added: dict[str, str]) -> set[str]:
+        """What PostgreSQL's schema lacks: ``"tables"``, ``"index"`` and the names of added
+        columns (catalog reads only: no table lock)."""
+        row = fetchone(
+            conn,
+            self.dialect,
+            "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
+            (OWNER_TABLE, LEDGER_TABLE, SPARK_BATCH_INDEX),
+        )
+        assert row is not None
+        if row[0] is None or row[1] is None:
+            return {"tables"}
+        missing = set() if row[2] is not None else {"index"}
+        columns = fetchall(
+            conn,
+            self.dialect,
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = %s AND table_schema = current_schema()",
+            (LEDGER_TABLE,),
+        )
+        return missing | (set(added) - {str(c[0]) for c in columns})
 
     # -- owner epochs ---------------------------------------------------------
     def acquire(self, conn: Any, pipeline: str, source: str | None = None) -> Owner:
