@@ -12,6 +12,7 @@ Input: :data:`RECORDS` records over :data:`PARTITIONS` partitions, read
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,17 @@ def markers(directory: Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
     return out
+
+
+def running_task_after_first_batch(marker_dir: Path, deadline: float) -> dict[str, Any]:
+    """The first task of a later batch than the first, as soon as its marker appears (it
+    then has about 2 s to run)."""
+    while time.monotonic() < deadline:
+        seen = markers(marker_dir)
+        stages = sorted({m["stage"] for m in seen})
+        if len(stages) >= 2:
+            fresh = [m for m in seen if m["stage"] == stages[-1] and m["attempt"] == 0]
+            if fresh:
+                return max(fresh, key=lambda m: m["at"])
+        time.sleep(0.05)
+    raise AssertionError("no task of a second batch started in time")

@@ -25,6 +25,7 @@ from tests.cluster.pipelines import (
     ROWS_PER_BATCH,
     log_events,
     markers,
+    running_task_after_first_batch,
     sink_events,
     sink_rows,
     write_pipeline,
@@ -98,16 +99,7 @@ def test_executor_killed_mid_batch_two_phase_sink_stays_exact(
         two_phase=True,
     )
     driver = start_driver(sparkonce_run(pipeline_file, spark_cluster, tmp_path / "spark.log"))
-    deadline = time.monotonic() + WAIT_S
-    running = None
-    while running is None and time.monotonic() < deadline:
-        seen = markers(marker_dir)
-        stages = sorted({m["stage"] for m in seen})
-        if len(stages) >= 2:
-            fresh = [m for m in seen if m["stage"] == stages[-1] and m["attempt"] == 0]
-            running = max(fresh, key=lambda m: m["at"]) if fresh else None
-        time.sleep(0.05)
-    assert running is not None, f"no task of a second batch started:\n{driver.tail()}"
+    running = running_task_after_first_batch(marker_dir, time.monotonic() + WAIT_S)
     # The executor whose working directory the task runs in: SIGKILL its JVM alone (the
     # worker stays, and starts a new executor).
     victim = next(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from tests.cluster.pipelines import (
     ROWS_PER_BATCH,
     log_events,
     markers,
+    running_task_after_first_batch,
     sink_events,
     sink_rows,
     write_pipeline,
@@ -38,20 +38,6 @@ WAIT_S = 240.0
 def _worker_at(cluster: SparkCluster, cwd: str) -> Worker:
     """The worker whose work dir holds a task's working directory."""
     return next(w for w in cluster.workers if Path(cwd).is_relative_to(w.workdir))
-
-
-def _running_task_after_first_batch(marker_dir: Path, deadline: float) -> dict[str, Any]:
-    """The first task of a later batch than the first, as soon as its marker appears (it
-    then has about 2 s to run)."""
-    while time.monotonic() < deadline:
-        seen = markers(marker_dir)
-        stages = sorted({m["stage"] for m in seen})
-        if len(stages) >= 2:
-            fresh = [m for m in seen if m["stage"] == stages[-1] and m["attempt"] == 0]
-            if fresh:
-                return max(fresh, key=lambda m: m["at"])
-        time.sleep(0.05)
-    raise AssertionError(f"no task of a second batch started within {WAIT_S:.0f} s")
 
 
 def test_query_survives_a_worker_killed_mid_batch(
@@ -73,7 +59,7 @@ def test_query_survives_a_worker_killed_mid_batch(
     spark_log = tmp_path / "spark.log"
     driver = start_driver(sparkonce_run(pipeline_file, spark_cluster, spark_log))
     deadline = time.monotonic() + WAIT_S
-    running = _running_task_after_first_batch(marker_dir, deadline)
+    running = running_task_after_first_batch(marker_dir, deadline)
     victim = _worker_at(spark_cluster, running["cwd"])
     survivors = [w for w in spark_cluster.workers if w.alive and w is not victim]
     killed = spark_cluster.kill_worker(victim.index)

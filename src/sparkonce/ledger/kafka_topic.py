@@ -587,20 +587,7 @@ class KafkaLedgerStore(LedgerStore):
         snapshot, a snapshot of the state read at step 1 follows it in the same transaction
         (the module docstring says why that is exact).
         """
-        record: dict[str, Any] = {
-            "type": "batch",
-            "pipeline": entry.pipeline,
-            "seq": entry.seq,
-            "ranges": entry.ranges.to_json_obj(),
-            "epoch": entry.epoch,
-            "rows": entry.row_count,
-            **txn.extra,
-            "spark_batch_id": entry.spark_batch_id,
-            "checkpoint_id": entry.checkpoint_id,
-            "stateful": entry.stateful,
-            "commit_seconds": entry.commit_seconds,
-            "at": entry.committed_at.isoformat(),
-        }
+        record = {**txn.extra, **_entry_record(entry)}  # extra: the sink's task counts
         self._produce(txn, entry.pipeline, record)
         state = self.folded(entry.pipeline)
         if state.position - max(state.snapshot_at, 0) >= self.snapshot_every:
