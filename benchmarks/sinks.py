@@ -418,6 +418,13 @@ def main() -> None:
         default="sinks",
         help="results name: benchmarks/results/NAME.json and NAME.png (default sinks)",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the variants this many times, interleaved (A B A B ...), and report each "
+        "one's median run (default 1); on a noisy machine, ratios of medians are steadier",
+    )
     ap.add_argument("--variant", help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -435,6 +442,8 @@ def main() -> None:
     console = Console()
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(wanted) - set(VARIANTS))
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat {args.repeat}: give 1 or more")
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     make_log(args.records)  # once, before the children race to create it
@@ -446,12 +455,16 @@ def main() -> None:
     pg_dir = Path(tempfile.mkdtemp(prefix="sparkonce-bench-pg-"))
     server = postgres.start(pg_dir)
     work = Path(tempfile.mkdtemp(prefix="sparkonce-bench-"))
-    results: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {name: [] for name in wanted}
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     try:
-        for name in wanted:
-            console.print(f"[bold]{name}[/]: running ({args.records:,} records)...")
-            db_url = server.create_database(f"bench_{name.replace('-', '_')}")
+        for rep, name in [(r, n) for r in range(args.repeat) for n in wanted]:
+            round_ = f", run {rep + 1} of {args.repeat}" if args.repeat > 1 else ""
+            console.print(f"[bold]{name}[/]: running ({args.records:,} records{round_})...")
+            suffix = f"_{rep}" if rep else ""
+            db_url = server.create_database(f"bench_{name.replace('-', '_')}{suffix}")
+            where = work / f"run{rep}"  # each run's own tables and checkpoints
+            where.mkdir(exist_ok=True)
             proc = subprocess.run(
                 [
                     sys.executable,
@@ -465,7 +478,7 @@ def main() -> None:
                     "--url",
                     db_url,
                     "--work",
-                    str(work),
+                    str(where),
                 ],
                 env=env,
                 capture_output=True,
@@ -476,8 +489,8 @@ def main() -> None:
             if proc.returncode != 0 or not line:
                 console.print(proc.stdout[-3000:], proc.stderr[-3000:])
                 raise SystemExit(f"variant {name} failed (exit {proc.returncode})")
-            results[name] = json.loads(line[-1][len("RESULT ") :])
-            r = results[name]
+            r = json.loads(line[-1][len("RESULT ") :])
+            runs[name].append(r)
             console.print(
                 f"  {r['records']:,} records in {r['seconds']:.1f} s: "
                 f"{r['records_per_s']:,.0f} records/s"
@@ -486,6 +499,7 @@ def main() -> None:
         postgres.stop(pg_dir)
         shutil.rmtree(pg_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+    results = {name: _median_run(rs) for name, rs in runs.items() if rs}
     report = summarize(results, args)
     table = Table(title=f"sinks, {args.records:,} records, {report['machine']}")
     for col in ("variant", "records/s", "vs COPY", "vs ALO", "driver peak MB", "p50 s", "p99 s"):
@@ -505,6 +519,16 @@ def main() -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
     chart(report, RESULTS / f"{args.out}.png")
     console.print(f"wrote benchmarks/results/{args.out}.json and benchmarks/results/{args.out}.png")
+
+
+def _median_run(rs: list[dict]) -> dict:
+    """The run with the median records/s (the lower middle one of an even count), with every
+    run's records/s beside it when there were several."""
+    ordered = sorted(rs, key=lambda r: r["records_per_s"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    if len(rs) > 1:
+        median["runs_records_per_s"] = [r["records_per_s"] for r in rs]
+    return median
 
 
 def _fmt(v: float | None) -> str:
@@ -530,6 +554,7 @@ def summarize(results: dict[str, dict], args: argparse.Namespace) -> dict:
         "machine": f"{os.cpu_count()} cores, {_mem_gib():.0f} GiB, {cpu}, Spark local[2]",
         "records": args.records,
         "batch_records": args.batch_records,
+        "repeat": args.repeat,
         "keys": KEYS,
         "results": results,
         "median_commit_s": statistics.median(

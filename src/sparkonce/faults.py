@@ -232,6 +232,23 @@ def worker_faults() -> FaultPlan:
     return plan
 
 
+WORKER_VARIABLES = (FAIL_TASKS_ENV, EVENTS_ENV)
+"""The variables task hooks read (:func:`worker_faults`)."""
+
+
+def worker_fault_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Spark settings that hand the task hooks' variables, when set here, to the executors
+    (``spark.executorEnv.NAME``). Python workers inherit their executor's environment; in
+    local mode that is this process's, but a cluster's executors are started by its
+    workers, which never saw it. :func:`sparkonce.build_session` applies them."""
+    env = os.environ if env is None else env
+    return {
+        f"spark.executorEnv.{name}": env[name]
+        for name in WORKER_VARIABLES
+        if env.get(name, "").strip()
+    }
+
+
 def reset_worker_faults() -> None:
     """Forget the cached worker plan, so the next task hook parses the environment again
     (for tests that change the environment within one process)."""

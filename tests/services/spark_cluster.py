@@ -223,9 +223,12 @@ class SparkCluster:
     Use it as a context manager, or call :meth:`start` and :meth:`close`.
     """
 
-    def __init__(self, root: pathlib.Path, workers: int = 2) -> None:
+    def __init__(self, root: pathlib.Path, workers: int = 2, cores: int = WORKER_CORES) -> None:
+        """``cores`` per worker: each application takes one per worker (``client_settings``),
+        so with 2, two applications run at a time (a zombie driver beside its successor)."""
         self.root = pathlib.Path(root).absolute()
         self.initial_workers = workers
+        self.cores = cores
         self.workers: list[Worker] = []
         self.master: subprocess.Popen[bytes] | None = None
         self.master_port = 0
@@ -349,7 +352,7 @@ class SparkCluster:
                 "--webui-port",
                 str(webui_port),
                 "--cores",
-                str(WORKER_CORES),
+                str(self.cores),
                 "--memory",
                 WORKER_MEMORY,
                 "--work-dir",

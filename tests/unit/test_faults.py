@@ -467,3 +467,21 @@ def test_a_recovery_is_split_by_the_run_s_marks_and_checked_against_its_goal() -
     assert (goal["p95_s"], goal["limit_s"], goal["ratio"], goal["met"]) == (40.0, 37.5, 1.6, False)
     assert recovery_goal(outcomes[:2], oracle)["met"] is True  # type: ignore[index]
     assert recovery_goal(outcomes, Oracle([], 60.0, 4)) is None  # no oracle timing: no goal
+
+
+def test_task_fault_variables_reach_a_clusters_executors_through_spark_settings() -> None:
+    """Executors on a cluster never see the driver's environment: the task hooks'
+    variables go to them as ``spark.executorEnv.*``; the driver-only ones do not."""
+    from sparkonce.faults import worker_fault_conf
+
+    env = {
+        "SPARKONCE_FAIL_TASKS": "read,write",
+        "SPARKONCE_FAULT_EVENTS": "/tmp/events.jsonl",
+        "SPARKONCE_CRASH_AT": "after-ledger-write",
+        "SPARKONCE_PAUSE_AT": " ",
+    }
+    assert worker_fault_conf(env) == {
+        "spark.executorEnv.SPARKONCE_FAIL_TASKS": "read,write",
+        "spark.executorEnv.SPARKONCE_FAULT_EVENTS": "/tmp/events.jsonl",
+    }
+    assert worker_fault_conf({"SPARKONCE_FAIL_TASKS": ""}) == {}

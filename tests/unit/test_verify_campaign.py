@@ -529,3 +529,83 @@ def test_the_oracle_timing_goes_into_the_report_and_back(tmp_path: Path) -> None
     assert load_report(path, 5, ["kill"]).oracle_timing == (None, None)
     old = plan_fault("kill", random.Random("5:1"), Oracle([], 20.0, 2))
     assert old.after_entries is None and old.delay_s is not None and 6.0 <= old.delay_s <= 19.0
+
+
+def _sqlite_pipeline(tmp_path: Path, name: str) -> Path:
+    from sparkonce.log.storage import Topic
+
+    Topic.create(tmp_path / "log", "events", partitions=1).close()
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink\n"
+        f"pipeline = Pipeline(name={name!r}, transform=lambda df: df,\n"
+        f"    source=EmbeddedLogSource({str(tmp_path / 'log')!r}, 'events'),\n"
+        f"    sink=SQLiteSink('sqlite:///{tmp_path / 'sink.db'}', 'out'),\n"
+        f"    checkpoint={str(tmp_path / 'checkpoint')!r})\n"
+    )
+    return pipeline
+
+
+def _arg(args: tuple[str, ...], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def test_a_checkpoint_root_gives_every_run_a_fresh_checkpoint_and_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Under ``--checkpoint ROOT`` (an s3a:// prefix on a cluster) each run's drivers get a
+    checkpoint no earlier run used, named after the pipeline and the run; without it the
+    campaign's one local checkpoint is removed between runs."""
+    from sparkonce.verify.campaign import Campaign
+
+    pipeline = _sqlite_pipeline(tmp_path, "rooted")
+    campaign = Campaign(
+        pipeline, workdir=tmp_path / "work", kinds=["kill"], checkpoint_root="s3a://bucket/v/"
+    )
+    try:
+        first = _arg(campaign._driver_args(), "--checkpoint")
+        assert first is not None and first.startswith("s3a://bucket/v/rooted/oracle-")
+        campaign.clean("trial-00003")
+        second = _arg(campaign._driver_args(), "--checkpoint")
+        assert second is not None and second.startswith("s3a://bucket/v/rooted/trial-00003-")
+        campaign.clean("trial-00003")  # a rescaled kill starts over: again a new one
+        third = _arg(campaign._driver_args(), "--checkpoint")
+        assert len({first, second, third}) == 3
+    finally:
+        campaign.close()
+
+    local = Campaign(_sqlite_pipeline(tmp_path / "b", "local"), workdir=tmp_path / "w2")
+    try:
+        where = Path(str(_arg(local._driver_args(), "--checkpoint")))
+        assert where == tmp_path / "w2" / "checkpoint"
+        (where / "offsets").mkdir(parents=True)
+        local.clean("trial-00001")
+        assert not where.exists()
+        assert _arg(local._driver_args(), "--checkpoint") == str(where)
+    finally:
+        local.close()
+
+
+@pytest.mark.parametrize(
+    ("master", "trial_master", "retry_master"),
+    [
+        (None, None, "local[2,4]"),
+        ("local[2]", "local[2]", "local[2,4]"),
+        ("spark://127.0.0.1:7077", "spark://127.0.0.1:7077", "spark://127.0.0.1:7077"),
+    ],
+)
+def test_trials_run_on_the_campaigns_master_and_retry_tasks_there(
+    tmp_path: Path, master: str | None, trial_master: str | None, retry_master: str
+) -> None:
+    """Local runs that must survive a failed task get four attempts per task
+    (``local[2,4]``); a cluster retries tasks itself, so its trials stay on it."""
+    from sparkonce.verify.campaign import Campaign
+
+    campaign = Campaign(_sqlite_pipeline(tmp_path, "m"), workdir=tmp_path / "w", master=master)
+    try:
+        assert _arg(campaign._driver_args(), "--master") == trial_master
+        retry = campaign._retry_master()
+        assert retry == retry_master
+        assert _arg(campaign._driver_args(retry), "--master") == retry_master
+    finally:
+        campaign.close()

@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any
 from sparkonce.cli.common import (
     DIRECTORY_EXPECTED,
     EXIT_FAIL,
+    MASTER_EXPECTED,
     SINK_URL_EXPECTED,
     _add_env_number,
+    _check_checkpoint,
     _check_directory,
     _check_env,
+    _check_master,
     _check_sink_url,
     _env,
     _env_checked,
@@ -140,6 +143,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             quick_start=not args.full_jit,
             key_columns=tuple(args.key or ()),
             nondeterministic=tuple(args.nondeterministic or ()),
+            master=args.master,
+            checkpoint_root=args.checkpoint,
         )
         for url, workdir in zip(sink_urls, workdirs, strict=True)
     ]
@@ -450,6 +455,30 @@ def add_parser(sub: SubParsers) -> None:
         type=_env_checked("--out", DIRECTORY_EXPECTED, _check_directory),
         default=_env("SPARKONCE_VERIFY_OUT", "verify-out"),
         help=_help("directory for verify.json, recovery.png and logs", "SPARKONCE_VERIFY_OUT"),
+    )
+    p.add_argument(
+        "--master",
+        type=_env_checked("--master", MASTER_EXPECTED, _check_master),
+        default=_env("SPARKONCE_MASTER"),
+        help=_help(
+            "Spark master of the trial drivers, default sparkonce run's (local[2]); on a "
+            "cluster, task-failure trials rely on its own task retries, and the reference run "
+            "stays local",
+            "SPARKONCE_MASTER",
+        ),
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=_env_checked("--checkpoint", "a directory path or a URL", _check_checkpoint),
+        default=_env("SPARKONCE_VERIFY_CHECKPOINT"),
+        metavar="ROOT",
+        help=_help(
+            "a directory or URL (such as s3a://bucket/verify) under which every run gets a "
+            "fresh checkpoint, ROOT/PIPELINE/RUN-ID; they are left there, for a look and for "
+            "your storage's tools to remove. Default: one local checkpoint in OUT, removed "
+            "between runs",
+            "SPARKONCE_VERIFY_CHECKPOINT",
+        ),
     )
     p.add_argument(
         "--full-jit",

@@ -66,8 +66,10 @@ def build_session(
         java_options += f" -Dlog4j2.configurationFile={_log4j_config(Path(log_file))}"
     if quick_start:
         java_options += " " + QUICK_START_JAVA_OPTIONS
+    from sparkonce.faults import worker_fault_conf
+
     builder = SparkSession.builder
-    extra = dict(conf or {})
+    extra = {**worker_fault_conf(), **(conf or {})}
     all_jars = list(jars or []) + [j for j in extra.pop("spark.jars", "").split(",") if j]
     if all_jars:
         builder = builder.config("spark.jars", ",".join(dict.fromkeys(all_jars)))

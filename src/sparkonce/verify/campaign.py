@@ -140,6 +140,7 @@ import shutil
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -147,6 +148,7 @@ from typing import Any
 
 from sparkonce.config import mask_url
 from sparkonce.errors import ConfigError, VerificationError
+from sparkonce.files import join, location
 from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.offsets import check_chain
 from sparkonce.outputs.output_set import SINGLE_OUTPUT
@@ -378,7 +380,12 @@ class Campaign:
         key_columns: Sequence[str] = (),
         reference: bool = True,
         nondeterministic: Sequence[str] = (),
+        master: str | None = None,
+        checkpoint_root: str | None = None,
     ) -> None:
+        """``master``: the Spark master of every trial driver (default: ``sparkonce run``'s).
+        ``checkpoint_root``: a directory or URL under which every run gets a fresh checkpoint
+        of its own, left in place (default: ``workdir/checkpoint``, removed between runs)."""
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
         self.seed = seed
@@ -396,7 +403,14 @@ class Campaign:
             from sparkonce.verify.resend import check_source
 
             check_source(base.source, base.name)
-        self.checkpoint = self.workdir / "checkpoint"
+        self.pipeline_name = base.name
+        self.master = master
+        self.checkpoint_root = (
+            None if checkpoint_root is None else location(checkpoint_root, "checkpoint root")
+        )
+        self.checkpoint: str | Path = self.workdir / "checkpoint"
+        if self.checkpoint_root is not None:
+            self.checkpoint = self._fresh_checkpoint("oracle")
         self.pipeline: Pipeline = base.with_overrides(sink_url=sink_url, checkpoint=self.checkpoint)
         # The outputs, each with its sink (a single sink is the output "output"), and the
         # stores, each the outputs sharing one ledger, in commit order.
@@ -485,6 +499,7 @@ class Campaign:
 
     # -- pieces ------------------------------------------------------------------------
     def _driver_args(self, master: str | None = None) -> tuple[str, ...]:
+        master = master or self.master
         args = ["--checkpoint", str(self.checkpoint)]
         if self.sink_url:
             args += ["--sink", self.sink_url]
@@ -525,13 +540,32 @@ class Campaign:
             if d.proc is not None and d.proc.poll() is None:
                 d.kill()
 
-    def clean(self) -> None:
+    def clean(self, run: str = "run") -> None:
         """Empty outputs (for this pipeline), no owner or ledger in any store, and no
-        checkpoint."""
+        checkpoint: the local one removed, or, under a checkpoint root, a fresh location
+        for the next ``run`` (a label in its name)."""
         for inspector in self._inspectors.values():
             inspector.open()
             inspector.reset(self.pipeline.name)
-        shutil.rmtree(self.checkpoint, ignore_errors=True)
+        if self.checkpoint_root is None:
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+        else:
+            self.checkpoint = self._fresh_checkpoint(run)
+
+    def _fresh_checkpoint(self, run: str) -> str:
+        """A location under the checkpoint root no run used: ``ROOT/PIPELINE/RUN-RANDOM``.
+        Nothing is deleted there (the campaign may not hold the filesystem's rights, and
+        a remote store has its own tools); every run's checkpoint stays for a look."""
+        assert self.checkpoint_root is not None
+        return join(self.checkpoint_root, self.pipeline_name, f"{run}-{uuid.uuid4().hex[:12]}")
+
+    def _retry_master(self) -> str:
+        """The master of a run that must survive a failed task: ``local[2,4]`` (four attempts
+        per task) for local runs, else the campaign's cluster, which retries tasks itself
+        (``spark.task.maxFailures``, 4 by default)."""
+        if self.master is None or self.master.startswith("local"):
+            return RETRY_MASTER
+        return self.master
 
     def _ledgers(self) -> list[list[LedgerEntry]]:
         """Each store's ledger of this pipeline, in commit order."""
@@ -572,7 +606,7 @@ class Campaign:
         entry and between entries): what kills are planned on, as recorded by an earlier
         segment of this campaign (default: this run's)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.clean()
+        self.clean("oracle")
         self.on_event("oracle: failure-free run")
         started_wall = time.time()
         driver = self._driver(self.workdir / "oracle.log").start()
@@ -673,6 +707,10 @@ class Campaign:
         rows_file, checkpoint = where / "rows.jsonl", where / "checkpoint"
         self.on_event("reference: the transform through Spark's plain foreachBatch")
         args = ["--out", str(rows_file), "--checkpoint", str(checkpoint)]
+        if self.master is not None:
+            # In local mode beside this process, whatever the trials' master: the reference
+            # needs no cluster, and its checkpoint is a local directory.
+            args += ["--master", "local[2]"]
         if self.quick_start:
             args.append("--quick-start")
         if self._aborted.is_set():
@@ -761,7 +799,7 @@ class Campaign:
             shutil.rmtree(logs)
         logs.mkdir(parents=True)
         try:
-            self.clean()
+            self.clean(f"trial-{trial:05d}")
             finished = self._inject(fault, out, logs)
             restarts = 0
             while not finished:
@@ -820,7 +858,7 @@ class Campaign:
                 if fault.kind == "task-failure"
                 else {DROP_CONNECTION_ENV: f"{fault.point}@{fault.hit}"}
             )
-            d = self._driver(logs / "fault.log", env=env, master=RETRY_MASTER).start()
+            d = self._driver(logs / "fault.log", env=env, master=self._retry_master()).start()
             out.driver_runs += 1
             code = d.wait(DRIVER_TIMEOUT_S)
             # Spark's Python workers record their task failures in the same events file.
@@ -876,7 +914,7 @@ class Campaign:
             delay = fault.delay_s / 2 if on_progress else fraction * d.seconds
             fault = replace(fault, delay_s=round(delay, 2))
             out.fault = fault
-            self.clean()
+            self.clean(f"trial-{out.trial:05d}")
         return False  # not reached
 
     def _resend(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:

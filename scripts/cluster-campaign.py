@@ -1,0 +1,138 @@
+"""A `sparkonce verify` campaign on a Spark standalone cluster with its checkpoints on S3.
+
+    .venv/bin/python scripts/cluster-campaign.py [TRIALS] [VERIFY OPTIONS...]   (default 50)
+
+What it starts, all throwaway and on 127.0.0.1 (tests/services):
+
+* a moto S3 server, with the bucket ``verify``: every run's checkpoint is a fresh prefix
+  ``s3a://verify/campaign/cluster-campaign/RUN-ID`` (``verify --checkpoint``), so the
+  state store's files are written by the executors into the bucket, and the offset and
+  commit logs by the driver;
+* a master and two workers of 2 cores each. Every driver takes one core per worker, so a
+  zombie driver and its successor run side by side;
+* the executors' Python, packed by ``scripts/pack-executor-env.sh`` and shipped by every
+  driver through ``spark.archives``, as the README's "Running on a cluster" describes.
+
+The pipeline is ``scripts/verify-campaign.sh``'s: per-key sums (a stateful aggregation)
+from an embedded log (one file, which every node here sees at the same path) into SQLite,
+upsert by key. Trials run one at a time; kill, crash-point, task-failure and zombie take
+turns. The report is kept in ``benchmarks/results/verify-cluster.json`` (recovery chart:
+``verify-cluster.png``) and the campaign resumes from it: each call runs the trials not
+there yet. The seed is ``SPARKONCE_CAMPAIGN_SEED`` (default 1).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.services
+
+from tests.services import s3  # noqa: E402
+from tests.services.spark_cluster import (  # noqa: E402
+    SparkCluster,
+    client_settings,
+    driver_environment,
+    executor_env_archive,
+    unpack_environment,
+)
+
+NAME = "verify-cluster"
+WORK = REPO / ".cache" / "cluster-campaign"
+BUCKET = "verify"
+PY = REPO / ".venv" / "bin" / "python"
+KINDS = "kill,crash-point,task-failure,zombie"
+
+PIPELINE = """
+from pyspark.sql import functions as F
+from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
+
+def sums(df):
+    v = df.select(F.col("key").cast("string").alias("key"),
+                  F.col("value").cast("string").cast("long").alias("value"))
+    return v.groupBy("key").agg(F.sum("value").alias("total"), F.count("*").alias("n"))
+
+pipeline = Pipeline(
+    name="cluster-campaign",
+    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=200),
+    transform=sums,
+    sink=SQLiteSink("sqlite:///{sink}", "sums", mode="upsert", keys=["key"]),
+    checkpoint={checkpoint!r},
+)
+"""
+
+
+def sparkonce(*args: str, stdin: str | None = None) -> None:
+    subprocess.run([str(PY), "-m", "sparkonce", *args], input=stdin, text=True, check=True)
+
+
+def make_input() -> Path:
+    log = WORK / "log"
+    if not (log / "events.db").exists():
+        sparkonce("log", "create", str(log), "events", "--partitions", "3")
+        lines = "".join(f"k{i % 6}\t{i}\n" for i in range(1, 1201))
+        sparkonce("log", "produce", str(log), "events", "--separator", "\t", stdin=lines)
+    return log
+
+
+def main(argv: list[str]) -> int:
+    trials = argv[0] if argv and not argv[0].startswith("-") else "50"
+    options = argv[1:] if argv and not argv[0].startswith("-") else argv
+    WORK.mkdir(parents=True, exist_ok=True)
+    out = WORK / "out"
+    out.mkdir(exist_ok=True)
+    result = REPO / "benchmarks" / "results" / f"{NAME}.json"
+    if result.exists() and not (out / "verify.json").exists():
+        shutil.copy(result, out / "verify.json")
+    log = make_input()
+    pipeline = WORK / "pipeline.py"
+    pipeline.write_text(
+        PIPELINE.format(log=str(log), sink=WORK / "sink.db", checkpoint=str(WORK / "checkpoint"))
+    )
+    archive = executor_env_archive()
+    driver_dir = unpack_environment(archive, WORK / "driver")
+    server = s3.start(WORK / "s3")
+    status = 1
+    try:
+        server.create_bucket(BUCKET)
+        with SparkCluster(WORK / "cluster", workers=2, cores=2) as cluster:
+            settings = {**client_settings(cluster, archive), **s3.s3a_settings(server)}
+            env = driver_environment(WORK / "conf", settings)
+            env["PYTHONPATH"] = str(REPO / "src")  # this checkout's code, as the archive's
+            cmd = [
+                str(PY),
+                "-m",
+                "sparkonce",
+                "verify",
+                str(pipeline),
+                "--master",
+                cluster.master_url,
+                "--checkpoint",
+                f"s3a://{BUCKET}/campaign",
+                "--trials",
+                trials,
+                "--seed",
+                os.environ.get("SPARKONCE_CAMPAIGN_SEED", "1"),
+                "--faults",
+                KINDS,
+                "--resume",
+                "--out",
+                str(out),
+                *options,
+            ]
+            status = subprocess.run(cmd, cwd=driver_dir, env=env, check=False).returncode
+    finally:
+        s3.stop(WORK / "s3")
+        if (out / "verify.json").exists():
+            shutil.copy(out / "verify.json", result)
+        if (out / "recovery.png").exists():
+            shutil.copy(out / "recovery.png", result.with_suffix(".png"))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
