@@ -32,14 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.services
 
-from tests.services import s3  # noqa: E402
-from tests.services.spark_cluster import (  # noqa: E402
-    SparkCluster,
-    client_settings,
-    driver_environment,
-    executor_env_archive,
-    unpack_environment,
-)
+from tests.services.spark_cluster import cluster_with_s3  # noqa: E402
 
 NAME = "verify-cluster"
 WORK = REPO / ".cache" / "cluster-campaign"
@@ -93,16 +86,9 @@ def main(argv: list[str]) -> int:
     pipeline.write_text(
         PIPELINE.format(log=str(log), sink=WORK / "sink.db", checkpoint=str(WORK / "checkpoint"))
     )
-    archive = executor_env_archive()
-    driver_dir = unpack_environment(archive, WORK / "driver")
-    server = s3.start(WORK / "s3")
     status = 1
     try:
-        server.create_bucket(BUCKET)
-        with SparkCluster(WORK / "cluster", workers=2, cores=2) as cluster:
-            settings = {**client_settings(cluster, archive), **s3.s3a_settings(server)}
-            env = driver_environment(WORK / "conf", settings)
-            env["PYTHONPATH"] = str(REPO / "src")  # this checkout's code, as the archive's
+        with cluster_with_s3(WORK, buckets=[BUCKET], cores=2) as run:
             cmd = [
                 str(PY),
                 "-m",
@@ -110,7 +96,7 @@ def main(argv: list[str]) -> int:
                 "verify",
                 str(pipeline),
                 "--master",
-                cluster.master_url,
+                run.cluster.master_url,
                 "--checkpoint",
                 f"s3a://{BUCKET}/campaign",
                 "--trials",
@@ -124,9 +110,8 @@ def main(argv: list[str]) -> int:
                 str(out),
                 *options,
             ]
-            status = subprocess.run(cmd, cwd=driver_dir, env=env, check=False).returncode
+            status = subprocess.run(cmd, cwd=run.driver_dir, env=run.env, check=False).returncode
     finally:
-        s3.stop(WORK / "s3")
         if (out / "verify.json").exists():
             shutil.copy(out / "verify.json", result)
         if (out / "recovery.png").exists():

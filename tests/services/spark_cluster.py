@@ -70,8 +70,10 @@ from typing import Any
 __all__ = [
     "ENV_NAME",
     "ENV_PYTHON",
+    "ClusterWithS3",
     "SparkCluster",
     "client_settings",
+    "cluster_with_s3",
     "driver_environment",
     "executor_env_archive",
     "spark_home",
@@ -274,7 +276,10 @@ class SparkCluster:
             SPARK_DAEMON_JAVA_OPTS=QUICK_JVM,
             # A taken port fails the start (and it is retried with fresh ones) instead of
             # Spark moving to the next port, which this class would not know about.
-            SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0 -Dspark.worker.timeout=15",
+            # No REST submission server: it binds the fixed port 6066, so a second cluster
+            # on this machine (a test beside a campaign) never came up.
+            SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0 -Dspark.worker.timeout=15 "
+            "-Dspark.master.rest.enabled=false",
             # Each application's work dir holds the unpacked archive (about 370 MB per
             # executor): a finished application's goes a minute after its last file.
             SPARK_WORKER_OPTS="-Dspark.port.maxRetries=0 -Dspark.worker.cleanup.enabled=true "
@@ -592,6 +597,45 @@ def driver_environment(
     if python is not None:
         env["PYSPARK_PYTHON"] = python
     return env
+
+
+@dataclasses.dataclass
+class ClusterWithS3:
+    """A running cluster and S3 server, and what a driver on them needs: its working
+    directory (the executor environment unpacked) and its environment (see
+    :func:`cluster_with_s3`)."""
+
+    cluster: SparkCluster
+    s3: Any  # tests.services.s3.S3Server
+    driver_dir: pathlib.Path
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def cluster_with_s3(
+    work: pathlib.Path, *, buckets: Sequence[str] = (), workers: int = 2, cores: int = WORKER_CORES
+) -> Iterator[ClusterWithS3]:
+    """A moto S3 server (with ``buckets``) and a cluster in ``work``, for scripts that run
+    drivers on them (``scripts/cluster-campaign.py``, ``benchmarks/cluster_checkpoint.py``).
+
+    Drivers run in ``driver_dir`` with ``env``: the cluster's client settings and the S3A
+    settings in a ``spark-defaults.conf`` of their own, and ``PYTHONPATH`` on this
+    checkout's ``src`` (the archive is built from it). Both services stop on leaving."""
+    from tests.services import s3
+
+    archive = executor_env_archive()
+    driver_dir = unpack_environment(archive, work / "driver")
+    server = s3.start(work / "s3")
+    try:
+        for bucket in buckets:
+            server.create_bucket(bucket)
+        with SparkCluster(work / "cluster", workers=workers, cores=cores) as cluster:
+            settings = {**client_settings(cluster, archive), **s3.s3a_settings(server)}
+            env = driver_environment(work / "conf", settings)
+            env["PYTHONPATH"] = str(REPO_ROOT / "src")
+            yield ClusterWithS3(cluster, server, driver_dir, env)
+    finally:
+        s3.stop(work / "s3")
 
 
 # --- command line ------------------------------------------------------------------------------

@@ -354,6 +354,18 @@ def test_a_checkpoint_that_is_a_file_or_a_url_without_host_is_a_usage_error(
     assert "s3a://BUCKET-OR-HOST/path" in err
 
 
+def test_a_verify_checkpoint_root_that_is_a_file_or_a_url_without_host_is_a_usage_error(
+    a_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = "SPARKONCE_VERIFY_CHECKPOINT"
+    err = refused(["verify", "p.py"], {env: a_file}, monkeypatch, capsys)
+    usage_error(
+        err, "--checkpoint", env, a_file, "a directory path or a URL (it exists and is not a dir"
+    )
+    err = refused(["verify", "p.py"], {env: "s3a:///v"}, monkeypatch, capsys)
+    usage_error(err, "--checkpoint", env, "s3a:///v", "a directory path or a URL (the checkp")
+
+
 def test_a_log_file_that_is_a_directory_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -411,6 +423,7 @@ COVERED = (
         "SPARKONCE_VERIFY_OUT",
         "SPARKONCE_DEMO_DIR",
         "SPARKONCE_RUN_CHECKPOINT",
+        "SPARKONCE_VERIFY_CHECKPOINT",
         "SPARKONCE_RUN_SOURCE",
         "SPARKONCE_LOG_FILE",
         "SPARKONCE_METRICS_HOST",

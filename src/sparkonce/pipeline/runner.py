@@ -112,6 +112,29 @@ class _BatchHandler:
         self.current: tuple[int, BatchRanges] | None = None  # the batch being committed
         self.stopping: RunStopped | None = None
         self._lock = threading.Lock()
+        # What this run read from the checkpoint and cannot change while it runs: the
+        # offsets Spark logged for the last batch (the next batch starts there), the
+        # query's id, and whether it keeps state (fixed by its plan). On S3 each read is a
+        # round trip: without these, four per batch instead of one.
+        self._offsets: dict[int, str] = {}
+        self._query_id: str | None = None
+        self._stateful: bool | None = pipeline.stateful
+
+    def _source_offset(self, batch_id: int) -> str | None:
+        found = self._offsets.get(batch_id)
+        if found is None:
+            found = self.checkpoint.source_offset(batch_id)
+            if found is not None:
+                self._offsets = {batch_id: found}  # the next batch asks for this one only
+        return found
+
+    def _batch_facts(self) -> tuple[str | None, bool]:
+        if self._query_id is None:
+            self._query_id = self.checkpoint.query_id()
+        if self._stateful is None:
+            # Spark has planned this batch, so a stateful query's state/ directory exists.
+            self._stateful = self.checkpoint.has_state()
+        return self._query_id, self._stateful
 
     def stop_between_batches(self, query: StreamingQuery, why: RunStopped) -> None:
         """Stop ``query`` when no commit is in flight: wait for the current one to end."""
@@ -145,19 +168,19 @@ class _BatchHandler:
     def _commit(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         p = self.pipeline
-        current = self.checkpoint.source_offset(batch_id)
+        previous = self._source_offset(batch_id - 1) if batch_id > 0 else None
+        current = self._source_offset(batch_id)
         if current is None:
             raise CheckpointError(
                 f"pipeline {p.name!r}: Spark's offset log has no entry for batch {batch_id} in "
                 f"{self.checkpoint.path}; the checkpoint was changed while the query ran"
             )
-        ranges = p.source.batch_ranges(self.checkpoint.previous_offset(batch_id, p.source), current)
+        if batch_id == 0:
+            previous = self.checkpoint.previous_offset(0, p.source)
+        ranges = p.source.batch_ranges(previous, current)
         self.current = (batch_id, ranges)
-        # Spark has planned this batch, so a stateful query's state/ directory exists.
-        stateful = self.checkpoint.has_state() if p.stateful is None else p.stateful
-        ctx = BatchContext(
-            p.name, self.epoch, ranges, batch_id, self.checkpoint.query_id(), stateful
-        )
+        query_id, stateful = self._batch_facts()
+        ctx = BatchContext(p.name, self.epoch, ranges, batch_id, query_id, stateful)
         result = p.sink.commit(ctx, df)
         self.current = None
         report = BatchReport(batch_id, ranges, result, time.monotonic() - started)
