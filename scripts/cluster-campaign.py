@@ -8,17 +8,18 @@ What it starts, all throwaway and on 127.0.0.1 (tests/services):
   ``s3a://verify/campaign/cluster-campaign/RUN-ID`` (``verify --checkpoint``), so the
   state store's files are written by the executors into the bucket, and the offset and
   commit logs by the driver;
-* a master and two workers of 2 cores each. Every driver takes one core per worker, so a
-  zombie driver and its successor run side by side;
+* a master and two workers of 4 cores each. Every driver takes one core per worker, so
+  two trials run at a time (each on its own SQLite store), each with room for a zombie
+  driver beside its successor;
 * the executors' Python, packed by ``scripts/pack-executor-env.sh`` and shipped by every
   driver through ``spark.archives``, as the README's "Running on a cluster" describes.
 
 The pipeline is ``scripts/verify-campaign.sh``'s: per-key sums (a stateful aggregation)
 from an embedded log (one file, which every node here sees at the same path) into SQLite,
-upsert by key. Trials run one at a time; kill, crash-point, task-failure and zombie take
-turns. The report is kept in ``benchmarks/results/verify-cluster.json`` (recovery chart:
-``verify-cluster.png``) and the campaign resumes from it: each call runs the trials not
-there yet. The seed is ``SPARKONCE_CAMPAIGN_SEED`` (default 1).
+upsert by key. Kill, crash-point, task-failure and zombie take turns. The report is kept
+in ``benchmarks/results/verify-cluster.json`` (recovery chart: ``verify-cluster.png``) and
+the campaign resumes from it: each call runs the trials not there yet. The seed is
+``SPARKONCE_CAMPAIGN_SEED`` (default 1).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> int:
     )
     status = 1
     try:
-        with cluster_with_s3(WORK, buckets=[BUCKET], cores=2) as run:
+        with cluster_with_s3(WORK, buckets=[BUCKET], cores=4) as run:
             cmd = [
                 str(PY),
                 "-m",
@@ -108,6 +109,10 @@ def main(argv: list[str]) -> int:
                 "--resume",
                 "--out",
                 str(out),
+                "--sink",
+                f"sqlite:///{WORK / 'sink.db'}",
+                "--sink",
+                f"sqlite:///{WORK / 'sink2.db'}",
                 *options,
             ]
             status = subprocess.run(cmd, cwd=run.driver_dir, env=run.env, check=False).returncode

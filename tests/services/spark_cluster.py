@@ -623,7 +623,9 @@ def cluster_with_s3(
     checkout's ``src`` (the archive is built from it). Both services stop on leaving."""
     from tests.services import s3
 
-    archive = executor_env_archive()
+    # An archive of its own: the pack script removes the other archives in its directory
+    # when src/ changes, and a long campaign must not lose the one its drivers ship.
+    archive = executor_env_archive(work / "executor-env")
     driver_dir = unpack_environment(archive, work / "driver")
     server = s3.start(work / "s3")
     try:
