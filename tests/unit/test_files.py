@@ -97,3 +97,31 @@ def test_a_pipeline_takes_a_url_checkpoint_but_not_with_stable_output(tmp_path: 
         )
     with pytest.raises(ConfigError, match="no bucket or host"):
         Pipeline(name="p", source=source, sink=sink, checkpoint="hdfs:///ck")
+
+
+def test_the_jars_of_spark_defaults_are_kept_beside_the_pipelines(tmp_path: Path) -> None:
+    """A session's spark.jars takes the place of spark-defaults.conf's, so build_session
+    reads that file's list (the last spark.jars line, any properties separator) and puts
+    it first."""
+    from sparkonce.pipeline.spark import defaults_jars
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(
+        "# a cluster's defaults\n"
+        "spark.master  spark://m:7077\n"
+        "spark.jars=/old.jar\n"
+        "spark.jars   file:/opt/jars/a.jar, hdfs://nn:8020/jars/b.jar\n"
+        "spark.jarsx /not-this.jar\n"
+    )
+    assert defaults_jars({"SPARK_CONF_DIR": str(conf)}) == [
+        "file:/opt/jars/a.jar",
+        "hdfs://nn:8020/jars/b.jar",
+    ]
+    (conf / "spark-defaults.conf").write_text("spark.jars:/one.jar\n")
+    assert defaults_jars({"SPARK_CONF_DIR": str(conf)}) == ["/one.jar"]
+    assert defaults_jars({"SPARK_CONF_DIR": str(tmp_path / "none")}) == []
+    home = tmp_path / "home"
+    (home / "conf").mkdir(parents=True)
+    (home / "conf" / "spark-defaults.conf").write_text("spark.jars /h.jar\n")
+    assert defaults_jars({"SPARK_HOME": str(home)}) == ["/h.jar"]

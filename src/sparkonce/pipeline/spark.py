@@ -6,6 +6,7 @@ Library code never creates a session by itself: ``Pipeline.run`` takes one.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,6 +73,9 @@ def build_session(
     extra = {**worker_fault_conf(), **(conf or {})}
     all_jars = list(jars or []) + [j for j in extra.pop("spark.jars", "").split(",") if j]
     if all_jars:
+        # The session's spark.jars replaces the one of spark-defaults.conf (a cluster's
+        # connectors, say): keep those too, first.
+        all_jars = [*defaults_jars(), *all_jars]
         builder = builder.config("spark.jars", ",".join(dict.fromkeys(all_jars)))
     if "DeltaSparkSessionExtension" in extra.get("spark.sql.extensions", ""):
         # Delta rebuilds a table's state (at checkpoints, and for MERGE's txn check) in
@@ -93,6 +97,35 @@ def build_session(
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def defaults_jars(env: Mapping[str, str] | None = None) -> list[str]:
+    """The ``spark.jars`` of the ``spark-defaults.conf`` that ``spark-submit`` reads when
+    PySpark starts the driver's JVM (in ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else
+    the conf directory of the installed PySpark). Empty when there is none."""
+    env = os.environ if env is None else env
+    if env.get("SPARK_CONF_DIR"):
+        conf_dir = Path(env["SPARK_CONF_DIR"])
+    elif env.get("SPARK_HOME"):
+        conf_dir = Path(env["SPARK_HOME"]) / "conf"
+    else:
+        import pyspark
+
+        conf_dir = Path(pyspark.__file__).parent / "conf"
+    try:
+        text = (conf_dir / "spark-defaults.conf").read_text()
+    except OSError:
+        return []
+    value = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        # A Java properties line: the key ends at whitespace, "=" or ":".
+        found = re.match(r"([^\s=:]+)\s*[=:]?\s*(.*)$", line)
+        if found and found.group(1) == "spark.jars":
+            value = found.group(2)  # the last one wins
+    return [j.strip() for j in value.split(",") if j.strip()]
 
 
 def _log4j_config(log_file: Path) -> Path:
