@@ -110,24 +110,19 @@ class SqlLedger:
                 missing = self._pg_missing(conn, added)
             if not missing:
                 return
-            # Two first runs may race to create the tables; serialise them, then look again.
-            with write_transaction(conn, self.dialect):
-                conn.execute("SELECT pg_advisory_xact_lock(727274)")
-                missing = self._pg_missing(conn, added)
-                if missing and "tables" not in missing:
-                    # An older ledger table: take the strongest lock first, waiting for the
-                    # commits in flight, rather than upgrading a weaker one later.
-                    conn.execute(f"LOCK TABLE {LEDGER_TABLE} IN ACCESS EXCLUSIVE MODE")
-                if "tables" in missing:
-                    for stmt in stmts[:2]:
-                        conn.execute(stmt)
-                if "tables" in missing or "index" in missing:
-                    conn.execute(stmts[2])
-                for name, kind in added.items():
-                    if "tables" in missing or name in missing:
-                        conn.execute(
-                            f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}"
-                        )
+            # Two first runs may race to create the tables; serialise them, then look again
+            # in a transaction begun once the lock is held. A transaction begun before the
+            # wait (the lock's own) kept the catalog cache of its start: it still saw no
+            # tables after another run had created them, ran the DDL on the tables in use,
+            # and deadlocked with their commits (seen in the simulation).
+            conn.execute("SELECT pg_advisory_lock(727274)")  # autocommit: a session lock
+            try:
+                self._pg_create(conn, added, stmts)
+            finally:
+                try:
+                    conn.execute("SELECT pg_advisory_unlock(727274)")
+                except Exception:  # a lost connection took its session lock with it
+                    log.debug("advisory unlock failed", exc_info=True)
         else:
             for s in stmts:
                 conn.execute(s)
@@ -135,6 +130,25 @@ class SqlLedger:
             for name, kind in added.items():
                 if name not in columns:  # a ledger written by an older sparkonce
                     conn.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN {name} {kind}")
+
+    def _pg_create(self, conn: Any, added: dict[str, str], stmts: list[str]) -> None:
+        """What ``ensure_schema`` lacks on PostgreSQL, looked up again under its lock."""
+        with write_transaction(conn, self.dialect):
+            missing = self._pg_missing(conn, added)
+            if missing and "tables" not in missing:
+                # An older ledger table: take the strongest lock first, waiting for the
+                # commits in flight, rather than upgrading a weaker one later.
+                conn.execute(f"LOCK TABLE {LEDGER_TABLE} IN ACCESS EXCLUSIVE MODE")
+            if "tables" in missing:
+                for stmt in stmts[:2]:
+                    conn.execute(stmt)
+            if "tables" in missing or "index" in missing:
+                conn.execute(stmts[2])
+            for name, kind in added.items():
+                if "tables" in missing or name in missing:
+                    conn.execute(
+                        f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}"
+                    )
 
     def _pg_missing(self, conn: Any, added: dict[str, str]) -> set[str]:
         """What PostgreSQL's schema lacks: ``"tables"``, ``"index"`` and the names of added
