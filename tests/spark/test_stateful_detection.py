@@ -217,3 +217,35 @@ def test_lost_checkpoint_of_pandas_state_is_refused_by_every_sink_family(
     p = _pipeline(tmp_path, transform, "update", family_sink("counts"))
     p.run(spark, timeout=300)
     _lose_checkpoint_and_expect_refusal(spark, p)
+
+
+def test_a_stateful_run_killed_before_its_first_offsets_were_in_place_can_start_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A driver killed between writing the first batch's offsets to a temporary file and
+    renaming it (S3A copies, so the window is wide: the cluster campaign hit it) leaves
+    that file in an offset log with no batch. Spark's new-checkpoint check refuses to start
+    a stateful query on it; the run clears the debris once it owns the pipeline."""
+    make_event_log(tmp_path / "log", RECORDS, keys=3)
+    sink = sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "sums", mode="upsert", keys=["key"])
+    p = _pipeline(
+        tmp_path,
+        lambda df: _events(df).groupBy("key").agg(F.sum("v").alias("total")),
+        "update",
+        sink,
+    )
+    offsets = Path(p.checkpoint_path) / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.5f0c6b1e-killed.tmp").write_text("v1\n{}\n")
+    report = p.run(spark, timeout=300)
+    assert report.batches_committed == RECORDS // LIMIT
+    assert not (offsets / ".0.5f0c6b1e-killed.tmp").exists()
+    p.sink.open()
+    try:
+        rows = {r["key"]: r["total"] for r in inspector_for(p.sink).rows()}
+    finally:
+        p.sink.close()
+    # Record i has value BASE + i and key k(i % 3): each key's sum, from the input alone.
+    from tests.spark.test_no_data_batches import BASE
+
+    assert rows == {f"k{k}": sum(BASE + i for i in range(RECORDS) if i % 3 == k) for k in range(3)}

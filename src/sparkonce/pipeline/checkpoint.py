@@ -91,6 +91,24 @@ class Checkpoint:
         """Raise :class:`ConfigError` if the location cannot be a checkpoint directory."""
         self.files.check_writable_dir(self.location, "checkpoint")
 
+    def clear_unplanned_debris(self) -> list[str]:
+        """Remove what a killed driver left in an offset log that has no batch yet.
+
+        Spark writes a batch's offsets to a temporary file and renames it into place (on
+        S3A a copy, not atomic, so the window is wide). A driver killed in between leaves
+        the temporary file in an offset log with no batch in it, and Spark's check of a
+        new checkpoint then refuses every restart of a stateful query
+        (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``). With no batch planned and none
+        committed, nothing in ``offsets/`` is a batch, so nothing is lost. Call it only as
+        the pipeline's owner (after taking the epoch): an older driver still writing there
+        is fenced anyway. Returns the names removed."""
+        if self.batch_ids("offsets") or self.batch_ids("commits"):
+            return []
+        stray = self.files.list_names(self._at("offsets"))
+        for name in stray:
+            self.files.delete(self._at("offsets", name))
+        return stray
+
     def batch_ids(self, kind: str = "offsets") -> list[int]:
         return sorted(int(n) for n in self.files.list_names(self._at(kind)) if n.isdigit())
 

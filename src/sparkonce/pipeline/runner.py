@@ -449,6 +449,16 @@ def _run(
                 pipeline, checkpoint, ledger_end, sink.last_entry(pipeline.name)
             )
 
+        stray = checkpoint.clear_unplanned_debris()
+        if stray:
+            log.warning(
+                "pipeline %s: removed %s from the offset log of %s, which holds no batch: "
+                "left by a driver killed while it wrote the first batch's offsets",
+                pipeline.name,
+                ", ".join(stray),
+                checkpoint.path,
+            )
+
         report = RunReport(pipeline.name, owner.epoch, resumed)
         handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch, faults)
         notes = _ProgressNotes(pipeline, report)
