@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.services
 
+from tests.cluster.pipelines import write_sums_pipeline  # noqa: E402
 from tests.services.spark_cluster import cluster_with_s3  # noqa: E402
 
 NAME = "verify-cluster"
@@ -40,24 +41,6 @@ WORK = REPO / ".cache" / "cluster-campaign"
 BUCKET = "verify"
 PY = REPO / ".venv" / "bin" / "python"
 KINDS = "kill,crash-point,task-failure,zombie"
-
-PIPELINE = """
-from pyspark.sql import functions as F
-from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
-
-def sums(df):
-    v = df.select(F.col("key").cast("string").alias("key"),
-                  F.col("value").cast("string").cast("long").alias("value"))
-    return v.groupBy("key").agg(F.sum("value").alias("total"), F.count("*").alias("n"))
-
-pipeline = Pipeline(
-    name="cluster-campaign",
-    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=200),
-    transform=sums,
-    sink=SQLiteSink("sqlite:///{sink}", "sums", mode="upsert", keys=["key"]),
-    checkpoint={checkpoint!r},
-)
-"""
 
 
 def sparkonce(*args: str, stdin: str | None = None) -> None:
@@ -83,9 +66,13 @@ def main(argv: list[str]) -> int:
     if result.exists() and not (out / "verify.json").exists():
         shutil.copy(result, out / "verify.json")
     log = make_input()
-    pipeline = WORK / "pipeline.py"
-    pipeline.write_text(
-        PIPELINE.format(log=str(log), sink=WORK / "sink.db", checkpoint=str(WORK / "checkpoint"))
+    pipeline = write_sums_pipeline(
+        WORK / "pipeline.py",
+        name="cluster-campaign",
+        log=log,
+        limit=200,
+        sink=WORK / "sink.db",
+        checkpoint=WORK / "checkpoint",
     )
     status = 1
     try:

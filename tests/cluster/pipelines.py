@@ -165,3 +165,36 @@ def running_task_after_first_batch(marker_dir: Path, deadline: float) -> dict[st
                 return max(fresh, key=lambda m: m["at"])
         time.sleep(0.05)
     raise AssertionError("no task of a second batch started in time")
+
+
+_SUMS_PIPELINE = """
+from pyspark.sql import functions as F
+from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
+
+def sums(df):
+    v = df.select(F.col("key").cast("string").alias("key"),
+                  F.col("value").cast("string").cast("long").alias("value"))
+    return v.groupBy("key").agg(F.sum("value").alias("total"), F.count("*").alias("n"))
+
+pipeline = Pipeline(
+    name={name!r},
+    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition={limit!r}),
+    transform=sums,
+    sink=SQLiteSink("sqlite:///{sink}", "sums", mode="upsert", keys=["key"]),
+    checkpoint={checkpoint!r},
+)
+"""
+
+
+def write_sums_pipeline(
+    path: Path, *, name: str, log: Path, limit: int, sink: Path, checkpoint: Path
+) -> Path:
+    """The stateful campaign pipeline (per-key sums of the embedded log's ``events`` into
+    SQLite, upsert by key) of ``tests/cluster/test_verify.py`` and
+    ``scripts/cluster-campaign.py``, written to ``path``."""
+    path.write_text(
+        _SUMS_PIPELINE.format(
+            name=name, log=str(log), limit=limit, sink=sink, checkpoint=str(checkpoint)
+        )
+    )
+    return path

@@ -17,6 +17,7 @@ import pytest
 
 from sparkonce.log import IdempotentProducer, Topic
 from tests.cluster.conftest import StartDriver
+from tests.cluster.pipelines import write_sums_pipeline
 from tests.services.s3 import S3Server, s3a_settings
 from tests.services.spark_cluster import SparkCluster
 
@@ -24,24 +25,6 @@ pytestmark = pytest.mark.crash_lane
 
 RECORDS = 900  # 3 partitions, 150 per partition and batch: 2 batches
 KEYS = 5
-
-PIPELINE = """
-from pyspark.sql import functions as F
-from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
-
-def sums(df):
-    v = df.select(F.col("key").cast("string").alias("key"),
-                  F.col("value").cast("string").cast("long").alias("value"))
-    return v.groupBy("key").agg(F.sum("value").alias("total"), F.count("*").alias("n"))
-
-pipeline = Pipeline(
-    name="cluster-verify",
-    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=150),
-    transform=sums,
-    sink=SQLiteSink("sqlite:///{sink}", "sums", mode="upsert", keys=["key"]),
-    checkpoint={checkpoint!r},
-)
-"""
 
 
 def test_verify_runs_its_trials_on_the_cluster_with_checkpoints_in_s3(
@@ -55,9 +38,13 @@ def test_verify_runs_its_trials_on_the_cluster_with_checkpoints_in_s3(
     with Topic.create(log, "events", 3) as topic, IdempotentProducer(topic, "t") as producer:
         for i in range(RECORDS):
             producer.send(str(i).encode(), f"k{i % KEYS}".encode(), partition=i % 3)
-    pipeline = tmp_path / "pipeline.py"
-    pipeline.write_text(
-        PIPELINE.format(log=str(log), sink=tmp_path / "sink.db", checkpoint=str(tmp_path / "cp"))
+    pipeline = write_sums_pipeline(
+        tmp_path / "pipeline.py",
+        name="cluster-verify",
+        log=log,
+        limit=150,
+        sink=tmp_path / "sink.db",
+        checkpoint=tmp_path / "cp",
     )
     out = tmp_path / "out"
     root = f"s3a://{s3_bucket}/verify"
