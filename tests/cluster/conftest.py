@@ -155,6 +155,11 @@ def start_driver(
         paths = [str(REPO / "src"), *(env or {}).get("PYTHONPATH", "").split(os.pathsep)]
         environment.update(env or {})
         environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        # Spark's scratch space (with the driver's copy of the unpacked archive) inside
+        # tmp_path, which goes with a passing test: a killed driver cannot remove it.
+        local = tmp_path / f"{name}-spark-local"
+        local.mkdir(exist_ok=True)
+        environment.setdefault("SPARK_LOCAL_DIRS", str(local))
         driver = ClusterDriver(
             [sys.executable, *args], tmp_path / f"{name}.log", cwd or driver_dir, environment
         )

@@ -111,6 +111,7 @@ _DAEMON_ENV_DROPPED = (
     "PYSPARK_DRIVER_PYTHON",
     "PYSPARK_SUBMIT_ARGS",
     "SPARK_CONF_DIR",
+    "SPARK_LOCAL_DIRS",  # a test driver's scratch space, gone with its test
     "VIRTUAL_ENV",
 )
 

@@ -7,12 +7,20 @@ a machine failure would.
 Each driver run records the faults that fired in it, and whether it ended fenced,
 in its own events file beside its log (``SPARKONCE_FAULT_EVENTS``; the schema is in
 :mod:`sparkonce.faults`): :meth:`Driver.events` reads them.
+
+Each driver run also gets Spark scratch space of its own beside its log
+(``SPARK_LOCAL_DIRS``; :attr:`Driver.local_dir`), removed once the run has ended. Spark
+removes its scratch directories on a clean exit, but a SIGKILLed driver cannot: without
+this, every killed trial would leave its shuffle files and its copy of the
+``spark.archives`` environment (a hundred megabytes or more on a cluster) in the
+system's temporary directory, and a long campaign would fill the disk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +33,7 @@ from sparkonce.faults import EVENTS_ENV, read_events
 from sparkonce.protocol import CRASH_ENV, CrashPoint
 
 SIGKILL_EXIT = -signal.SIGKILL
+LOCAL_DIRS_ENV = "SPARK_LOCAL_DIRS"
 
 
 class Driver:
@@ -67,6 +76,11 @@ class Driver:
         if self.crash_at is not None:
             env[CRASH_ENV] = f"{self.crash_at.value}@{self.crash_hit}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if LOCAL_DIRS_ENV not in self.env:
+            # Scratch space of this run only, removed in wait() (see the module docstring).
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+            self.local_dir.mkdir(parents=True)
+            env[LOCAL_DIRS_ENV] = str(self.local_dir)
         if EVENTS_ENV not in self.env:
             # This run's events only: the driver and its Python workers append to this file.
             self.events_path.unlink(missing_ok=True)
@@ -128,6 +142,8 @@ class Driver:
                 self._log.close()
         self.ended_at = self.ended_at or time.monotonic()
         self._reap_group()
+        if LOCAL_DIRS_ENV not in self.env:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
         return code
 
     def _reap_group(self) -> None:
@@ -145,6 +161,12 @@ class Driver:
     def spark_log_path(self) -> Path:
         """Where ``sparkonce run`` writes Spark's and py4j's full log for this driver."""
         return self.log_path.with_name(self.log_path.name + ".spark.log")
+
+    @property
+    def local_dir(self) -> Path:
+        """This run's Spark scratch directory (``SPARK_LOCAL_DIRS``), beside its log; it
+        exists while the run does, unless ``env`` names other local directories."""
+        return self.log_path.with_name(self.log_path.name + ".spark-local")
 
     @property
     def events_path(self) -> Path:
