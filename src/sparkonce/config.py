@@ -169,14 +169,33 @@ class StoreURL:
 
 
 def mask_url(url: object) -> str:
-    """``url`` as given, with any ``user:password@`` password replaced by ``***``."""
+    """``url`` (or any text holding URLs) as given, with its secrets replaced by ``***``.
+
+    Masked: the password of a ``scheme://user:password@host`` (one holding ``@``, ``:``
+    or ``/`` too: the host starts after the authority's last ``@``), of a ``user:password@``
+    without a scheme, and the value of a ``password=``-like parameter (a libpq URL's query,
+    or a ``key=value`` connection string).
+    """
     return _mask_raw(url)
+
+
+# A password in a URL's authority: up to the last "@" before the host (which holds none).
+_URL_PASSWORD = re.compile(
+    r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s'\"?#]*@(?=[^@\s'\"/?#]*(?:[/?#\s'\",;)]|$))"
+)
+_USERINFO_PASSWORD = re.compile(r"([^:/@\s'\"]+):([^@/\s'\"]*)@")
+_SECRET_PARAMETER = re.compile(
+    r"(?i)(?<![A-Za-z0-9_.])((?:ssl)?password|passwd|pwd|secret|token|sasl[._]password)"
+    r"=('[^']*'|[^&\s'\"]*)"
+)
 
 
 def _mask_raw(url: object) -> str:
     if not isinstance(url, str):
         return repr(url)
-    return re.sub(r"([^:/@]+):([^@/]*)@", r"\1:***@", url)
+    text = _URL_PASSWORD.sub(r"\1:***@", url)
+    text = _USERINFO_PASSWORD.sub(r"\1:***@", text)
+    return _SECRET_PARAMETER.sub(r"\1=***", text)
 
 
 TriggerKind = Literal["availableNow", "processingTime"]

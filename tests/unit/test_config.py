@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkonce.config import StoreURL, Trigger, check_identifier, check_pipeline_name
+from sparkonce.config import StoreURL, Trigger, check_identifier, check_pipeline_name, mask_url
 from sparkonce.errors import ConfigError
 
 SECRET = "hunter2-S3cret"
@@ -220,3 +220,33 @@ def test_names_with_trailing_newline_are_rejected(kind: str) -> None:
             check_identifier("orders\n", "table")
         else:
             check_pipeline_name("orders\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "shown"),
+    [
+        ("postgresql://bob:hunter2@db:5432/x", "hunter2", "postgresql://bob:***@db:5432/x"),
+        # A password holding "@", ":" or "/": the host starts after the last "@".
+        ("postgresql://bob:hun@ter2@db/x", "hun@ter2", "postgresql://bob:***@db/x"),
+        ("postgresql://bob:hu:nt/er2@db/x", "nt/er2", "postgresql://bob:***@db/x"),
+        # A libpq URL may carry it as a parameter; so may a key=value connection string.
+        ("postgresql://db/x?sslmode=require&password=hunter2", "hunter2", None),
+        ("host=db password=hunter2 dbname=x", "hunter2", "host=db password=*** dbname=x"),
+        ("sasl.password=hunter2", "hunter2", "sasl.password=***"),
+        # Inside a longer message, quoted.
+        ("could not connect to 'postgresql://bob:hunter2@db/x': refused", "hunter2", None),
+    ],
+)
+def test_mask_url_hides_every_form_of_a_password(text: str, secret: str, shown: str | None) -> None:
+    masked = mask_url(text)
+    assert secret not in masked and "***" in masked
+    if shown is not None:
+        assert masked == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["postgresql://bob@db:5432/x", "postgresql://[::1]:5432/x", "kafka://broker:9092/events"],
+)
+def test_mask_url_leaves_a_url_without_a_secret_alone(text: str) -> None:
+    assert mask_url(text) == text
