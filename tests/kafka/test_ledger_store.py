@@ -103,3 +103,37 @@ def test_find_by_ranges_and_no_data_batches_by_spark_identity(new_store) -> None
     assert find(NO_DATA, 2, "q1") is None  # the next no-data batch is not this one
     assert find(NO_DATA, 1, "q2") is None  # nor is another query's
     assert find(NO_DATA, 1, None) is None  # no checkpoint id: never found
+
+
+def test_the_driver_store_reads_through_one_consumer_until_closed(
+    new_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of a batch's commit (owner check, last entry, the wait until the entry is
+    readable) goes through one kept consumer; close() ends it and the next read opens
+    another. A second store sees every commit of the first."""
+    from sparkonce.kafka import consumer as consumer_module
+
+    opened: list[Any] = []
+    real_init = consumer_module.KafkaReader.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(consumer_module.KafkaReader, "__init__", counting_init)
+    store = new_store()
+    epoch = store.acquire(P).epoch
+    for seq in range(3):
+        ranges = BatchRanges(
+            tuple(OffsetRange("events", p, 100 * seq, 100 * seq + 100) for p in range(2))
+        )
+        assert store.last(P) == (None if seq == 0 else store.entries(P)[-1])
+        with store.transaction() as txn:
+            store.check_owner(txn, P, epoch)
+            store.record(txn, entry(seq, epoch, ranges))
+    assert len(opened) == 1 and not opened[0]._closed
+    assert [e.seq for e in new_store().entries(P)] == [0, 1, 2]
+    store.close()
+    assert opened[0]._closed
+    assert store.last(P) is not None and store.last(P).seq == 2
+    assert len(opened) == 3  # the reading store's own, and a new one after close()
