@@ -132,6 +132,7 @@ def test_the_driver_store_reads_through_one_consumer_until_closed(
             store.check_owner(txn, P, epoch)
             store.record(txn, entry(seq, epoch, ranges))
     assert len(opened) == 1 and not opened[0]._closed
+    assert opened[0].consumer.assignment() == []  # nothing fetched between reads
     assert [e.seq for e in new_store().entries(P)] == [0, 1, 2]
     store.close()
     assert opened[0]._closed

@@ -31,9 +31,10 @@ librdkafka; the loop logs them at debug level and keeps reading until the timeou
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sparkonce.errors import (
@@ -71,12 +72,14 @@ def new_consumer(
     *,
     group: str = READER_GROUP,
     isolation_level: str = "read_committed",
+    settings: Mapping[str, Any] | None = None,
 ) -> Any:
     """A confluent-kafka consumer for ``conn`` that never commits on its own.
 
     ``group`` is only used by callers that commit offsets explicitly (the source's
     lag monitoring); readers assign partitions and never join it. The connection's
-    client config (security settings...) applies; the settings below override it.
+    client config (security settings...) applies; the settings below override it, and
+    ``settings`` (librdkafka's names) override those.
     """
     if isolation_level not in ISOLATION_LEVELS:
         raise ConfigError(
@@ -94,6 +97,7 @@ def new_consumer(
             "enable.partition.eof": False,
         }
     )
+    conf.update(settings or {})
     try:
         return ck.Consumer(conf)
     except (ck.KafkaException, ValueError) as exc:
@@ -124,11 +128,12 @@ class KafkaReader:
         *,
         timeout: float = TIMEOUT_S,
         isolation_level: str = "read_committed",
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.conn = conn
         self.timeout = timeout
         self.isolation_level = isolation_level
-        self.consumer: Any = new_consumer(conn, isolation_level=isolation_level)
+        self.consumer: Any = new_consumer(conn, isolation_level=isolation_level, settings=settings)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -139,6 +144,13 @@ class KafkaReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def release(self) -> None:
+        """Drop the partition a read assigned, so a consumer kept between reads does not
+        go on fetching in the background (a failure is ignored: the next read assigns
+        anew)."""
+        with contextlib.suppress(Exception):
+            self.consumer.unassign()
 
     def close(self) -> None:
         if not self._closed:

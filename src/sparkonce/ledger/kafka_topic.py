@@ -89,6 +89,11 @@ TIMEOUT_S = 30.0  # seconds: reading the ledger topic, initializing and committi
 _FENCED_CODES = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
 
 
+# The broker's longest wait for a fetch of the driver's kept ledger reader (librdkafka's
+# fetch.wait.max.ms, 500 by default); see LedgerTopic.
+FETCH_WAIT_MS = 10
+
+
 def transactional_id(pipeline: str, topic: str, partition: int | str) -> str:
     """The ``transactional.id`` of a task's (``partition``) or the driver's producer."""
     return f"sparkonce.{pipeline}.{topic}.{partition}"
@@ -156,7 +161,12 @@ class LedgerTopic:
         """``keep_reader``: one consumer for every read until :meth:`close` (the driver's
         store reads the topic several times per batch; a new consumer each time costs a
         connection and a metadata round trip, measured at 30 ms to 0.7 s). Without it,
-        each read opens and closes its own (a Spark task reads once)."""
+        each read opens and closes its own (a Spark task reads once).
+
+        The kept consumer fetches with a short broker wait (``FETCH_WAIT_MS``): a fetch
+        left waiting at the end of the topic by one read (500 ms by default) would hold up
+        the next read's first fetch, which made each commit slower than a new consumer
+        did. Between reads it holds no partition, so it fetches nothing."""
         self.conn = conn
         self.topic = topic
         self.keep_reader = keep_reader
@@ -171,12 +181,15 @@ class LedgerTopic:
             return
         with self._lock:
             if self._reader is None:
-                self._reader = KafkaReader(self.conn, timeout=TIMEOUT_S)
+                self._reader = KafkaReader(
+                    self.conn, timeout=TIMEOUT_S, settings={"fetch.wait.max.ms": FETCH_WAIT_MS}
+                )
             try:
                 yield self._reader
             except BaseException:
                 self._drop_reader()  # a failed read starts the next on a new consumer
                 raise
+            self._reader.release()
 
     def _drop_reader(self) -> None:
         reader, self._reader = self._reader, None
