@@ -222,3 +222,17 @@ def test_kafka_unavailable_is_one_store_unavailable_error_of_the_hierarchy() -> 
     line = "sparkonce.errors.KafkaUnavailableError: Kafka at b:9092 did not answer"
     cause = find_cause(f"Traceback (most recent call last):\n{line}\n")
     assert cause.error is KafkaUnavailableError
+
+
+def test_a_failed_tasks_error_names_the_refused_record_not_the_purged_ones() -> None:
+    """A refused record fails the transaction and librdkafka purges the queued rest; their
+    reports can come first, but the error must give the broker's reason."""
+    from confluent_kafka import KafkaError
+
+    from sparkonce.sinks.kafka import _cause
+
+    purged = KafkaError(KafkaError._PURGE_QUEUE)
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    text = _cause([purged, purged, refused, KafkaError(KafkaError._PURGE_INFLIGHT)])
+    assert "MSG_SIZE_TOO_LARGE" in text and "PURGE" not in text
+    assert "every report was of a purged record" in _cause([purged])

@@ -164,10 +164,10 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
             ("fenced", pa.bool_()),
         ]
     )
-    errors: list[str] = []
+    errors: list[Any] = []  # confluent-kafka KafkaError objects
 
     def on_delivery(err: Any, _msg: Any) -> None:
-        errors.append(str(err))
+        errors.append(err)
 
     producer = Producer(
         {
@@ -270,13 +270,26 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         producer.abort_transaction(TIMEOUT_S)
         raise SinkError(
             f"pipeline {plan.pipeline!r}: task {pid} could not write {len(errors)} record(s) to "
-            f"Kafka topic {plan.topic!r} (first: {errors[0]}); its transaction was aborted and "
+            f"Kafka topic {plan.topic!r} ({_cause(errors)}); its transaction was aborted and "
             "Spark retries the task"
         )
     producer.commit_transaction(TIMEOUT_S)
     yield pa.RecordBatch.from_pylist(
         [{"partition": pid, "rows": rows, "skipped": False, "fenced": False}], out_schema
     )
+
+
+def _cause(errors: list[Any]) -> str:
+    """The delivery error that says why a task's records failed. A refused record fails the
+    transaction, and librdkafka then purges the records still queued: their reports
+    (``_PURGE_QUEUE``, ``_PURGE_INFLIGHT``) can come first and say nothing of the cause."""
+    from confluent_kafka import KafkaError
+
+    purged = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+    causes = [e for e in errors if getattr(e, "code", lambda: None)() not in purged]
+    first = (causes or errors)[0]
+    note = "" if causes else "; every report was of a purged record"
+    return f"first cause: {first}{note}"
 
 
 def _produce_when_room(producer: Any, topic: str, value: Any, key: Any, partition: int) -> None:
