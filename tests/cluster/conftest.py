@@ -160,6 +160,9 @@ def start_driver(
         local = tmp_path / f"{name}-spark-local"
         local.mkdir(exist_ok=True)
         environment.setdefault("SPARK_LOCAL_DIRS", str(local))
+        # spark-submit's copy of spark.archives goes to the JVM's temporary directory.
+        opts = f'{environment.get("SPARK_SUBMIT_OPTS", "")} "-Djava.io.tmpdir={local}"'
+        environment["SPARK_SUBMIT_OPTS"] = opts.strip()
         driver = ClusterDriver(
             [sys.executable, *args], tmp_path / f"{name}.log", cwd or driver_dir, environment
         )

@@ -112,6 +112,7 @@ _DAEMON_ENV_DROPPED = (
     "PYSPARK_SUBMIT_ARGS",
     "SPARK_CONF_DIR",
     "SPARK_LOCAL_DIRS",  # a test driver's scratch space, gone with its test
+    "SPARK_SUBMIT_OPTS",
     "VIRTUAL_ENV",
 )
 

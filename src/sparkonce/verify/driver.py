@@ -9,7 +9,8 @@ in its own events file beside its log (``SPARKONCE_FAULT_EVENTS``; the schema is
 :mod:`sparkonce.faults`): :meth:`Driver.events` reads them.
 
 Each driver run also gets Spark scratch space of its own beside its log
-(``SPARK_LOCAL_DIRS``; :attr:`Driver.local_dir`), removed once the run has ended. Spark
+(``SPARK_LOCAL_DIRS``, and the driver JVM's ``java.io.tmpdir`` through
+``SPARK_SUBMIT_OPTS``; :attr:`Driver.local_dir`), removed once the run has ended. Spark
 removes its scratch directories on a clean exit, but a SIGKILLed driver cannot: without
 this, every killed trial would leave its shuffle files and its copy of the
 ``spark.archives`` environment (a hundred megabytes or more on a cluster) in the
@@ -34,6 +35,7 @@ from sparkonce.protocol import CRASH_ENV, CrashPoint
 
 SIGKILL_EXIT = -signal.SIGKILL
 LOCAL_DIRS_ENV = "SPARK_LOCAL_DIRS"
+SUBMIT_OPTS_ENV = "SPARK_SUBMIT_OPTS"  # Java options of the driver JVM spark-submit starts
 
 
 class Driver:
@@ -81,6 +83,10 @@ class Driver:
             shutil.rmtree(self.local_dir, ignore_errors=True)
             self.local_dir.mkdir(parents=True)
             env[LOCAL_DIRS_ENV] = str(self.local_dir)
+            # The driver JVM's temporary directory too: spark-submit copies what
+            # spark.archives names there, outside the local directories.
+            tmpdir = f'"-Djava.io.tmpdir={self.local_dir}"'
+            env[SUBMIT_OPTS_ENV] = f"{env.get(SUBMIT_OPTS_ENV, '')} {tmpdir}".strip()
         if EVENTS_ENV not in self.env:
             # This run's events only: the driver and its Python workers append to this file.
             self.events_path.unlink(missing_ok=True)
