@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -236,3 +237,47 @@ def test_a_failed_tasks_error_names_the_refused_record_not_the_purged_ones() -> 
     text = _cause([purged, purged, refused, KafkaError(KafkaError._PURGE_INFLIGHT)])
     assert "MSG_SIZE_TOO_LARGE" in text and "PURGE" not in text
     assert "every report was of a purged record" in _cause([purged])
+
+
+def _arrow_batches(n: int, rows: int = 1000) -> list[Any]:
+    import pyarrow as pa
+
+    return [
+        pa.RecordBatch.from_pylist([{"value": f"{i}:{r}"} for r in range(rows)]) for i in range(n)
+    ]
+
+
+def test_a_task_reads_its_input_ahead_only_while_its_producer_starts() -> None:
+    """Step 3 reads the task's input while init_transactions and the ledger read run, and
+    stops reading ahead the moment they are done: a replayed task that finds its marker
+    must not read its whole input for nothing."""
+    from concurrent.futures import Future
+
+    from sparkonce.sinks.kafka import _prefetch
+
+    done: Future[Any] = Future()
+    done.set_result(None)
+    source = iter(_arrow_batches(5))
+    assert _prefetch(source, done) == []
+    assert len(list(source)) == 5  # nothing was taken from the input
+
+    # The producer becomes ready while the third batch is being read.
+    starting: Future[Any] = Future()
+    batches = _arrow_batches(10)
+
+    def upstream() -> Iterator[Any]:
+        for i, rb in enumerate(batches):
+            if i == 2:
+                starting.set_result(None)
+            yield rb
+
+    rest = upstream()
+    ahead = _prefetch(rest, starting)
+    assert ahead == batches[:3]
+    assert list(rest) == batches[3:]  # the rest is still there, in order
+
+    # An input shorter than the start is read whole; a large one stops at the byte limit.
+    never: Future[Any] = Future()
+    assert _prefetch(iter(batches[:4]), never) == batches[:4]
+    limit = batches[0].nbytes * 2
+    assert _prefetch(iter(batches), never, limit) == batches[:2]
