@@ -467,6 +467,10 @@ def test_a_recovery_is_split_by_the_run_s_marks_and_checked_against_its_goal() -
     assert (goal["p95_s"], goal["limit_s"], goal["ratio"], goal["met"]) == (40.0, 37.5, 1.6, False)
     assert recovery_goal(outcomes[:2], oracle)["met"] is True  # type: ignore[index]
     assert recovery_goal(outcomes, Oracle([], 60.0, 4)) is None  # no oracle timing: no goal
+    assert (goal["trials_at_a_time"], goal["fair"]) == (1, True)
+    # Two trials at a time against an oracle that ran alone: the ratio is flagged unfair.
+    shared = recovery_goal(outcomes, oracle, 2)
+    assert shared is not None and (shared["trials_at_a_time"], shared["fair"]) == (2, False)
 
 
 def test_task_fault_variables_reach_a_clusters_executors_through_spark_settings() -> None:

@@ -261,7 +261,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "-" if s.recovery_p95_s is None else f"{s.recovery_p95_s:.1f}",
         )
     console.print(table)
-    _print_recovery(console, outcomes, campaign.oracle)
+    _print_recovery(console, outcomes, campaign.oracle, max(1, len(stores)))
     if campaign.multi:
         console.print(_outputs_table(campaign, outcomes))
     console.print(f"every trial: {json_path}" + (f"; chart: {png_path}" if charted else ""))
@@ -506,7 +506,9 @@ def add_parser(sub: SubParsers) -> None:
     p.set_defaults(func=cmd_verify)
 
 
-def _print_recovery(console: Any, outcomes: Sequence[TrialOutcome], oracle: Oracle | None) -> None:
+def _print_recovery(
+    console: Any, outcomes: Sequence[TrialOutcome], oracle: Oracle | None, at_a_time: int = 1
+) -> None:
     """The recoveries' split (means over every kind) and the recovery goal, when known."""
     import statistics
 
@@ -520,7 +522,7 @@ def _print_recovery(console: Any, outcomes: Sequence[TrialOutcome], oracle: Orac
             f"ledger and query start {mean['plan_s']:.1f} s, first batch "
             f"{mean['first_batch_s']:.1f} s"
         )
-    goal = recovery_goal(outcomes, oracle)
+    goal = recovery_goal(outcomes, oracle, at_a_time)
     if goal is not None:
         verdict = "met" if goal["met"] else "[yellow]not met[/]"
         console.print(
@@ -528,3 +530,9 @@ def _print_recovery(console: Any, outcomes: Sequence[TrialOutcome], oracle: Orac
             f"oracle's cold start plus one batch ({goal['cold_start_and_one_batch_s']:.1f} s); "
             f"the goal is at most {RECOVERY_GOAL}x"
         )
+        if not goal["fair"]:
+            console.print(
+                f"  [yellow]note:[/] {at_a_time} trials ran at a time and the oracle alone, so "
+                "each recovery shared the machine and the ratio overstates it; run with one "
+                "--sink to judge the goal"
+            )
