@@ -255,6 +255,37 @@ def tree_cpu_seconds(root: int) -> float:
     return sum(cpu_seconds(p) for p in tree)
 
 
+def _phase_listener() -> Any:
+    """A streaming query listener keeping every batch's ``durationMs`` (Spark's phases:
+    latestOffset, getBatch, queryPlanning, walCommit, addBatch, commitOffsets,
+    triggerExecution), so that a ratio that falls short can be traced to a phase."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Phases(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.batches: list[dict[str, int]] = []
+
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            if event.progress.numInputRows > 0:
+                self.batches.append(dict(event.progress.durationMs))
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+        def medians(self) -> dict[str, float]:
+            rest = self.batches[1:] or self.batches  # the first batch pays the warm-up
+            keys = sorted({k for b in rest for k in b})
+            return {k: statistics.median(b.get(k, 0) for b in rest) for k in keys}
+
+    return Phases()
+
+
 def _pct(values: list[float], q: int) -> float | None:
     if not values:
         return None
@@ -370,6 +401,8 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
         latencies.extend(p["durationMs"].get("addBatch", 0) / 1000 for p in progress)
         return sum(int(p["numInputRows"]) for p in progress)
 
+    phases = _phase_listener()
+    spark.streams.addListener(phases)
     if name.startswith("k2pg"):
         _create_pg_table(name, url)
     cpu0 = tree_cpu_seconds(os.getpid())
@@ -451,6 +484,9 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
         "commit_p99_s": _pct(latencies, 99),
         "commit_s": latencies,
         "driver_tree_cpu_s": cpu,
+        # Where each batch's time went, by Spark's own account (median ms over the batches
+        # with input, the first left out): addBatch is the sink's write, the rest Spark's.
+        "spark_phases_p50_ms": phases.medians(),
     }
     spark.stop()
     return result

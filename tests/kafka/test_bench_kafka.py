@@ -79,6 +79,8 @@ def test_two_variants_end_to_end(
         assert r["records_per_s"] > 0 and r["python_driver_peak_mb"] > 0
         assert r["jvm_driver_peak_mb"] > 0
         assert r["commit_p50_s"] is not None and r["commit_p99_s"] >= r["commit_p50_s"]
+        phases = r["spark_phases_p50_ms"]  # Spark's own split of a batch, from a listener
+        assert phases["addBatch"] > 0 and phases["triggerExecution"] >= phases["addBatch"]
     eo = report["results"]["k2pg-2pc-append"]
     assert eo["counterpart"] == "k2pg-alo-copy" and eo["goal"] == 0.95
     ratio = eo["records_per_s"] / report["results"]["k2pg-alo-copy"]["records_per_s"]
