@@ -281,3 +281,17 @@ def test_a_task_reads_its_input_ahead_only_while_its_producer_starts() -> None:
     assert _prefetch(iter(batches[:4]), never) == batches[:4]
     limit = batches[0].nbytes * 2
     assert _prefetch(iter(batches), never, limit) == batches[:2]
+
+
+def test_transactional_producers_connect_to_every_broker_unless_the_user_says_otherwise() -> None:
+    """Sparse connections leave init_transactions waiting on librdkafka's 500 ms coordinator
+    timer in about 4 calls of 10; sparkonce's transactional producers turn them off, and a
+    client_config that sets the option keeps its own value."""
+    from sparkonce.kafka.client import KafkaConnection
+
+    conf = KafkaConnection("b:9092", {"linger.ms": 5}).transactional_config("t-id", 60_000)
+    assert conf["enable.sparse.connections"] is False
+    assert (conf["transactional.id"], conf["transaction.timeout.ms"]) == ("t-id", 60_000)
+    assert (conf["enable.idempotence"], conf["acks"], conf["linger.ms"]) == (True, "all", 5)
+    own = KafkaConnection("b:9092", {"enable.sparse.connections": True})
+    assert own.transactional_config("t-id", 60_000)["enable.sparse.connections"] is True

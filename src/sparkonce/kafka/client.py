@@ -100,6 +100,29 @@ class KafkaConnection:
         conf.update({k.replace("_", "."): v for k, v in overrides.items()})
         return conf
 
+    def transactional_config(
+        self, transactional_id: str, transaction_timeout_ms: int, **overrides: Any
+    ) -> dict[str, Any]:
+        """A transactional producer's configuration (idempotent, ``acks=all``).
+
+        It connects to every broker it learns of at once (``enable.sparse.connections=false``,
+        unless the extra settings choose otherwise). With librdkafka's default sparse
+        connections, the bootstrap connection is dropped once the metadata names the
+        brokers, and nothing connects to the coordinator until a 500 ms timer fires:
+        ``init_transactions`` took about 0.5 s in 4 calls of 10 on this machine, and 5 to 10 ms
+        in every call with this setting.
+        """
+        conf = self.client_config(
+            transactional_id=transactional_id,
+            transaction_timeout_ms=transaction_timeout_ms,
+            enable_idempotence=True,
+            acks="all",
+            **overrides,
+        )
+        if "enable.sparse.connections" not in self.config:
+            conf["enable.sparse.connections"] = False
+        return conf
+
     def admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 

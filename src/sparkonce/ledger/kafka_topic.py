@@ -651,11 +651,8 @@ class KafkaLedgerStore(LedgerStore):
 
         if self._driver is None or self._driver_pipeline != pipeline:
             self._driver = Producer(
-                self.conn.client_config(
-                    transactional_id=transactional_id(pipeline, self.topic, "driver"),
-                    transaction_timeout_ms=self.transaction_timeout_ms,
-                    enable_idempotence=True,
-                    acks="all",
+                self.conn.transactional_config(
+                    transactional_id(pipeline, self.topic, "driver"), self.transaction_timeout_ms
                 )
             )
             self._driver_pipeline = pipeline

@@ -166,11 +166,9 @@ def _start_task(plan: _TaskPlan, pid: int, on_delivery: Any) -> tuple[Any, Ledge
 
     producer = Producer(
         {
-            **plan.conn.client_config(
-                transactional_id=_transactional_id(plan.pipeline, plan.topic, pid),
-                transaction_timeout_ms=plan.transaction_timeout_ms,
-                enable_idempotence=True,
-                acks="all",
+            **plan.conn.transactional_config(
+                _transactional_id(plan.pipeline, plan.topic, pid),
+                plan.transaction_timeout_ms,
                 partitioner="murmur2_random",
                 linger_ms=20,
             ),
