@@ -506,7 +506,8 @@ def test_the_oracle_timing_goes_into_the_report_and_back(tmp_path: Path) -> None
 
     from sparkonce.verify.campaign import write_json
 
-    oracle = Oracle([], 20.0, 2, first_commit_s=11.5, batch_interval_s=1.25)
+    split = {"start_s": 8.0, "plan_s": 2.5, "first_batch_s": 1.0}
+    oracle = Oracle([], 20.0, 2, first_commit_s=11.5, batch_interval_s=1.25, phases=split)
     fault = Fault("kill", delay_s=0.5, after_entries=1)
     trial = TrialOutcome(0, "5:0", fault, True, True, seconds=30.0)
     campaign: Any = SimpleNamespace(
@@ -520,6 +521,7 @@ def test_the_oracle_timing_goes_into_the_report_and_back(tmp_path: Path) -> None
     write_json(path, campaign, [trial], 31.0)
     doc = json.loads(path.read_text())
     assert doc["oracle"]["first_commit_s"] == 11.5 and doc["oracle"]["batch_interval_s"] == 1.25
+    assert doc["oracle"]["phases"] == split
     assert doc["trials"][0]["fault"]["after_entries"] == 1
     recorded = load_report(path, 5, ["kill"])
     assert recorded.oracle_timing == (11.5, 1.25) and recorded.outcomes == [trial]

@@ -184,6 +184,11 @@ def test_real_sinks_pass_a_small_campaign(
         assert split["start_s"] > 1 and split["plan_s"] > 0, t  # a Spark start, then a plan
     goal = report["recovery_goal"]
     assert goal["recoveries"] == len(recovered) and goal["met"] == (goal["ratio"] <= 1.5)
+    assert (goal["trials_at_a_time"], goal["fair"]) == (2, False)  # two stores at a time
+    # The oracle's own time to its first entry, split the same way: the phases to compare.
+    o = report["oracle"]["phases"]
+    assert set(o) == {"start_s", "plan_s", "first_batch_s"} and o["start_s"] > 1 and o["plan_s"] > 0
+    assert sum(o.values()) == pytest.approx(report["oracle"]["first_commit_s"], abs=0.05)
 
 
 _KAFKA_PIPELINE = """

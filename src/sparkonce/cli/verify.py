@@ -522,6 +522,13 @@ def _print_recovery(
             f"ledger and query start {mean['plan_s']:.1f} s, first batch "
             f"{mean['first_batch_s']:.1f} s"
         )
+    if oracle is not None and oracle.phases:
+        o = oracle.phases
+        console.print(
+            f"the oracle's cold start plus one batch: process and Spark start {o['start_s']:.1f} "
+            f"s, ledger and query start {o['plan_s']:.1f} s, first batch "
+            f"{o['first_batch_s']:.1f} s"
+        )
     goal = recovery_goal(outcomes, oracle, at_a_time)
     if goal is not None:
         verdict = "met" if goal["met"] else "[yellow]not met[/]"

@@ -279,6 +279,9 @@ class Oracle:
     # What kills are planned on (None in reports of older versions: the whole run time):
     first_commit_s: float | None = None  # from the driver's start to its first entry
     batch_interval_s: float | None = None  # the median time between two entries
+    # The latest oracle run's own split of its time to the first entry, like a recovery's
+    # (start_s, plan_s, first_batch_s), so the two can be compared phase by phase.
+    phases: dict[str, float] | None = None
 
     def output_rows(self) -> dict[str, list[dict[str, Any]]]:
         """Each output's rows (a single sink's under ``"output"``)."""
@@ -630,7 +633,9 @@ class Campaign:
                 f"see {driver.log_path}"
             )
         everything = [r for output in rows.values() for r in output]
-        first, interval = _entry_timing(ledgers[0], started_wall) if seconds is None else timing
+        measured = _entry_timing(ledgers[0], started_wall)
+        first, interval = measured if seconds is None else timing
+        phases = recovery_split(driver.phases(), measured[0]) if measured[0] else None
         self.oracle = Oracle(
             everything,
             driver.seconds if seconds is None else seconds,
@@ -639,6 +644,7 @@ class Campaign:
             records=sum(e.ranges.count for e in ledgers[0]),
             first_commit_s=first,
             batch_interval_s=interval,
+            phases=phases,
         )
         per_output = (
             " (" + ", ".join(f"{n} {len(r)}" for n, r in rows.items()) + ")" if self.multi else ""
@@ -1424,6 +1430,7 @@ def write_json(
             "seconds": oracle.seconds,
             "first_commit_s": oracle.first_commit_s,
             "batch_interval_s": oracle.batch_interval_s,
+            "phases": oracle.phases,
         },
         "reference": None if reference is None else reference.to_json(),
         "this_run": {
