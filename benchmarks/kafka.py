@@ -280,10 +280,14 @@ def _phase_listener() -> Any:
 
         def medians(self) -> dict[str, float]:
             rest = self.batches[1:] or self.batches  # the first batch pays the warm-up
-            keys = sorted({k for b in rest for k in b})
-            return {k: statistics.median(b.get(k, 0) for b in rest) for k in keys}
+            return _medians([{k: float(v) for k, v in b.items()} for b in rest])
 
     return Phases()
+
+
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for r in rows for k in r})
+    return {k: round(statistics.median(r.get(k, 0.0) for r in rows), 4) for k in keys}
 
 
 def _pct(values: list[float], q: int) -> float | None:
@@ -384,6 +388,7 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
     checkpoint = str(work / f"{name}-checkpoint")
     transform = k2pg_transform if name.startswith("k2pg") else k2k_transform
     latencies: list[float] = []
+    splits: list[dict[str, float]] = []  # sparkonce's own split of each commit
     records: int | None = 0
 
     def timed(write: Callable[[Any, int], int | None]) -> Callable[[Any, int], None]:
@@ -444,7 +449,13 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
             checkpoint=checkpoint,
             transform=transform,
         )
-        report = pipeline.run(spark, on_batch=lambda b: latencies.append(b.seconds))
+
+        def on_batch(b: Any) -> None:
+            latencies.append(b.seconds)
+            if b.result.timings:
+                splits.append(dict(b.result.timings))
+
+        report = pipeline.run(spark, on_batch=on_batch)
         records = report.rows_committed
     else:  # the foreachBatch baselines into PostgreSQL
         table = PG_TABLES[name]
@@ -487,6 +498,9 @@ def run_variant(name: str, args: argparse.Namespace) -> dict:
         # Where each batch's time went, by Spark's own account (median ms over the batches
         # with input, the first left out): addBatch is the sink's write, the rest Spark's.
         "spark_phases_p50_ms": phases.medians(),
+        # sparkonce's variants: the committer's split of a commit (look, stage, commit,
+        # after), median seconds over the batches but the first.
+        "commit_split_p50_s": _medians(splits[1:] or splits),
     }
     spark.stop()
     return result

@@ -81,6 +81,9 @@ def test_two_variants_end_to_end(
         assert r["commit_p50_s"] is not None and r["commit_p99_s"] >= r["commit_p50_s"]
         phases = r["spark_phases_p50_ms"]  # Spark's own split of a batch, from a listener
         assert phases["addBatch"] > 0 and phases["triggerExecution"] >= phases["addBatch"]
+    split = report["results"]["k2pg-2pc-append"]["commit_split_p50_s"]  # the committer's own
+    assert set(split) == {"look", "stage", "commit", "after"} and split["stage"] > 0
+    assert report["results"]["k2pg-alo-copy"]["commit_split_p50_s"] == {}
     eo = report["results"]["k2pg-2pc-append"]
     assert eo["counterpart"] == "k2pg-alo-copy" and eo["goal"] == 0.95
     ratio = eo["records_per_s"] / report["results"]["k2pg-alo-copy"]["records_per_s"]

@@ -78,6 +78,9 @@ def test_new_batch_commits_rows_and_ledger_row(sink: SQLiteSink) -> None:
     r0 = _b(("t", 0, 0, 2), ("t", 1, 0, 1))
     res = _commit(sink, epoch, r0, [(1, "a"), (2, "b"), (3, "c")], batch_id=0)
     assert res == CommitResult(False, 3, 0)
+    # Where the commit's time went, step by step (a replay or no-op below has no split).
+    assert list(res.timings) == ["look", "stage", "commit", "after"]
+    assert all(v >= 0 for v in res.timings.values()) and res.timings["commit"] > 0
     assert _rows(sink) == [(1, "a"), (2, "b"), (3, "c")]
     (entry,) = sink.ledger("p")
     assert (entry.seq, entry.ranges, entry.epoch, entry.row_count) == (0, r0, epoch, 3)
@@ -98,6 +101,7 @@ def test_replayed_batch_is_skipped_and_changes_nothing(sink: SQLiteSink) -> None
     _commit(sink, epoch, r0, [(1, "a"), (2, "b")])
     before = (_rows(sink), sink.ledger("p"))
     again = _commit(sink, epoch, r0, [(1, "a"), (2, "b")])
+    assert again.skipped and again.timings == {}
     assert again.skipped is True
     assert again.row_count == 0
     assert "replay" in again.reason

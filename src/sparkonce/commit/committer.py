@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from sparkonce.commit.base import Staged, Stager
@@ -109,9 +110,11 @@ class Committer:
 
         self.faults.crash_point(CrashPoint.BEFORE_COMMIT)
         staged: Staged | None = None
+        marks = [started, time.monotonic()]
         try:
             try:
                 staged = stage(seq)
+                marks.append(time.monotonic())
             except SparkOnceError:
                 raise
             except Exception:
@@ -127,9 +130,14 @@ class Committer:
             self.stager.abort(ctx, staged)
             raise
         self.faults.crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
-        if not result.skipped:
-            self.stager.after_commit(ctx)
-        return result
+        if result.skipped:
+            return result
+        marks.append(time.monotonic())
+        self.stager.after_commit(ctx)
+        marks.append(time.monotonic())
+        steps = ("look", "stage", "commit", "after")
+        spans = {k: round(b - a, 4) for k, a, b in zip(steps, marks[:-1], marks[1:], strict=True)}
+        return replace(result, timings=spans)
 
     def _raise_if_fenced(self, ctx: BatchContext) -> None:
         """Raise ``FencedError`` if a newer run owns the pipeline (a failed read is ignored)."""

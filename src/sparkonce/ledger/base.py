@@ -74,6 +74,12 @@ class CommitResult:
     reason: str = ""
     # Rows committed per output, for a pipeline with several outputs (empty otherwise).
     per_output: Mapping[str, int] = field(default_factory=dict)
+    # Where the commit's time went, in seconds, for a committed batch of one sink (empty
+    # otherwise): "look" (step 0's reads), "stage" (the rows staged: collected, or written
+    # by Spark's tasks), "commit" (steps 1-5, the store's transaction, retries included)
+    # and "after" (the stager's clean-up after the commit).
+    # Measurements, not what was committed: equal results may differ here.
+    timings: Mapping[str, float] = field(default_factory=dict, compare=False)
 
 
 class LedgerStore(ABC):

@@ -195,14 +195,16 @@ class _BatchHandler:
             r.batches_committed += 1
             r.rows_committed += result.row_count
             per_output = ", ".join(f"{n} {k}" for n, k in result.per_output.items())
+            split = ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items())
             log.info(
-                "pipeline %s batch %d: committed %d rows%s as ledger entry %s in %.2f s [%s]",
+                "pipeline %s batch %d: committed %d rows%s as ledger entry %s in %.2f s%s [%s]",
                 p.name,
                 batch_id,
                 result.row_count,
                 f" ({per_output})" if per_output else "",
                 result.seq,
                 report.seconds,
+                f" ({split})" if split else "",
                 ranges,
             )
         if not result.skipped or result.seq is not None:
