@@ -9,10 +9,16 @@
 #
 # Kills are planned on the oracle time recorded in the report; add --retime-oracle to
 # measure it again (only on an otherwise quiet machine: load makes it too long).
+#
+# SPARKONCE_CAMPAIGN_NAME names another report (benchmarks/results/NAME.json, working copy in
+# .cache/NAME). The recovery measurement runs one trial at a time, as its oracle does:
+#   SPARKONCE_CAMPAIGN_NAME=verify-recovery SPARKONCE_CAMPAIGN_STORES=1 \
+#     bash scripts/verify-campaign.sh 15 --faults kill,crash-point,zombie
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/campaign-lib.sh
-WORK=.cache/verify-campaign
+NAME="${SPARKONCE_CAMPAIGN_NAME:-verify-campaign}"
+WORK=".cache/$NAME"
 STORES="${SPARKONCE_CAMPAIGN_STORES:-2}"
 mkdir -p "$WORK"
 if [ ! -f "$WORK/log/events.db" ]; then
@@ -39,4 +45,4 @@ pipeline = Pipeline(
 PIPE
 SINKS=(--sink "sqlite:///$PWD/$WORK/sink.db")
 for i in $(seq 2 "$STORES"); do SINKS+=(--sink "sqlite:///$PWD/$WORK/sink$i.db"); done
-resumable_campaign verify-campaign "${1:-1000}" "$WORK/pipeline.py" "${SINKS[@]}" -- "${@:2}"
+resumable_campaign "$NAME" "${1:-1000}" "$WORK/pipeline.py" "${SINKS[@]}" -- "${@:2}"
