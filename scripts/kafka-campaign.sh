@@ -5,7 +5,11 @@
 # connector, SparkKafkaSource, which cannot feed a KafkaSink) the copy goes to SQLite, and
 # the report to benchmarks/results/kafka-campaign-spark-reader.json.
 #
-#   bash scripts/kafka-campaign.sh [TRIALS] [READER]      (default 12, "sparkonce")
+#   bash scripts/kafka-campaign.sh [TRIALS] [READER] [VERIFY OPTIONS...]  (default 12, "sparkonce")
+#
+# SPARKONCE_CAMPAIGN_NAME names another report (benchmarks/results/NAME.json); e.g. the
+# recovery measurement: SPARKONCE_CAMPAIGN_NAME=verify-recovery-kafka \
+#   bash scripts/kafka-campaign.sh 12 sparkonce --faults kill,crash-point,zombie
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/campaign-lib.sh  # PYTHONPATH: test this checkout
@@ -14,8 +18,9 @@ READER="${2:-sparkonce}"
 case "$READER" in
   sparkonce) NAME=kafka-campaign ;;
   spark) NAME=kafka-campaign-spark-reader ;;
-  *) echo "usage: $0 [TRIALS] [sparkonce|spark]" >&2; exit 2 ;;
+  *) echo "usage: $0 [TRIALS] [sparkonce|spark] [VERIFY OPTIONS...]" >&2; exit 2 ;;
 esac
+NAME="${SPARKONCE_CAMPAIGN_NAME:-$NAME}"
 SEED="${SPARKONCE_CAMPAIGN_SEED:-7}"
 WORK=.cache/$NAME
 PY=.venv/bin/python
@@ -54,5 +59,6 @@ pipeline = Pipeline(
 )
 PIPE
 PYSPARK_PYTHON="$PWD/$PY" .venv/bin/sparkonce verify "$WORK/pipeline.py" --trials "$TRIALS" \
-  --seed "$SEED" --out "$WORK/out"
+  --seed "$SEED" --out "$WORK/out" "${@:3}"
 cp "$WORK/out/verify.json" "benchmarks/results/$NAME.json"
+if [ -f "$WORK/out/recovery.png" ]; then cp "$WORK/out/recovery.png" "benchmarks/results/$NAME.png"; fi
