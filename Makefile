@@ -40,7 +40,8 @@ lint: setup
 #                    kind once) and one `sparkonce verify` run
 #   make test-crash  only the marked tests: the full real-driver crash matrix, the
 #                    `sparkonce verify` campaigns, PostgreSQL repeats of SQLite scenarios,
-#                    and the wheel's clean-venv install test (tests/packaging)
+#                    the benchmarks' smoke runs and the wheel's clean-venv install test
+#                    (tests/packaging)
 # pytest's exit code 5 (no test selected) fails either target, like any other failure.
 LANE := crash_lane
 
