@@ -309,3 +309,48 @@ def test_complete_output_mode_is_refused_before_the_epoch(
     with sink:
         assert sink.owner("p2") is None  # refused before the run took an epoch
         assert inspector_for(sink).rows() == []
+
+
+def test_rows_take_their_attempt_id_from_the_task_and_old_tables_are_upgraded(
+    spark: SparkSession, pg_url: str
+) -> None:
+    """Each pre-committed row carries its own task's attempt id, although no row sends it
+    (the column's default reads the task's transaction-local setting); a pre-commit table
+    an older version made without that default gets it, and the batch commits."""
+    import pyarrow as pa
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE up__sparkonce_stage (id bigint NOT NULL, s text, "
+            "sparkonce_attempt bigint NOT NULL)"
+        )
+    sink = PostgresTwoPhaseSink(pg_url, "up", mode="upsert", keys=["id"])
+    df = spark.createDataFrame([(1, "a"), (2, "b"), (3, "c")], "id long, s string").repartition(3)
+    with sink:
+        epoch = sink.acquire("p").epoch
+        sink.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 3),)), 0), df)
+        assert scalar(pg_url, "SELECT string_agg(s, ',' ORDER BY id) FROM up") == "a,b,c"
+        # Two tasks of a later batch, pre-committed but not yet merged: each of its rows
+        # carries its own task's attempt id, and that id is the one registered.
+        ids = []
+        for i, rows in enumerate(
+            ([{"id": 4, "s": "d"}, {"id": 5, "s": "e"}], [{"id": 6, "s": "f"}])
+        ):
+            plan = _TaskPlan(sink.url, sink.precommit_table, ("id", "s"), "p", "up", epoch, 1)
+            [out] = list(_precommit_task(plan, iter([pa.RecordBatch.from_pylist(rows)])))
+            ids.append(out.to_pylist()[0]["attempt"])
+            assert out.to_pylist()[0]["rows"] == len(rows), i
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            staged = conn.execute(
+                "SELECT id, sparkonce_attempt FROM up__sparkonce_stage ORDER BY id"
+            ).fetchall()
+            registered = conn.execute(
+                "SELECT attempt_id, row_count FROM sparkonce_attempts WHERE target = 'up' "
+                "ORDER BY row_count DESC"
+            ).fetchall()
+        assert staged == [(4, ids[0]), (5, ids[0]), (6, ids[1])]
+        assert registered == [(ids[0], 2), (ids[1], 1)]
+        assert ids[0] != ids[1]
+        # A COPY outside a task (no attempt id set) fails loudly instead of tagging rows 0.
+        with psycopg.connect(pg_url, autocommit=True) as conn, pytest.raises(psycopg.Error):
+            conn.execute("INSERT INTO up__sparkonce_stage (id, s) VALUES (7, 'g')")

@@ -86,6 +86,10 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS_TABLE = "sparkonce_attempts"
 ATTEMPT_COLUMN = "sparkonce_attempt"
+# A task sets this (transaction-local) before its COPY, and the pre-commit table's attempt
+# column takes it as its default, so the attempt id never travels with each row.
+ATTEMPT_SETTING = "sparkonce.attempt"
+ATTEMPT_DEFAULT = f"current_setting('{ATTEMPT_SETTING}')::bigint"
 DATA_SUFFIX = "__sparkonce_data"
 STAGE_SUFFIX = "__sparkonce_stage"
 MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
@@ -218,8 +222,9 @@ class PostgresTwoPhaseSink(PostgresSink):
             conn.execute("SELECT pg_advisory_xact_lock(727275)")
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {qi(self.precommit_table)} "
-                f"({', '.join(cols)}, {ATTEMPT_COLUMN} BIGINT NOT NULL)"
+                f"({', '.join(cols)}, {ATTEMPT_COLUMN} BIGINT NOT NULL DEFAULT {ATTEMPT_DEFAULT})"
             )
+            self._ensure_attempt_default(conn)
             if self.mode == "append":
                 conn.execute(
                     f"CREATE OR REPLACE VIEW {qi(self.table)} AS SELECT {names} FROM "
@@ -232,6 +237,26 @@ class PostgresTwoPhaseSink(PostgresSink):
                     f"({', '.join(cols)}, PRIMARY KEY ({qlist(self.keys)}))"
                 )
         self._ready = True
+
+    def _ensure_attempt_default(self, conn: Any) -> None:
+        """A pre-commit table made by an older sparkonce has no default on its attempt
+        column: add it (DDL only then, so a usual start takes no table lock)."""
+        row = conn.execute(
+            "SELECT column_default FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = %s AND column_name = %s",
+            (self.precommit_table, ATTEMPT_COLUMN),
+        ).fetchone()
+        if row is None:
+            raise ConfigError(
+                f"{self.precommit_table!r} in {self.url} has no {ATTEMPT_COLUMN!r} column, so it "
+                f"is not a two-phase sink's pre-commit table; drop or rename it, or write to "
+                f"another table than {self.table!r}"
+            )
+        if row[0] is None:
+            conn.execute(
+                f"ALTER TABLE {qi(self.precommit_table)} ALTER COLUMN {ATTEMPT_COLUMN} "
+                f"SET DEFAULT {ATTEMPT_DEFAULT}"
+            )
 
     # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
@@ -481,13 +506,14 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
                 if row is None or int(row[0]) != plan.epoch:
                     fenced = True  # a newer run owns the pipeline: write nothing
                     break
+                conn.execute("SELECT set_config(%s, %s, true)", (ATTEMPT_SETTING, str(attempt)))
                 conn.execute(
                     f"INSERT INTO {ATTEMPTS_TABLE} (attempt_id, pipeline, target, epoch, seq, "
                     "partition, row_count, state) VALUES (%s, %s, %s, %s, %s, %s, 0, "
                     "'precommitted')",
                     (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, partition),
                 )
-            _copy_batch(conn, plan, batch, attempt)
+            _copy_batch(conn, plan, batch)
             rows += batch.num_rows
         if conn is not None and not fenced:
             conn.execute(
@@ -524,12 +550,12 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     )
 
 
-def _copy_batch(conn: Any, plan: _TaskPlan, batch: Any, attempt: int) -> None:
-    """COPY one Arrow batch, with the attempt id column, into the pre-commit table."""
-    import pyarrow as pa
+def _copy_batch(conn: Any, plan: _TaskPlan, batch: Any) -> None:
+    """COPY one Arrow batch into the pre-commit table. The attempt id column is not sent:
+    it takes its default, the attempt id the task's transaction has set."""
     import pyarrow.csv as pacsv
 
-    cols = qlist((*plan.columns, ATTEMPT_COLUMN))
+    cols = qlist(plan.columns)
     if any(_needs_row_copy(f.type) for f in batch.schema):
         # Binary values have no CSV form PostgreSQL reads as bytea: go row by row.
         with (
@@ -537,11 +563,10 @@ def _copy_batch(conn: Any, plan: _TaskPlan, batch: Any, attempt: int) -> None:
             cur.copy(f"COPY {qi(plan.table)} ({cols}) FROM STDIN") as cp,
         ):
             for values in zip(*(c.to_pylist() for c in batch.columns), strict=True):
-                cp.write_row((*values, attempt))
+                cp.write_row(values)
         return
-    tagged = batch.append_column(ATTEMPT_COLUMN, pa.array([attempt] * batch.num_rows, pa.int64()))
     buf = io.BytesIO()
-    pacsv.write_csv(tagged, buf, pacsv.WriteOptions(include_header=False))
+    pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=False))
     with (
         conn.cursor() as cur,
         cur.copy(f"COPY {qi(plan.table)} ({cols}) FROM STDIN (FORMAT csv)") as cp,
