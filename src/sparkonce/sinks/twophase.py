@@ -13,7 +13,9 @@ How a batch commits (the protocol of :mod:`sparkonce.protocol`, step 3 split in 
 connection and, in one transaction, registers a fresh random *attempt id* in
 ``sparkonce_attempts`` (pipeline, table, epoch, ledger seq, partition, state
 ``precommitted``) and loads its rows with ``COPY`` (Arrow batches written as
-CSV), each row tagged with the attempt id. Once committed the rows are durable
+CSV), each row tagged with the attempt id. The tag is the column's default, read
+from a setting local to the task's transaction, so the id is not sent with every
+row (it would nearly double the CSV of narrow rows). Once committed the rows are durable
 but invisible to readers. A task that finds the run fenced writes nothing.
 
 **Commit, on the driver.** ``collect`` returns exactly one result per partition:
