@@ -646,19 +646,17 @@ def _run_child(name: str, args: argparse.Namespace, extra: list[str], env: dict)
     return result
 
 
-def _settle_postgres(server: Any, db_url: str) -> None:
+def _settle_postgres(server: Any, dbname: str) -> None:
     """Drop a checked variant's database and write out the server's dirty pages."""
     import psycopg
-    from psycopg import sql
 
-    dbname = db_url.rsplit("/", 1)[-1].split("?", 1)[0]
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-        )
-        # A server given with --pg-url may not grant the right: then the checkpoint is skipped.
-        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-            conn.execute("CHECKPOINT")
+    server.drop_database(dbname)
+    # A server given with --pg-url may not grant the right: then the checkpoint is skipped.
+    with (
+        psycopg.connect(server.url, autocommit=True) as conn,
+        contextlib.suppress(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("CHECKPOINT")
 
 
 def _postmaster_pid(server: Any) -> int | None:
@@ -767,8 +765,9 @@ def main() -> None:
             extra += ["--input-topic", topic]
             if name.startswith("k2k"):
                 admin.create_topic(output_topic(run_id, name), PARTITIONS)
+            dbname = f"bench_{name.replace('-', '_')}"
             if name.startswith("k2pg"):
-                extra += ["--url", pg_server.create_database(f"bench_{name.replace('-', '_')}")]
+                extra += ["--url", pg_server.create_database(dbname)]
             broker_cpu0 = cpu_seconds(broker.pid, children=False) if broker else None
             pg_cpu0 = cpu_seconds(postmaster) if postmaster else None
             with console.status(f"{name}: running ({args.records:,} records)"):
@@ -789,7 +788,7 @@ def main() -> None:
                 r["check"] = check_table(db_url, PG_TABLES[name], args.records)
                 # Checked: drop it, so the next variant does not share the server with
                 # autovacuum and checkpoints of this one's millions of rows.
-                _settle_postgres(pg_server, db_url)
+                _settle_postgres(pg_server, dbname)
             else:
                 r["check"] = {
                     "where": "Spark's progress (noop sink)",

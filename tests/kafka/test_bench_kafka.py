@@ -90,6 +90,13 @@ def test_two_variants_end_to_end(
     ratio = eo["records_per_s"] / report["results"]["k2pg-alo-copy"]["records_per_s"]
     assert eo["vs_counterpart"] == pytest.approx(ratio)
     assert eo["goal_met"] == (ratio >= 0.95)
+    # Each checked variant's database was dropped, so the next variant ran on a quiet server.
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname IN ('bench_k2pg_alo_copy', "
+            "'bench_k2pg_2pc_append')"
+        ).fetchone()
+    assert left == (0,)
 
 
 def test_topic_check_counts_losses_and_repeats(kafka_broker: KafkaBroker) -> None:

@@ -88,12 +88,17 @@ class PostgresServer:
 
     def create_database(self, name: str) -> str:
         """Create database ``name`` (dropping any old one of that name); return its URL."""
+        self.drop_database(name)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self._url_for(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop database ``name`` if it exists, closing its connections."""
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return self._url_for(name)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresServer:

@@ -354,3 +354,20 @@ def test_rows_take_their_attempt_id_from_the_task_and_old_tables_are_upgraded(
         # A COPY outside a task (no attempt id set) fails loudly instead of tagging rows 0.
         with psycopg.connect(pg_url, autocommit=True) as conn, pytest.raises(psycopg.Error):
             conn.execute("INSERT INTO up__sparkonce_stage (id, s) VALUES (7, 'g')")
+
+
+def test_a_table_in_the_pre_commit_tables_place_without_an_attempt_column_is_refused(
+    spark: SparkSession, pg_url: str
+) -> None:
+    """Someone else's table under the pre-commit name: a clear error, and it is untouched."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE taken__sparkonce_data (id bigint, s text)")
+        conn.execute("INSERT INTO taken__sparkonce_data VALUES (1, 'theirs')")
+    sink = PostgresTwoPhaseSink(pg_url, "taken")
+    df = spark.createDataFrame([(2, "b")], "id long, s string")
+    with sink:
+        epoch = sink.acquire("p").epoch
+        with pytest.raises(ConfigError, match=r"'taken__sparkonce_data' .* no 'sparkonce_attempt'"):
+            sink.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 1),)), 0), df)
+    assert scalar(pg_url, "SELECT string_agg(s, ',') FROM taken__sparkonce_data") == "theirs"
+    assert scalar(pg_url, "SELECT count(*) FROM sparkonce_ledger WHERE pipeline = 'p'") == 0
