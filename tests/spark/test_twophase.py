@@ -22,7 +22,7 @@ from sparkonce import (
 from sparkonce.ledger import BatchContext
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
 from sparkonce.sinks.inspect import inspector_for, relocate
-from sparkonce.sinks.twophase import _precommit_task, _TaskPlan
+from sparkonce.sinks.twophase import INSERT_ONLY_BACKOFF, _precommit_task, _TaskPlan
 
 pytestmark = pytest.mark.postgres
 
@@ -102,6 +102,44 @@ def test_upsert_merges_by_key_at_commit(
     # Merged attempts leave no attempt rows behind: the table does not grow with batches.
     assert scalar(pg_url, "SELECT count(*) FROM sparkonce_attempts WHERE target = 'latest'") == 0
     assert scalar(pg_url, "SELECT relkind FROM pg_class WHERE relname = 'latest'") == "r"
+
+
+def test_upsert_tries_a_plain_insert_and_falls_back_when_a_key_exists(
+    spark: SparkSession, pg_url: str
+) -> None:
+    """New keys merge with a plain INSERT; a key already in the table rolls that try back
+    and the batch (and the next ones, for a while) merges with ON CONFLICT, same result."""
+    sink = PostgresTwoPhaseSink(pg_url, "ups", mode="upsert", keys=["k"])
+    batches = [
+        [("a", 1), ("b", 2)],  # all new: the plain INSERT holds
+        [("a", 10), ("c", 3)],  # a exists: rolled back, merged with ON CONFLICT
+        [("d", 4)],  # new, but within the back-off: ON CONFLICT at once
+    ]
+    backoff = []
+    with sink:
+        epoch = sink.acquire("p").epoch
+        for i, rows in enumerate(batches):
+            df = spark.createDataFrame(rows, "k string, v long")
+            batch = BatchRanges((OffsetRange("t", 0, 2 * i, 2 * i + 2),))
+            sink.commit(BatchContext("p", epoch, batch, i), df)
+            backoff.append(sink._insert_only_backoff)
+        table = {r["k"]: r["v"] for r in inspector_for(sink).rows()}
+    assert backoff == [0, INSERT_ONLY_BACKOFF, INSERT_ONLY_BACKOFF - 1]
+    assert table == {"a": 10, "b": 2, "c": 3, "d": 4}
+    assert scalar(pg_url, "SELECT count(*) FROM ups") == 4  # the rolled-back try left nothing
+    assert scalar(pg_url, "SELECT count(*) FROM ups__sparkonce_stage") == 0
+    # A NULL key fails the plain try as it fails ON CONFLICT: named, nothing committed. The
+    # stage takes NULL keys (the merge names them); an older stage's NOT NULL is dropped.
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE ups__sparkonce_stage ALTER COLUMN k SET NOT NULL")
+    fresh = PostgresTwoPhaseSink(pg_url, "ups", mode="upsert", keys=["k"])
+    df = spark.createDataFrame([("e", 5), (None, 6)], "k string, v long")
+    with fresh:
+        epoch = fresh.acquire("p").epoch
+        with pytest.raises(SinkError, match="NULL key"):
+            fresh.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 6, 8),)), 3), df)
+        assert len(fresh.ledger("p")) == 3
+    assert scalar(pg_url, "SELECT count(*) FROM ups") == 4
 
 
 def test_a_batch_with_a_duplicate_key_fails_clearly_and_leaves_nothing(

