@@ -238,8 +238,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                 f"CREATE TABLE IF NOT EXISTS {qi(self.precommit_table)} ({', '.join(stage_cols)}, "
                 f"{ATTEMPT_COLUMN} BIGINT NOT NULL DEFAULT {ATTEMPT_DEFAULT})"
             )
-            self._ensure_attempt_default(conn)
-            self._ensure_nullable_stage_keys(conn)
+            self._upgrade_precommit_table(conn)
             if self.mode == "append":
                 conn.execute(
                     f"CREATE OR REPLACE VIEW {qi(self.table)} AS SELECT {names} FROM "
@@ -253,40 +252,34 @@ class PostgresTwoPhaseSink(PostgresSink):
                 )
         self._ready = True
 
-    def _ensure_attempt_default(self, conn: Any) -> None:
-        """A pre-commit table made by an older sparkonce has no default on its attempt
-        column: add it (DDL only then, so a usual start takes no table lock)."""
-        row = conn.execute(
-            "SELECT column_default FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = %s AND column_name = %s",
-            (self.precommit_table, ATTEMPT_COLUMN),
-        ).fetchone()
-        if row is None:
+    def _upgrade_precommit_table(self, conn: Any) -> None:
+        """Bring a pre-commit table made by an older sparkonce up to date, from one read of
+        its columns (DDL only where needed, so a usual start takes no table lock): the
+        attempt column gets its default, and an upsert stage's key columns lose NOT NULL, so
+        a NULL key is refused by the merge, by name."""
+        columns = {
+            name: (default, nullable == "YES")
+            for name, default, nullable in conn.execute(
+                "SELECT column_name, column_default, is_nullable FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = %s",
+                (self.precommit_table,),
+            ).fetchall()
+        }
+        if ATTEMPT_COLUMN not in columns:
             raise ConfigError(
                 f"{self.precommit_table!r} in {self.url} has no {ATTEMPT_COLUMN!r} column, so it "
                 f"is not a two-phase sink's pre-commit table; drop or rename it, or write to "
                 f"another table than {self.table!r}"
             )
-        if row[0] is None:
+        table = qi(self.precommit_table)
+        if columns[ATTEMPT_COLUMN][0] is None:
             conn.execute(
-                f"ALTER TABLE {qi(self.precommit_table)} ALTER COLUMN {ATTEMPT_COLUMN} "
-                f"SET DEFAULT {ATTEMPT_DEFAULT}"
+                f"ALTER TABLE {table} ALTER COLUMN {ATTEMPT_COLUMN} SET DEFAULT {ATTEMPT_DEFAULT}"
             )
-
-    def _ensure_nullable_stage_keys(self, conn: Any) -> None:
-        """An upsert stage made by an older sparkonce has NOT NULL key columns: drop that
-        (DDL only then), so a NULL key is refused by the merge, by name."""
-        if self.mode != "upsert":
-            return
-        rows = conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = %s AND is_nullable = 'NO' AND column_name = ANY(%s)",
-            (self.precommit_table, list(self.keys)),
-        ).fetchall()
-        for (name,) in rows:
-            conn.execute(
-                f"ALTER TABLE {qi(self.precommit_table)} ALTER COLUMN {qi(name)} DROP NOT NULL"
-            )
+        if self.mode == "upsert":
+            for key in self.keys:
+                if key in columns and not columns[key][1]:
+                    conn.execute(f"ALTER TABLE {table} ALTER COLUMN {qi(key)} DROP NOT NULL")
 
     # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
