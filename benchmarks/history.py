@@ -146,9 +146,29 @@ def build_sql(sink: Any, n: int) -> None:
     conn.execute(f"ANALYZE {LEDGER_TABLE}")
 
 
-def build_kafka(bootstrap: str, ledger_topic: str, n: int, tasks: int) -> None:
-    """An owner record, then per batch ``tasks`` markers and the batch record."""
+def build_kafka(
+    bootstrap: str, ledger_topic: str, n: int, tasks: int, *, snapshots: bool = True
+) -> None:
+    """An owner record, then per batch ``tasks`` markers and the batch record.
+
+    ``snapshots``: also a snapshot record of the pipeline's folded state once
+    ``SNAPSHOT_EVERY`` offsets have passed since the last one, after a batch record, as the
+    code under test writes them (``LedgerTopic.snapshot`` of the fold of every record below
+    it). False: a topic as sparkonce wrote it before snapshots, which a first start reads
+    whole, once.
+    """
     from confluent_kafka import Producer
+
+    if snapshots:
+        from sparkonce.ledger.kafka_topic import (
+            MEMORY_ENTRIES,
+            SNAPSHOT_EVERY,
+            LedgerState,
+            LedgerTopic,
+        )
+
+        state = LedgerState()
+    offset = 0  # a fresh topic, no transactions: the records take consecutive offsets
 
     producer = Producer(
         {
@@ -167,14 +187,30 @@ def build_kafka(bootstrap: str, ledger_topic: str, n: int, tasks: int) -> None:
             failures.append(str(err))
 
     def send(key: str, value: dict[str, Any]) -> None:
+        nonlocal offset
         while True:
             try:
                 producer.produce(
                     ledger_topic, json.dumps(value), key, partition=0, on_delivery=report
                 )
-                return
+                break
             except BufferError:
                 producer.poll(0.1)
+        if snapshots:
+            LedgerTopic.fold(state, PIPELINE, [{**value, "_offset": offset}])
+        offset += 1
+        if snapshots:
+            state.position = offset
+
+    def snapshot_if_due() -> None:
+        if not snapshots or state.position - max(state.snapshot_at, 0) < SNAPSHOT_EVERY:
+            return
+        if len(state.entries) > MEMORY_ENTRIES:  # a snapshot carries the newest 100 only
+            del state.entries[:-MEMORY_ENTRIES]
+            state.complete = False
+        record = LedgerTopic.snapshot(PIPELINE, state)
+        if record is not None:
+            send(f"s:{PIPELINE}", record)
 
     at = now_iso()
     send(
@@ -225,6 +261,7 @@ def build_kafka(bootstrap: str, ledger_topic: str, n: int, tasks: int) -> None:
                 "at": at,
             },
         )
+        snapshot_if_due()
         if seq % 10_000 == 0:
             producer.poll(0)
     left = producer.flush(600)
@@ -446,8 +483,13 @@ def measure_store(
         builder.open()  # the code under test creates the ledger topic
         ledger_topic = builder.ledger_topic
         builder.close()
-        build_kafka(bootstrap, ledger_topic, n, args.tasks)
-        notes = f"{args.tasks} task markers per batch; no transaction markers"
+        snapshots = args.kafka_ledger == "current"
+        build_kafka(bootstrap, ledger_topic, n, args.tasks, snapshots=snapshots)
+        notes = f"{args.tasks} task markers per batch; no transaction markers; " + (
+            "a snapshot record every 2,000 offsets, as sparkonce writes them"
+            if snapshots
+            else "no snapshot records (a topic written before snapshots)"
+        )
 
         def cleanup() -> None:
             for t in (out_topic, ledger_topic):
@@ -487,7 +529,8 @@ def measure_store(
             **commits(sink, args.batches, spark),
             "load_1min": [load_before, load()],
             "settings": {
-                k: getattr(args, k) for k in ("starts", "batches", "tasks", "delta_window")
+                k: getattr(args, k)
+                for k in ("starts", "batches", "tasks", "delta_window", "kafka_ledger")
             },
             "notes": notes,
         }
@@ -632,6 +675,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=5, help="data (and no-data) commits")
     parser.add_argument("--tasks", type=int, default=2, help="Kafka task markers per batch")
     parser.add_argument("--delta-window", type=int, default=10_000, help="entry files written")
+    parser.add_argument(
+        "--kafka-ledger",
+        choices=("current", "pre-snapshot"),
+        default="current",
+        help="the synthesized ledger topic: with snapshot records, as the code under test "
+        "writes them (default), or without, as sparkonce wrote it before snapshots (a first "
+        "start then reads it whole, once)",
+    )
     parser.add_argument("--bootstrap", help="use this Kafka broker instead of starting one")
     parser.add_argument("--pg-url", help="use this PostgreSQL server instead of starting one")
     parser.add_argument("--out", default="history", help="results/NAME.json and NAME.png")

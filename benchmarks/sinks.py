@@ -44,7 +44,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -57,6 +56,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+from benchmarks._common import machine, pct, peak_rss_mb, pool_runs  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 CACHE = REPO / ".cache" / "bench"
@@ -125,16 +126,6 @@ def transform(df: Any) -> Any:
 
 
 # -- one variant, in a child process ------------------------------------------------------------
-
-
-def peak_rss_mb(pid: int | str = "self") -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Path) -> dict:
@@ -290,8 +281,8 @@ def run_variant(name: str, log_dir: Path, url: str, batch_records: int, work: Pa
         "python_driver_peak_mb": peak_rss_mb(),
         "jvm_driver_peak_mb": peak_rss_mb(jvm_pid),
         "batches": len(latencies),
-        "commit_p50_s": _pct(latencies, 50),
-        "commit_p99_s": _pct(latencies, 99),
+        "commit_p50_s": pct(latencies, 50),
+        "commit_p99_s": pct(latencies, 99),
     }
     if name in ("2pc-append", "driver-commit"):
         result["copy_format"] = copy_format(url) if name == "2pc-append" else None
@@ -304,14 +295,6 @@ def _log_records(log_dir: Path) -> int:
 
     with Topic(log_dir, "events") as t:
         return sum(t.end_offsets().values())
-
-
-def _pct(values: list[float], q: int) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def _copy_task(url: str, batches: Any) -> Any:
@@ -499,7 +482,7 @@ def main() -> None:
         postgres.stop(pg_dir)
         shutil.rmtree(pg_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-    results = {name: _median_run(rs) for name, rs in runs.items() if rs}
+    results = {name: pool_runs(rs) for name, rs in runs.items() if rs}
     report = summarize(results, args)
     table = Table(title=f"sinks, {args.records:,} records, {report['machine']}")
     for col in ("variant", "records/s", "vs COPY", "vs ALO", "driver peak MB", "p50 s", "p99 s"):
@@ -521,21 +504,6 @@ def main() -> None:
     console.print(f"wrote benchmarks/results/{args.out}.json and benchmarks/results/{args.out}.png")
 
 
-def _median_run(rs: list[dict]) -> dict:
-    """One variant's runs as one result: the run with the median records/s (the lower middle
-    one of an even count) for its memory and commit times, and for several runs, records/s
-    pooled over all of them (every record over every second: the harmonic mean of the
-    runs' rates, as each run has the same input), every run's rate beside it."""
-    ordered = sorted(rs, key=lambda r: r["records_per_s"])
-    median = dict(ordered[(len(ordered) - 1) // 2])
-    if len(rs) > 1:
-        median["runs_records_per_s"] = [r["records_per_s"] for r in rs]
-        median["records"] = sum(r["records"] for r in rs)
-        median["seconds"] = sum(r["seconds"] for r in rs)
-        median["records_per_s"] = median["records"] / median["seconds"]
-    return median
-
-
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
@@ -552,11 +520,10 @@ def summarize(results: dict[str, dict], args: argparse.Namespace) -> dict:
             r["vs_at_least_once"] = r["records_per_s"] / base if base else None
         else:
             r["vs_at_least_once"] = r["records_per_s"] / alo if alo else None
-    cpu = platform.processor() or platform.machine()
     return {
         "benchmark": "sinks",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} cores, {_mem_gib():.0f} GiB, {cpu}, Spark local[2]",
+        "machine": machine(),
         "records": args.records,
         "batch_records": args.batch_records,
         "repeat": args.repeat,
@@ -566,13 +533,6 @@ def summarize(results: dict[str, dict], args: argparse.Namespace) -> dict:
             [r["commit_p50_s"] for r in results.values() if r["commit_p50_s"] is not None] or [0.0]
         ),
     }
-
-
-def _mem_gib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) / 1024 / 1024
-    return 0.0
 
 
 def chart(report: dict, path: Path) -> None:
