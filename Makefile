@@ -69,7 +69,8 @@ bench: setup jars
 # by KafkaSource, and by Spark's connector), PostgresTwoPhaseSink against foreachBatch with
 # Spark's JDBC writer and with COPY, and its upsert against INSERT ... ON CONFLICT; on a
 # throwaway broker (pinned jars) and PostgreSQL server. Results: benchmarks/results/kafka.json
-# and kafka.png. BENCH_ARGS="--records 500000" for less, "--variants a,b" for some.
+# and kafka.png. BENCH_ARGS="--records 500000" for less, "--variants a,b" for some, "--repeat 3"
+# for three interleaved runs of each, pooled (each round's ratio kept in the report).
 .PHONY: bench-kafka
 bench-kafka: setup jars
 	bash scripts/ensure-postgres.sh

@@ -80,18 +80,33 @@ def pct(values: list[float], q: int) -> float | None:
     return ordered[k]
 
 
+# What ``pool_runs`` keeps of every run, beside the pooled result: enough to see where the
+# runs differ (CPU by process, Spark's and sparkonce's split of a batch).
+RUN_FIELDS = (
+    "records_per_s",
+    "seconds",
+    "commit_p50_s",
+    "driver_tree_cpu_s",
+    "broker_cpu_s",
+    "postgres_cpu_s",
+    "spark_phases_p50_ms",
+    "commit_split_p50_s",
+)
+
+
 def pool_runs(runs: list[dict]) -> dict:
     """One variant's runs as one result.
 
     The run with the median records/s (the lower middle one of an even count) gives the
     memory, commit times and splits. With several runs, records/s is pooled over all of
     them, every record over every second (the runs have the same input, so this is the
-    harmonic mean of their rates), and each run's rate is kept beside it.
+    harmonic mean of their rates), and each run's rate and ``RUN_FIELDS`` are kept beside it.
     """
     ordered = sorted(runs, key=lambda r: r["records_per_s"])
     median = dict(ordered[(len(ordered) - 1) // 2])
     if len(runs) > 1:
         median["runs_records_per_s"] = [r["records_per_s"] for r in runs]
+        median["runs"] = [{k: r[k] for k in RUN_FIELDS if k in r} for r in runs]
         median["records"] = sum(r["records"] for r in runs)
         median["seconds"] = sum(r["seconds"] for r in runs)
         median["records_per_s"] = median["records"] / median["seconds"]

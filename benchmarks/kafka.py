@@ -765,7 +765,7 @@ def main() -> None:
             if name.startswith("k2k"):
                 r["check"] = check_topic(bootstrap, output_topic(rid, name), args.records)
                 if args.repeat > 1:  # the broker's disk: millions of records a run
-                    _delete_topics(admin, output_topic(rid, name))
+                    _delete_topics(bootstrap, output_topic(rid, name))
             elif name.startswith("k2pg"):
                 db_url = extra[extra.index("--url") + 1]
                 r["check"] = check_table(db_url, PG_TABLES[name], args.records)
@@ -834,15 +834,15 @@ def warm_coordinators(bootstrap: str, topic: str) -> float:
     return time.perf_counter() - started
 
 
-def _delete_topics(admin: Any, topic: str) -> None:
-    """Delete a checked output topic and its ledger topic (when the sink made one)."""
+def _delete_topics(bootstrap: str, topic: str) -> None:
+    """Delete a checked output topic and its ledger topic (when the sink made one), and wait
+    until the broker no longer lists them."""
+    from sparkonce.kafka import KafkaConnection
     from sparkonce.sinks.kafka import LEDGER_SUFFIX
 
-    client = admin.admin()
-    existing = client.list_topics(timeout=30).topics
-    names = [t for t in (topic, topic + LEDGER_SUFFIX) if t in existing]
-    for future in client.delete_topics(names, operation_timeout=60).values():
-        future.result()
+    conn = KafkaConnection(bootstrap)
+    for name in (topic, topic + LEDGER_SUFFIX):
+        conn.delete_topic(name)
 
 
 def summarize(

@@ -125,3 +125,49 @@ def test_table_check_counts_losses_and_repeats(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("DELETE FROM t WHERE record_id IN ('1/0', '1/1')")
     assert bench().check_table(pg_url, "t", 8)["complete"]
+
+
+def test_repeated_runs_pool_and_keep_each_rounds_ratio() -> None:
+    """``--repeat``: a variant's rate is every record over every second of its runs, its
+    ratio is of pooled rates, and each round's ratio pairs the runs of that round."""
+    import argparse
+
+    module = bench()
+    runs = {
+        "k2k-alo-kafkasource": [
+            {"records": 100, "seconds": 1.0, "records_per_s": 100.0, "commit_p50_s": 0.5},
+            {"records": 100, "seconds": 4.0, "records_per_s": 25.0, "commit_p50_s": 0.7},
+        ],
+        "k2k-kafkasink-kafkasource": [
+            {"records": 100, "seconds": 2.0, "records_per_s": 50.0, "commit_p50_s": 0.6},
+            {"records": 100, "seconds": 2.0, "records_per_s": 50.0, "commit_p50_s": 0.6},
+        ],
+    }
+    results = {name: module.pool_runs(rs) for name, rs in runs.items()}
+    alo, eo = results["k2k-alo-kafkasource"], results["k2k-kafkasink-kafkasource"]
+    assert alo["records_per_s"] == pytest.approx(200 / 5.0)  # not the mean of 100 and 25
+    assert alo["runs_records_per_s"] == [100.0, 25.0]
+    assert [r["seconds"] for r in alo["runs"]] == [1.0, 4.0]  # each run kept, in order
+    assert alo["commit_p50_s"] == 0.7  # the lower middle run's: of two, the slower (25/s)
+    args = argparse.Namespace(records=100, batch_records=50, quick_start=False, repeat=2)
+    report = module.summarize(results, args, 1.0, runs)
+    assert report["repeat"] == 2
+    assert eo["vs_counterpart"] == pytest.approx(50 / 40)
+    assert eo["ratios_per_round"]["k2k-alo-kafkasource"] == pytest.approx([0.5, 2.0])
+    assert eo["goal_met"] is True
+    one = module.summarize({n: module.pool_runs(rs[:1]) for n, rs in runs.items()}, args, 1.0)
+    assert "ratios_per_round" not in one["results"]["k2k-kafkasink-kafkasource"]
+    assert one["results"]["k2k-kafkasink-kafkasource"]["vs_counterpart"] == pytest.approx(0.5)
+
+
+def test_coordinators_are_warmed_and_checked_topics_deleted(kafka_broker: KafkaBroker) -> None:
+    module = bench()
+    topic = f"bench-warm-{os.getpid()}"
+    kafka_broker.create_topic(topic, 1)
+    assert module.warm_coordinators(kafka_broker.bootstrap, topic) > 0
+    topics = kafka_broker.admin().list_topics(timeout=30).topics
+    assert "__transaction_state" in topics and "__consumer_offsets" in topics
+    kafka_broker.create_topic(topic + ".sparkonce-ledger", 1)
+    module._delete_topics(kafka_broker.bootstrap, topic)
+    left = set(kafka_broker.admin().list_topics(timeout=30).topics)
+    assert not {topic, topic + ".sparkonce-ledger"} & left

@@ -179,3 +179,38 @@ def test_find_reads_the_whole_history_only_for_a_batch_older_than_the_window(led
     # A new no-data batch at the ledger's end: not found, without reading every entry.
     at_end = BatchRanges.at(ranges(batches - 1).ends())
     assert find(at_end, 10**6, "q-new") is None
+
+
+def test_the_benchmarks_synthesized_ledger_reads_like_one_the_sink_wrote(ledger) -> None:
+    """``benchmarks/history.py`` measures start-up on a ledger it writes the fast way, with
+    snapshot records made as the sink makes them. A start must read it from the newest
+    snapshot (a bounded number of offsets), and see what a read from offset 0 sees."""
+    import importlib.util
+    from pathlib import Path
+
+    from sparkonce.ledger.kafka_topic import SNAPSHOT_EVERY
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "history.py"
+    spec = importlib.util.spec_from_file_location("bench_history", path)
+    assert spec is not None and spec.loader is not None
+    history = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(history)
+
+    batches = 6_000  # 18,001 records and 9 snapshots
+    new_store(ledger)  # creates the topic as the sink does
+    history.build_kafka(ledger["bootstrap"], ledger["ledger"], batches, 2, snapshots=True)
+    pipeline = history.PIPELINE
+    store = new_store(ledger, search_window=512)
+    last = store.last(pipeline)
+    # The windows back to the newest snapshot (512, 1024, 2048 offsets: it is at most
+    # SNAPSHOT_EVERY + 3 behind the end), then the fold of what follows it.
+    assert store.last_load[pipeline] <= 512 + 1024 + 2048 + SNAPSHOT_EVERY + 3
+    assert last.seq == batches - 1 and store.owner(pipeline).epoch == 1
+    assert last.end_offsets == BatchRanges.from_json_obj(history.batch_ranges(batches - 1)).ends()
+    assert not store.folded(pipeline).complete  # loaded from a snapshot, not from offset 0
+    assert [e.seq for e in store.entries(pipeline)] == list(range(batches))
+    # The same ledger without snapshot records: the first start reads it whole.
+    ledger2 = dict(ledger, ledger=ledger["ledger"] + "-old")
+    old = new_store(ledger2)
+    history.build_kafka(ledger2["bootstrap"], ledger2["ledger"], 100, 2, snapshots=False)
+    assert old.last(pipeline).seq == 99 and old.last_load[pipeline] >= 301

@@ -353,8 +353,8 @@ def test_rows_take_their_attempt_id_from_the_task_and_old_tables_are_upgraded(
     spark: SparkSession, pg_url: str
 ) -> None:
     """Each pre-committed row carries its own task's attempt id, although no row sends it
-    (the column's default reads the task's transaction-local setting); a pre-commit table
-    an older version made without that default gets it, and the batch commits."""
+    (the column's default is the task transaction's id); a pre-commit table an older
+    version made without that default gets it, and the batch commits."""
     import pyarrow as pa
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -389,9 +389,61 @@ def test_rows_take_their_attempt_id_from_the_task_and_old_tables_are_upgraded(
         assert staged == [(4, ids[0]), (5, ids[0]), (6, ids[1])]
         assert registered == [(ids[0], 2), (ids[1], 1)]
         assert ids[0] != ids[1]
-        # A COPY outside a task (no attempt id set) fails loudly instead of tagging rows 0.
-        with psycopg.connect(pg_url, autocommit=True) as conn, pytest.raises(psycopg.Error):
+        # A row written outside a task gets its own transaction's id, which no attempt
+        # names: the next commit merges the batch's registered attempts, never that row.
+        with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("INSERT INTO up__sparkonce_stage (id, s) VALUES (7, 'g')")
+            stray = conn.execute(
+                "SELECT sparkonce_attempt FROM up__sparkonce_stage WHERE id = 7"
+            ).fetchone()
+        assert stray is not None and stray[0] not in ids
+        more = spark.createDataFrame([(8, "h")], "id long, s string")
+        sink.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 3, 4),)), 1), more)
+        assert scalar(pg_url, "SELECT string_agg(s, ',' ORDER BY id) FROM up") == "a,b,c,h"
+
+
+def test_a_task_whose_transaction_id_is_registered_already_takes_a_new_one(
+    spark: SparkSession, pg_url: str
+) -> None:
+    """An attempts table brought from another cluster can hold the id the task's transaction
+    gets: the registration fails before any row is written, and the task registers again
+    under a new transaction's id; its rows carry that one."""
+    import pyarrow as pa
+
+    sink = PostgresTwoPhaseSink(pg_url, "taken_ids", mode="upsert", keys=["id"])
+    df = spark.createDataFrame([(1, "a")], "id long, s string")
+    with sink:
+        epoch = sink.acquire("p").epoch
+        sink.commit(BatchContext("p", epoch, BatchRanges((OffsetRange("t", 0, 0, 1),)), 0), df)
+        plan = _TaskPlan(sink.url, sink.precommit_table, ("id", "s"), "p", "taken_ids", epoch, 1)
+        batch = pa.RecordBatch.from_pylist([{"id": 2, "s": "b"}])
+        # The next 3 transaction ids are registered already (one transaction, id `now`, takes
+        # them): the task's registration fails 3 times, then takes the 4th.
+        now = take_next_transaction_ids(pg_url, 3)
+        [out] = list(_precommit_task(plan, iter([batch])))
+        got = out.to_pylist()[0]
+        assert got["rows"] == 1 and got["attempt"] > now + 3
+        staged = scalar(pg_url, "SELECT sparkonce_attempt FROM taken_ids__sparkonce_stage")
+        assert staged == got["attempt"]
+        # More taken than the task tries: it fails, naming why, and writes nothing.
+        take_next_transaction_ids(pg_url, 10)
+        with pytest.raises(SinkError, match="could not register an attempt id"):
+            list(_precommit_task(plan, iter([batch])))
+        assert scalar(pg_url, "SELECT count(*) FROM taken_ids__sparkonce_stage") == 1
+
+
+def take_next_transaction_ids(pg_url: str, n: int) -> int:
+    """Register the next ``n`` transaction ids as attempts of another pipeline, in one
+    transaction; its own id is returned."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO sparkonce_attempts (attempt_id, pipeline, target, epoch, seq, partition, "
+            "row_count, state) SELECT txid_current() + g, 'other', 'x', 1, 1, 0, 0, 'committed' "
+            "FROM generate_series(1, %s) AS g RETURNING txid_current()",
+            (n,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_a_table_in_the_pre_commit_tables_place_without_an_attempt_column_is_refused(

@@ -10,13 +10,17 @@ non-deterministic transforms too, as long as this is the pipeline's only sink.
 How a batch commits (the protocol of :mod:`sparkonce.protocol`, step 3 split in two):
 
 **Pre-commit, in the executors.** Each Spark task of the batch opens its own
-connection and, in one transaction, registers a fresh random *attempt id* in
+connection and, in one transaction, registers a fresh *attempt id* in
 ``sparkonce_attempts`` (pipeline, table, epoch, ledger seq, partition, state
 ``precommitted``) and loads its rows with ``COPY`` (Arrow batches written as
-CSV), each row tagged with the attempt id. The tag is the column's default, read
-from a setting local to the task's transaction, so the id is not sent with every
-row (it would nearly double the CSV of narrow rows). Once committed the rows are durable
-but invisible to readers. A task that finds the run fenced writes nothing.
+CSV), each row tagged with the attempt id. The attempt id is the task transaction's own
+64-bit id (``txid_current()``: it never repeats in a PostgreSQL cluster, and every task
+attempt is a transaction of its own), and the tag is the column's default, that same
+call, so the id is never sent with the rows (it would nearly double the CSV of narrow
+rows). An id already registered (an attempts table copied from another cluster) fails
+the registration before any row is written, and the task takes a new transaction. Once
+committed the rows are durable but invisible to readers. A task that finds the run
+fenced writes nothing.
 
 **Commit, on the driver.** ``collect`` returns exactly one result per partition:
 the attempt Spark reports successful. One driver transaction then locks the
@@ -70,7 +74,6 @@ from __future__ import annotations
 
 import io
 import logging
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,10 +94,14 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS_TABLE = "sparkonce_attempts"
 ATTEMPT_COLUMN = "sparkonce_attempt"
-# A task sets this (transaction-local) before its COPY, and the pre-commit table's attempt
-# column takes it as its default, so the attempt id never travels with each row.
-ATTEMPT_SETTING = "sparkonce.attempt"
-ATTEMPT_DEFAULT = f"current_setting('{ATTEMPT_SETTING}')::bigint"
+# A task's attempt id is its transaction's id, and the pre-commit table's attempt column
+# takes it as its default, so the id never travels with each row. (The id was first a
+# setting of the task's transaction, read by the default with ``current_setting``: that
+# lookup and its text-to-bigint cast cost a quarter of a narrow row's COPY here.)
+ATTEMPT_DEFAULT = "txid_current()"
+# Registrations a task tries (each in a new transaction) before it gives up on ids that
+# are already taken, which only an attempts table brought from another cluster can cause.
+REGISTER_TRIES = 5
 DATA_SUFFIX = "__sparkonce_data"
 STAGE_SUFFIX = "__sparkonce_stage"
 MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
@@ -272,7 +279,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                 f"another table than {self.table!r}"
             )
         table = qi(self.precommit_table)
-        if columns[ATTEMPT_COLUMN][0] is None:
+        if (columns[ATTEMPT_COLUMN][0] or "") != ATTEMPT_DEFAULT:
             conn.execute(
                 f"ALTER TABLE {table} ALTER COLUMN {ATTEMPT_COLUMN} SET DEFAULT {ATTEMPT_DEFAULT}"
             )
@@ -530,7 +537,7 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     spark_attempt = ctx.attemptNumber() if ctx is not None else 0
-    attempt = secrets.randbits(63) or 1
+    attempt = 0
     out = pa.schema(
         [
             ("partition", pa.int32()),
@@ -548,20 +555,10 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
                 continue
             if conn is None:
                 conn = connect(plan.url)
-                conn.execute("BEGIN")
-                row = conn.execute(
-                    "SELECT epoch FROM sparkonce_owner WHERE pipeline = %s", (plan.pipeline,)
-                ).fetchone()
-                if row is None or int(row[0]) != plan.epoch:
+                attempt = _register(conn, plan, partition)
+                if not attempt:
                     fenced = True  # a newer run owns the pipeline: write nothing
                     break
-                conn.execute("SELECT set_config(%s, %s, true)", (ATTEMPT_SETTING, str(attempt)))
-                conn.execute(
-                    f"INSERT INTO {ATTEMPTS_TABLE} (attempt_id, pipeline, target, epoch, seq, "
-                    "partition, row_count, state) VALUES (%s, %s, %s, %s, %s, %s, 0, "
-                    "'precommitted')",
-                    (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, partition),
-                )
             _copy_batch(conn, plan, batch)
             rows += batch.num_rows
         if conn is not None and not fenced:
@@ -596,6 +593,39 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
             }
         ],
         schema=out,
+    )
+
+
+def _register(conn: Any, plan: _TaskPlan, partition: int) -> int:
+    """Begin the task's transaction and register its attempt: the transaction's id, which
+    the pre-commit table's attempt column takes as its default. 0: the run is fenced (a
+    newer run owns the pipeline), and the transaction is left open to be rolled back."""
+    from psycopg.errors import UniqueViolation
+
+    for _ in range(REGISTER_TRIES):
+        conn.execute("BEGIN")
+        row = conn.execute(
+            "SELECT epoch, txid_current() FROM sparkonce_owner WHERE pipeline = %s",
+            (plan.pipeline,),
+        ).fetchone()
+        if row is None or int(row[0]) != plan.epoch:
+            return 0
+        attempt = int(row[1])
+        try:
+            conn.execute(
+                f"INSERT INTO {ATTEMPTS_TABLE} (attempt_id, pipeline, target, epoch, seq, "
+                "partition, row_count, state) VALUES (%s, %s, %s, %s, %s, %s, 0, "
+                "'precommitted')",
+                (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, partition),
+            )
+        except UniqueViolation:
+            conn.execute("ROLLBACK")  # nothing was written: take a new transaction, a new id
+            continue
+        return attempt
+    raise SinkError(
+        f"pipeline {plan.pipeline!r}: task {partition} could not register an attempt id in "
+        f"{ATTEMPTS_TABLE}: {REGISTER_TRIES} transaction ids in a row were registered already. "
+        f"Its rows were not written. Check that {ATTEMPTS_TABLE} belongs to this database."
     )
 
 
