@@ -963,9 +963,11 @@ def chart(report: dict, path: Path) -> None:
     mem.set_yticks([])
     mem.set_xlabel("driver peak memory, MB (VmHWM)")
     mem.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    repeat = report.get("repeat", 1)
     fig.suptitle(
         f"Kafka pipelines: {report['records']:,} records in batches of "
         f"{report['batch_records']:,}, {report['date']}, {report['machine']}"
+        + (f"; records/s pooled over {repeat} interleaved runs" if repeat > 1 else "")
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
