@@ -631,7 +631,7 @@ def _register(conn: Any, plan: _TaskPlan, partition: int) -> int:
 
 def _copy_batch(conn: Any, plan: _TaskPlan, batch: Any) -> None:
     """COPY one Arrow batch into the pre-commit table. The attempt id column is not sent:
-    it takes its default, the attempt id the task's transaction has set."""
+    it takes its default, the task transaction's id (the attempt id it registered)."""
     import pyarrow.csv as pacsv
 
     cols = qlist(plan.columns)
