@@ -34,25 +34,35 @@ lint: setup
 # .cache/jars) are there, and Debian's Chromium, which the `sparkonce ui` browser tests drive
 # headless (tests/ui).
 #
-# Two lanes, chosen by the `crash_lane` marker (pyproject.toml); every test is in exactly one:
-#   make test        everything without it: unit, simulation, Spark, PostgreSQL and Kafka
-#                    integration, one real-driver crash scenario per sink family (each fault
-#                    kind once) and one `sparkonce verify` run
-#   make test-crash  only the marked tests: the full real-driver crash matrix, the
-#                    `sparkonce verify` campaigns, PostgreSQL repeats of SQLite scenarios,
-#                    the benchmarks' smoke runs and the wheel's clean-venv install test
-#                    (tests/packaging)
-# pytest's exit code 5 (no test selected) fails either target, like any other failure.
+# Three lanes, chosen by markers (pyproject.toml); every test is in exactly one:
+#   make test           everything unmarked: unit, simulation, Spark, PostgreSQL and Kafka
+#                       integration, one real-driver crash scenario per sink family (each
+#                       fault kind once) and one `sparkonce verify` run
+#   make test-crash     `crash_lane`: the rest of the real-driver crash matrix (every crash
+#                       point on every sink, inside no-data batches, stop signals, zombies),
+#                       the PostgreSQL repeats of SQLite scenarios, and a verify campaign
+#                       that must catch a planted bug
+#   make test-campaign  `campaign_lane`, not run by CI: the other verify campaigns, the Spark
+#                       standalone cluster suite, the wheel's clean-venv install test
+#                       (tests/packaging) and the benchmarks' smoke runs
+# CI (.ci/run) runs make test and make test-crash. pytest's exit code 5 (no test selected)
+# fails any of them, like any other failure.
 LANE := crash_lane
+CAMPAIGN := campaign_lane
 
 test: setup lint jars
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -m "not $(LANE)" $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -m "not $(LANE) and not $(CAMPAIGN)" $(PYTEST_ARGS)
 
 test-crash: setup jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 -m "$(LANE)" $(PYTEST_ARGS)
+
+.PHONY: test-campaign
+test-campaign: setup jars
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 -m "$(CAMPAIGN)" $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest -q tests/unit

@@ -6,11 +6,12 @@ broker comes from ``tests/services/kafka.py`` and the S3-compatible server (moto
 ``tests/services/s3.py``; tests never skip because one is missing or fails to start:
 they fail.
 
-Test lanes: ``make test`` runs ``-m "not crash_lane"`` and ``make test-crash`` runs
-``-m crash_lane``, so every test is in exactly one lane. A crash test that stays in
-``make test`` names each (sink family, fault kind) pair it stands for with
-``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_modifyitems` refuses a
-pair outside :data:`FAULT_MATRIX` and a ``covers`` test marked ``crash_lane``.
+Test lanes: ``make test`` runs ``-m "not crash_lane and not campaign_lane"``, ``make
+test-crash`` runs ``-m crash_lane`` and ``make test-campaign`` ``-m campaign_lane``, so
+every test is in exactly one lane (a test marked with both is refused). CI runs the first
+two. A crash test that stays in ``make test`` names each (sink family, fault kind) pair it
+stands for with ``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_modifyitems`
+refuses a pair outside :data:`FAULT_MATRIX` and a ``covers`` test in another lane.
 ``tests/unit/test_lanes.py`` checks, on the whole suite, that each pair has exactly one
 such test.
 """
@@ -33,6 +34,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # --quick-start, as `sparkonce verify`'s trial drivers do: Spark's JVM with the C1 JIT only
 # and the serial collector, about a quarter less CPU per short run. Timing only, never results.
 os.environ.setdefault("SPARKONCE_QUICK_START", "1")
+# The JVM class-data archive (sparkonce.pipeline.classdata) in the checkout's git-ignored
+# cache, built before the first test that starts a JVM: every driver then starts in about
+# 7 s less here (a session in 5 s instead of 9.5 s, its first job in 2 s instead of 4.5 s).
+os.environ.setdefault(
+    "SPARKONCE_CACHE_DIR", str(Path(__file__).parents[1] / ".cache" / "sparkonce")
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -47,6 +54,7 @@ _db_counter = itertools.count()
 # -- test lanes ------------------------------------------------------------------------------------
 
 LANE_MARK = "crash_lane"
+CAMPAIGN_MARK = "campaign_lane"
 SINK_FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka", "delta")
 # Fault kind -> the sink families it applies to. A Kafka sink has no store connection to drop.
 FAULT_MATRIX: dict[str, tuple[str, ...]] = {
@@ -59,20 +67,23 @@ FAULT_MATRIX: dict[str, tuple[str, ...]] = {
 
 
 # Parametrizations of tests/spark: a scenario whose statements are the same on SQLite and
-# PostgreSQL runs on SQLite in make test, and its PostgreSQL repeat in the crash lane. Tests of
+# PostgreSQL runs on SQLite in make test, and its PostgreSQL repeat in make test-campaign. Tests of
 # PostgreSQL's own statements (upsert, complete mode, latest_by) and of the other sink
 # families stay in make test.
-SQL_STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.crash_lane)]
+SQL_STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.campaign_lane)]
 FAMILY_SINKS = [
     "sqlite",
-    pytest.param("postgres", marks=pytest.mark.crash_lane),
+    pytest.param("postgres", marks=pytest.mark.campaign_lane),
     "postgres-2pc",
     "kafka",
 ]
 
 
 def lane_of(item: pytest.Item) -> str:
-    """``"crash"`` for a test marked ``crash_lane`` (``make test-crash``), else ``"test"``."""
+    """``"crash"`` for a test marked ``crash_lane`` (``make test-crash``), ``"campaign"`` for
+    one marked ``campaign_lane`` (``make test-campaign``), else ``"test"``."""
+    if item.get_closest_marker(CAMPAIGN_MARK) is not None:
+        return "campaign"
     return "crash" if item.get_closest_marker(LANE_MARK) is not None else "test"
 
 
@@ -105,16 +116,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"{item.nodeid}: covers({family!r}, {kind!r}) is no pair of "
                     "FAULT_MATRIX (tests/conftest.py)"
                 )
-            if lane_of(item) == "crash":
+            if lane_of(item) != "test":
                 problems.append(
                     f"{item.nodeid}: a covers() test must run in make test, "
-                    f"but it is marked {LANE_MARK}"
+                    f"but it is marked {LANE_MARK} or {CAMPAIGN_MARK}"
                 )
+        lanes = [m for m in (LANE_MARK, CAMPAIGN_MARK) if item.get_closest_marker(m) is not None]
+        if len(lanes) > 1:
+            problems.append(f"{item.nodeid}: marked {' and '.join(lanes)}; a test has one lane")
     if problems:
         raise pytest.UsageError("test lanes:\n  " + "\n  ".join(problems))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    collect_only = session.config.getoption("collectonly")
+    if not collect_only and any(not i.nodeid.startswith("tests/unit/") for i in session.items):
+        from sparkonce.pipeline.classdata import ensure_archive
+
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        ensure_archive(on_build=reporter.write_line if reporter else None)  # once: ~1 min
     path = session.config.getoption("--lanes-report")
     if not path:
         return

@@ -16,7 +16,7 @@ of a Python data source (sparkonce's sources plan their batches there) with it t
 (tests/services/spark_cluster.py says more).
 
 The tests are slow (the cluster starts in about 10 s; every driver ships a 100 MB archive
-to two executors): they run in ``make test-crash`` (``crash_lane``).
+to two executors): they run in ``make test-campaign`` (``campaign_lane``), which CI does not run.
 """
 
 from __future__ import annotations

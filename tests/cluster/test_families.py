@@ -40,7 +40,7 @@ from sparkonce.sources.spark_kafka import CONNECTOR_JAR_PREFIX
 from tests.cluster.conftest import StartDriver, sparkonce_run
 from tests.services.spark_cluster import SparkCluster
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 PARTITIONS = 3
 KEYS = 6

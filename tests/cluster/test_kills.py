@@ -32,7 +32,7 @@ from tests.cluster.pipelines import (
 )
 from tests.services.spark_cluster import SparkCluster
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 ROW_SECONDS = 0.01  # a task (200 rows) takes about 2 s, so a kill lands inside one
 WAIT_S = 240.0

@@ -39,7 +39,7 @@ from tests.cluster.pipelines import (
 )
 from tests.services.spark_cluster import ENV_NAME, SparkCluster
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 AUDIT_DIR = Path(__file__).with_name("sqlite_audit")
 AUDIT_ENV = "SPARKONCE_TEST_SQLITE_AUDIT"

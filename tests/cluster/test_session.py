@@ -20,7 +20,7 @@ import pytest
 from tests.cluster.conftest import StartDriver
 from tests.services.spark_cluster import ENV_NAME, ENV_PYTHON, SparkCluster, spark_home
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 PROBE = Path(__file__).with_name("probe.py")
 

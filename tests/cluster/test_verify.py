@@ -21,7 +21,7 @@ from tests.cluster.pipelines import write_sums_pipeline
 from tests.services.s3 import S3Server, s3a_settings
 from tests.services.spark_cluster import SparkCluster
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 RECORDS = 900  # 3 partitions, 150 per partition and batch: 2 batches
 KEYS = 5

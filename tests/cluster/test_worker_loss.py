@@ -28,7 +28,7 @@ from tests.cluster.pipelines import (
 )
 from tests.services.spark_cluster import SparkCluster, Worker
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 # 10 ms per row: a task (LIMIT rows) takes about 2 s, so the kill lands inside one.
 ROW_SECONDS = 0.01

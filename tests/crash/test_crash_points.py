@@ -1,9 +1,13 @@
 """SIGKILL the driver at every named crash point of the commit protocol, then recover.
 
-For each crash point x store (SQLite, PostgreSQL, Delta Lake): run 1 is killed the 2nd time
-it reaches the point (batch 1, ``crash_hit=2``); the intermediate state must be what the
-protocol promises;
-run 2 (same checkpoint, no crash) finishes; the output must equal the oracle's exactly.
+For each store (SQLite, PostgreSQL, Delta Lake), one chain of runs on one checkpoint, each
+killed at the next crash point, in protocol order: run 1 the 2nd time it reaches
+``before-commit`` (batch 1, after batch 0 committed), then runs 2, 3 and 4 the first time
+they reach ``after-rows``, ``before-ledger-commit`` and ``after-ledger-commit`` (batch 1
+again each time: the first three roll back). After each kill the store must hold what the
+protocol promises at that point; run 5 (no crash) skips the batch that run 4 committed in
+the sink but not in Spark, and finishes; the output must then equal the oracle's exactly.
+A chain starts five drivers where a separate test per point started eight.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ pytestmark = pytest.mark.crash_lane
 ROLLED_BACK = [CrashPoint.BEFORE_COMMIT, CrashPoint.AFTER_ROWS, CrashPoint.BEFORE_LEDGER_COMMIT]
 
 
-def _check_intermediate(point: CrashPoint, sink_url: str, table: str, checkpoint: Path) -> None:
-    """Assert the state run 1 left behind (killed at ``point`` in batch 1)."""
+def _check_intermediate(
+    point: CrashPoint, sink_url: str, table: str, checkpoint: Path, epoch: int = 1
+) -> None:
+    """Assert the state a run holding ``epoch`` left behind (killed at ``point`` in batch 1)."""
     stateless = table == STATELESS_TABLE
     state = read_sink(sink_url, table)
     ckpt = Checkpoint(checkpoint)
@@ -51,7 +57,7 @@ def _check_intermediate(point: CrashPoint, sink_url: str, table: str, checkpoint
     # Spark planned batch 1 (its offsets are logged) but never finished it.
     assert commits == [0], where
     assert 1 in offsets, where
-    assert state.owner is not None and state.owner.epoch == 1, where
+    assert state.owner is not None and state.owner.epoch == epoch, where
     if point in ROLLED_BACK:
         # Crash before step 5: nothing of batch 1 is visible, in the table or the ledger.
         assert len(state.ledger) == 1, where
@@ -82,21 +88,17 @@ def _check_final(sink_url: str, oracle: Oracle) -> None:
     assert sum(e.row_count for e in state.ledger) == RECORDS
 
 
-@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
-def test_crash_point_then_recover(
-    point: CrashPoint,
+def test_every_crash_point_then_recover(
     store_url: str,
     tmp_path: Path,
     make_log: Callable[..., Path],
     oracle: Oracle,
     drivers: list[Driver],
 ) -> None:
-    _crash_then_recover(point, store_url, tmp_path, make_log, oracle, drivers)
+    _crash_chain_then_recover(store_url, tmp_path, make_log, oracle, drivers)
 
 
-@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
-def test_delta_crash_point_then_recover(
-    point: CrashPoint,
+def test_delta_every_crash_point_then_recover(
     spark: SparkSession,
     tmp_path: Path,
     make_log: Callable[..., Path],
@@ -104,13 +106,12 @@ def test_delta_crash_point_then_recover(
     drivers: list[Driver],
 ) -> None:
     """The same on a Delta Lake table: before the Delta commit nothing is visible, after it
-    the batch is, and the run after the crash ends with the oracle's rows."""
+    the batch is, and the run after the last crash ends with the oracle's rows."""
     url = f"delta://{tmp_path / 'tables'}"
-    _crash_then_recover(point, url, tmp_path, make_log, oracle, drivers)
+    _crash_chain_then_recover(url, tmp_path, make_log, oracle, drivers)
 
 
-def _crash_then_recover(
-    point: CrashPoint,
+def _crash_chain_then_recover(
     store_url: str,
     tmp_path: Path,
     make_log: Callable[..., Path],
@@ -120,29 +121,36 @@ def _crash_then_recover(
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
     pipeline_file = write_pipeline(tmp_path, log_dir=log_dir, sink_url=store_url)
     checkpoint = tmp_path / "checkpoint"
+    points = list(CrashPoint)
+    assert points[-1] is CrashPoint.AFTER_LEDGER_COMMIT  # the only one that commits batch 1
+    assert all(p in ROLLED_BACK for p in points[:-1])
 
-    run1 = Driver(pipeline_file, tmp_path / "run1.log", crash_at=point, crash_hit=2)
-    drivers.append(run1.start())
-    code = run_driver(run1)
-    assert code == SIGKILL_EXIT, f"run 1 exited with {code}, not SIGKILL:\n{run1.log_tail()}"
-    try:
-        _check_intermediate(point, store_url, STATELESS_TABLE, checkpoint)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nrun 1 log tail:\n{run1.log_tail()}") from None
+    for run, point in enumerate(points, start=1):
+        # Run 1 commits batch 0 first; every later run starts at batch 1, rolled back so far.
+        hit = 2 if run == 1 else 1
+        killed = Driver(pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit)
+        drivers.append(killed.start())
+        code = run_driver(killed)
+        assert code == SIGKILL_EXIT, (
+            f"run {run} ({point}) exited with {code}, not SIGKILL:\n{killed.log_tail()}"
+        )
+        try:
+            _check_intermediate(point, store_url, STATELESS_TABLE, checkpoint, epoch=run)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nrun {run} log tail:\n{killed.log_tail()}") from None
 
-    run2 = Driver(pipeline_file, tmp_path / "run2.log")
-    drivers.append(run2.start())
-    code = run_driver(run2)
-    assert code == 0, f"run 2 exited with {code}:\n{run2.log_tail()}"
-    log2 = run2.log_path.read_text(errors="replace")
-    if point is CrashPoint.AFTER_LEDGER_COMMIT:
-        assert "skipped" in log2, f"run 2 did not skip the replayed batch:\n{run2.log_tail()}"
+    last = Driver(pipeline_file, tmp_path / "last.log")
+    drivers.append(last.start())
+    code = run_driver(last)
+    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+    assert "skipped" in last.log_path.read_text(errors="replace"), (
+        f"the last run did not skip the replayed batch:\n{last.log_tail()}"
+    )
     assert Checkpoint(checkpoint).batch_ids("commits")[-1] >= BATCHES - 1
-
     try:
         _check_final(store_url, oracle)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nrun 2 log tail:\n{run2.log_tail()}") from None
+        raise AssertionError(f"{exc}\nlast run's log tail:\n{last.log_tail()}") from None
 
 
 def test_stateful_after_ledger_commit(

@@ -4,7 +4,8 @@ crash tests for SQLite, PostgreSQL, two-phase PostgreSQL and Delta Lake.
 Each test is the ``make test`` representative (``covers``) of its family's four (family,
 fault kind) pairs (Delta: three, it has no store connection to drop);
 tests/crash/test_kafka_crash.py has the Kafka sink's. The full matrix
-(every crash point on every store, and so on) runs in ``make test-crash``. A separate test
+(every crash point on every store, and so on) runs in ``make test-crash``, and zombie repeats
+in ``make test-campaign``. A separate test
 per pair would start about six drivers per family, which ``make test`` cannot afford; here
 three drivers share one pipeline and one store, and each fault has its own run and its own
 checks:

@@ -13,7 +13,9 @@ A last test pauses a run (SIGSTOP) before its tasks write, lets a newer run fini
 resumes the old one: the zombie must be fenced (exit code 3) and change nothing.
 
 ``make test`` runs only :func:`test_each_fault_kind_once_on_kafka`, the Kafka sink's
-representative (``covers``) for each fault kind; the rest runs in ``make test-crash``.
+representative (``covers``) for each fault kind. Every crash point of kafka-to-kafka and
+of Spark's connector into PostgreSQL runs in ``make test-crash``; KafkaSource into
+PostgreSQL and the zombie test in ``make test-campaign``.
 """
 
 from __future__ import annotations
@@ -172,16 +174,17 @@ def _oracle(spark: Any, tmp_path: Path, source: str, oracle_url: str) -> Counter
 
 
 @pytest.mark.crash
-@pytest.mark.crash_lane
 @pytest.mark.parametrize(
     "kind",
     [
-        "kafka-to-postgres",
-        "kafka-to-kafka",
+        # KafkaSource's crash points are kafka-to-kafka's, and the SQL sink's on PostgreSQL
+        # are in test_crash_points.py: this pair runs in make test-campaign.
+        pytest.param("kafka-to-postgres", marks=pytest.mark.campaign_lane),
+        pytest.param("kafka-to-kafka", marks=pytest.mark.crash_lane),
         # (embedded log -> Kafka: the sink's crash points are kafka-to-kafka's; the
         # embedded source's are in tests/crash/test_crash_points.py.)
         # Through Spark's own Kafka connector (SparkKafkaSource; it cannot feed a KafkaSink).
-        "sparkkafka-to-postgres",
+        pytest.param("sparkkafka-to-postgres", marks=pytest.mark.crash_lane),
     ],
 )
 def test_kill_at_every_crash_point_then_recover(
@@ -343,7 +346,7 @@ def test_each_fault_kind_once_on_kafka(
 
 
 @pytest.mark.crash
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane  # make test fences a Kafka zombie in test_each_fault_kind_once_on_kafka
 def test_zombie_run_is_fenced_on_kafka(
     tmp_path: Path,
     setup: Callable[[str], tuple[str, str, str]],

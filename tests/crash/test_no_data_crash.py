@@ -2,10 +2,11 @@
 
 The pipeline counts events per minute in append mode with a 0 s watermark (tests/spark/
 test_no_data_batches.py): four data batches, then a no-data batch (the same source offset
-again) that emits the last closed windows. Run 1 is killed at the 5th time it reaches the
-point, which is inside that no-data batch; run 2 finishes. The windows must equal those
-computed in plain Python from the input, each once, with one ledger entry for the no-data
-batch.
+again) that emits the last closed windows. One chain of runs on one checkpoint is killed
+inside that no-data batch at each crash point in turn: run 1 the 5th time it reaches
+``before-commit``, runs 2 to 4 (which start with the same no-data batch) the first time they
+reach the next point; run 5 finishes. The windows must equal those computed in plain Python
+from the input, each once, with one ledger entry for the no-data batch.
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ pipeline = Pipeline(
 """
 
 
-@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
-def test_crash_in_the_no_data_batch_then_recover(
-    point: CrashPoint, tmp_path: Path, drivers: list[Driver]
+def test_crash_in_the_no_data_batch_at_every_point_then_recover(
+    tmp_path: Path, drivers: list[Driver]
 ) -> None:
     log_dir = make_event_log(tmp_path / "log")
     url = f"sqlite:///{tmp_path / 'sink.db'}"
@@ -53,25 +53,29 @@ def test_crash_in_the_no_data_batch_then_recover(
     )
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # tests.spark importable
 
-    run1 = Driver(
-        pipeline_file, tmp_path / "run1.log", crash_at=point, crash_hit=NO_DATA_HIT, env=env
-    )
-    drivers.append(run1.start())
-    code = run_driver(run1)
-    assert code == SIGKILL_EXIT, f"run 1 exited with {code}, not SIGKILL:\n{run1.log_tail()}"
-    before = read_sink(url, "windows", "crash-test").ledger
-    assert len(before) == (NO_DATA_HIT if point is CrashPoint.AFTER_LEDGER_COMMIT else 4), before
+    for run, point in enumerate(CrashPoint, start=1):
+        hit = NO_DATA_HIT if run == 1 else 1  # a restarted run begins with the no-data batch
+        killed = Driver(
+            pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit, env=env
+        )
+        drivers.append(killed.start())
+        code = run_driver(killed)
+        where = f"run {run} ({point})"
+        assert code == SIGKILL_EXIT, f"{where} exited with {code}:\n{killed.log_tail()}"
+        ledger = read_sink(url, "windows", "crash-test").ledger
+        want = NO_DATA_HIT if point is CrashPoint.AFTER_LEDGER_COMMIT else 4
+        assert len(ledger) == want, f"{where}: {ledger}\n{killed.log_tail()}"
 
-    run2 = Driver(pipeline_file, tmp_path / "run2.log", env=env)
-    drivers.append(run2.start())
-    code = run_driver(run2)
-    assert code == 0, f"run 2 exited with {code}:\n{run2.log_tail()}"
-    log2 = run2.log_path.read_text(errors="replace")
-    if point is CrashPoint.AFTER_LEDGER_COMMIT:
-        assert "no-data batch already committed" in log2, run2.log_tail()
+    last = Driver(pipeline_file, tmp_path / "last.log", env=env)
+    drivers.append(last.start())
+    code = run_driver(last)
+    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+    assert "no-data batch already committed" in last.log_path.read_text(errors="replace"), (
+        last.log_tail()
+    )
 
     state = read_sink(url, "windows", "crash-test")
     got = Counter((int(r["start"]), int(r["n"])) for r in state.rows)
-    assert got == expected_windows(), run2.log_tail()
+    assert got == expected_windows(), last.log_tail()
     assert sum(1 for e in state.ledger if e.ranges.empty) == 1
     assert [e.seq for e in state.ledger] == list(range(NO_DATA_HIT))

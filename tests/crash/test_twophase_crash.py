@@ -3,10 +3,11 @@
 The crash points map to the 2PC steps: ``before-commit`` is before the batch's tasks
 pre-commit; ``after-rows`` is after the tasks' pre-commits are durable and the driver's
 transaction has flipped the successful attempts; ``before-ledger-commit`` has the ledger row
-too; ``after-ledger-commit`` is after the driver's COMMIT. Run 1 is killed in batch 1; run 2
-(same checkpoint) must collect what run 1 pre-committed and finish with exactly the oracle's
-output. A third test fails write tasks *after* their pre-commit is durable, so Spark retries
-them and the failed attempts' rows must never show.
+too; ``after-ledger-commit`` is after the driver's COMMIT. As in test_crash_points.py, one
+chain of runs on one checkpoint is killed at each point in turn, in batch 1: each run must
+collect what the run before it pre-committed, and the run after the last kill must finish
+with exactly the oracle's output. Another test fails write tasks *after* their pre-commit
+is durable, so Spark retries them and the failed attempts' rows must never show.
 """
 
 from __future__ import annotations
@@ -47,9 +48,7 @@ def _pending(url: str) -> int:
         return int(row[0])
 
 
-@pytest.mark.parametrize("point", list(CrashPoint), ids=[p.value for p in CrashPoint])
-def test_two_phase_crash_point_then_recover(
-    point: CrashPoint,
+def test_two_phase_every_crash_point_then_recover(
     pg_url: str,
     tmp_path: Path,
     make_log: Callable[..., Path],
@@ -60,31 +59,37 @@ def test_two_phase_crash_point_then_recover(
     pipeline_file = write_pipeline(tmp_path, log_dir=log_dir, sink_url=pg_url, two_phase=True)
     checkpoint = tmp_path / "checkpoint"
 
-    run1 = Driver(pipeline_file, tmp_path / "run1.log", crash_at=point, crash_hit=2)
-    drivers.append(run1.start())
-    code = run_driver(run1)
-    assert code == SIGKILL_EXIT, f"run 1 exited with {code}, not SIGKILL:\n{run1.log_tail()}"
-    try:
-        _check_intermediate(point, pg_url, STATELESS_TABLE, checkpoint)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nrun 1 log tail:\n{run1.log_tail()}") from None
-    left = _pending(pg_url)
-    if point in (CrashPoint.AFTER_ROWS, CrashPoint.BEFORE_LEDGER_COMMIT):
-        # The tasks' pre-commits are durable, but the driver's flip was rolled back.
-        assert left > 0, "the killed batch left no pre-committed attempts"
-    else:
-        assert left == 0
+    left = 0  # pre-committed attempts the killed run before left behind
+    for run, point in enumerate(CrashPoint, start=1):
+        hit = 2 if run == 1 else 1  # run 1 commits batch 0 first; later runs start at batch 1
+        killed = Driver(pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit)
+        drivers.append(killed.start())
+        code = run_driver(killed)
+        where = f"run {run} ({point})"
+        assert code == SIGKILL_EXIT, f"{where} exited with {code}:\n{killed.log_tail()}"
+        if left:
+            assert "collected" in killed.log_path.read_text(errors="replace"), (
+                f"{where} did not collect the {left} attempts left before it:\n{killed.log_tail()}"
+            )
+        try:
+            _check_intermediate(point, pg_url, STATELESS_TABLE, checkpoint, epoch=run)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{where} log tail:\n{killed.log_tail()}") from None
+        left = _pending(pg_url)
+        if point in (CrashPoint.AFTER_ROWS, CrashPoint.BEFORE_LEDGER_COMMIT):
+            # The tasks' pre-commits are durable, but the driver's flip was rolled back.
+            assert left > 0, f"{where}: the killed batch left no pre-committed attempts"
+        else:
+            assert left == 0, f"{where}: {left} pre-committed attempts left"
 
-    run2 = Driver(pipeline_file, tmp_path / "run2.log")
-    drivers.append(run2.start())
-    code = run_driver(run2)
-    assert code == 0, f"run 2 exited with {code}:\n{run2.log_tail()}"
-    if left:
-        assert "collected" in run2.log_path.read_text(errors="replace"), run2.log_tail()
+    last = Driver(pipeline_file, tmp_path / "last.log")
+    drivers.append(last.start())
+    code = run_driver(last)
+    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
     try:
         _check_final(pg_url, oracle)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nrun 2 log tail:\n{run2.log_tail()}") from None
+        raise AssertionError(f"{exc}\nlast run's log tail:\n{last.log_tail()}") from None
     assert _pending(pg_url) == 0
 
 

@@ -1,7 +1,8 @@
 """A zombie run alongside a newer one: the older run is fenced and writes nothing.
 
 One test per SQL sink family (SQLite, PostgreSQL, two-phase PostgreSQL), in ``make
-test-crash``; ``make test`` has the zombie in tests/crash/test_fault_kinds.py.
+test-campaign``; ``make test`` fences a zombie of each family in
+tests/crash/test_fault_kinds.py.
 
 Run A stops itself (SIGSTOP through ``SPARKONCE_PAUSE_AT``) after its 1st commit and before its
 2nd, outside any transaction: a driver that looks dead but is not. Run B, the same pipeline on
@@ -46,7 +47,7 @@ from tests.crash.conftest import (
 ZOMBIE_PAUSE = "before-commit@2"
 
 
-pytestmark = pytest.mark.crash_lane
+pytestmark = pytest.mark.campaign_lane
 
 
 # One sink of each SQL family; tests/crash/test_kafka_crash.py has the Kafka zombie.

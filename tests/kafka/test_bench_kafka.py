@@ -38,7 +38,7 @@ def bench() -> ModuleType:
     return module
 
 
-@pytest.mark.crash_lane  # a benchmark's smoke run: the longer lane
+@pytest.mark.campaign_lane  # a benchmark's smoke run
 def test_two_variants_end_to_end(
     kafka_broker: KafkaBroker, pg_server: PostgresServer, tmp_path: Path
 ) -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-# In `make test-crash` (about a minute: it builds a wheel and a venv), not in `make test`.
-pytestmark = [pytest.mark.packaging, pytest.mark.crash_lane]
+# In `make test-campaign` (it builds a wheel and a venv per extra), not in CI's lanes.
+pytestmark = [pytest.mark.packaging, pytest.mark.campaign_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = ("postgres", "kafka", "verify", "metrics", "ui")  # what a user is told to install

@@ -3,15 +3,15 @@
 How many schedules each campaign runs comes from the environment; the defaults are
 what ``make test`` checks:
 
-* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 20,000), on
+* ``SPARKONCE_SIM_SCHEDULES``: SQLite schedules (default 8,000), on
   ``SPARKONCE_SIM_WORKERS`` processes (default 2);
-* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 2,000), on
+* ``SPARKONCE_SIM_PG_SCHEDULES``: PostgreSQL schedules, SQL sink (default 800), on
   ``SPARKONCE_SIM_PG_WORKERS`` processes (2) of ``SPARKONCE_SIM_PG_LANES`` lanes (8);
-* ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 300);
+* ``SPARKONCE_SIM_2PC_SCHEDULES``: PostgreSQL schedules, two-phase sink (default 150);
 * ``SPARKONCE_SIM_KAFKA_SECONDS``: Kafka sink: as many schedules as start within this
-  time box (default 30; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
+  time box (default 20; 0: no time box), up to ``SPARKONCE_SIM_KAFKA_SCHEDULES``
   (default 10,000);
-* ``SPARKONCE_SIM_DELTA_SECONDS``: Delta sink (crash lane): a time box (default 150), up
+* ``SPARKONCE_SIM_DELTA_SECONDS``: Delta sink (crash lane): a time box (default 60), up
   to ``SPARKONCE_SIM_DELTA_SCHEDULES`` (default 1,000);
 * ``SPARKONCE_SIM_SEED``: the first seed (default 0; schedule i has seed + i).
 
@@ -85,7 +85,7 @@ def _faults_reached(summary: Summary, *, zombies: bool = True) -> None:
 
 
 def test_sqlite_schedules() -> None:
-    n = env_int("SPARKONCE_SIM_SCHEDULES", 20_000)
+    n = env_int("SPARKONCE_SIM_SCHEDULES", 8_000)
     workers = env_int("SPARKONCE_SIM_WORKERS", 2)
     c = Campaign(TargetSpec("sqlite"), seed=SEED, schedules=n, workers=workers)
     summary = run_campaign(c)
@@ -99,7 +99,7 @@ def test_sqlite_schedules() -> None:
 
 @pytest.mark.postgres
 def test_postgres_schedules(pg_url: str) -> None:
-    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 2_000)
+    n = env_int("SPARKONCE_SIM_PG_SCHEDULES", 800)
     workers, lanes = env_int("SPARKONCE_SIM_PG_WORKERS", 2), env_int("SPARKONCE_SIM_PG_LANES", 8)
     c = Campaign(
         TargetSpec("postgres", pg_url, namespace=uuid.uuid4().hex[:6]),
@@ -118,7 +118,7 @@ def test_postgres_schedules(pg_url: str) -> None:
 
 @pytest.mark.postgres
 def test_postgres_twophase_schedules(pg_url: str) -> None:
-    n = env_int("SPARKONCE_SIM_2PC_SCHEDULES", 300)
+    n = env_int("SPARKONCE_SIM_2PC_SCHEDULES", 150)
     lanes = env_int("SPARKONCE_SIM_PG_LANES", 8)
     c = Campaign(
         TargetSpec("postgres", pg_url, sink="twophase", namespace=uuid.uuid4().hex[:6]),
@@ -136,7 +136,7 @@ def test_postgres_twophase_schedules(pg_url: str) -> None:
 def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
     """As many Kafka schedules as fit in a time box (each costs about 0.5 s of CPU)."""
     n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 10_000)
-    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 30)
+    seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 20)
     workers = env_int("SPARKONCE_SIM_KAFKA_WORKERS", 1)
     lanes = env_int("SPARKONCE_SIM_KAFKA_LANES", 48)
     c = Campaign(

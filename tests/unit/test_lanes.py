@@ -1,7 +1,8 @@
-"""The two test lanes split the suite completely, and ``make test`` keeps its crash slice.
+"""The three test lanes split the suite completely, and ``make test`` keeps its crash slice.
 
-``make test`` runs ``pytest -m "not crash_lane"`` and ``make test-crash`` runs
-``pytest -m crash_lane`` (Makefile), so each test is in exactly one lane. Crash tests that
+``make test`` runs ``pytest -m "not crash_lane and not campaign_lane"``, ``make test-crash``
+``pytest -m crash_lane`` and ``make test-campaign`` ``pytest -m campaign_lane`` (Makefile),
+so each test is in exactly one lane; CI runs the first two. Crash tests that
 start real drivers live in tests/crash and tests/verify; the ones that stay in ``make
 test`` are the representatives of the (sink family, fault kind) pairs of
 ``tests/conftest.py``'s ``FAULT_MATRIX``, marked ``covers(family, kind)``, plus the few
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAULT_MATRIX, LANE_MARK
+from tests.conftest import CAMPAIGN_MARK, FAULT_MATRIX, LANE_MARK
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,10 +60,13 @@ def test_make_targets_select_complementary_lanes() -> None:
     makefile = (REPO / "Makefile").read_text()
     lane = re.search(r"^LANE := (\S+)$", makefile, re.M)
     assert lane is not None and lane.group(1) == LANE_MARK
-    test, crash = _recipe("test"), _recipe("test-crash")
-    assert '-m "not $(LANE)"' in test, test
+    campaign = re.search(r"^CAMPAIGN := (\S+)$", makefile, re.M)
+    assert campaign is not None and campaign.group(1) == CAMPAIGN_MARK
+    test, crash, campaigns = _recipe("test"), _recipe("test-crash"), _recipe("test-campaign")
+    assert '-m "not $(LANE) and not $(CAMPAIGN)"' in test, test
     assert '-m "$(LANE)"' in crash, crash
-    for recipe in (test, crash):
+    assert '-m "$(CAMPAIGN)"' in campaigns, campaigns
+    for recipe in (test, crash, campaigns):
         pytest_lines = [line for line in recipe.splitlines() if "-m pytest" in line]
         assert len(pytest_lines) == 1, recipe
         # Exit code 5 (no test selected) must fail the target: nothing may swallow it.
@@ -112,7 +116,7 @@ def test_every_test_is_in_exactly_one_lane(lanes: dict[str, dict[str, object]]) 
     by_lane: dict[str, list[str]] = {}
     for nodeid, info in lanes.items():
         by_lane.setdefault(str(info["lane"]), []).append(nodeid)
-    assert set(by_lane) == {"test", "crash"}, {k: len(v) for k, v in by_lane.items()}
+    assert set(by_lane) == {"test", "crash", "campaign"}, {k: len(v) for k, v in by_lane.items()}
     assert sum(len(v) for v in by_lane.values()) == len(lanes)
 
 

@@ -23,9 +23,9 @@ from sparkonce.verify.campaign import Campaign, Fault, Oracle, plan_fault
 from tests.explain import explain_file
 from tests.outputs import multi_pipeline as mp
 
-# All in the crash lane (tests/unit/test_lanes.py: a test under tests/verify runs in make
+# All in make test-campaign (tests/unit/test_lanes.py: a test under tests/verify runs in make
 # test only if ALSO_IN_MAKE_TEST lists it). The first two are fast (about 60 s and 0.1 s).
-pytestmark = [pytest.mark.crash, pytest.mark.crash_lane]
+pytestmark = [pytest.mark.crash, pytest.mark.campaign_lane]
 
 NAME = "verify-multi"
 BATCHES = 5  # 420 records, 3 partitions of unequal size, 35 per partition and batch

@@ -120,7 +120,7 @@ def test_reference_catches_a_sink_that_loses_a_batch_without_any_fault(
     assert not (out / "work" / "trials").exists(), "no trial may run on a broken oracle"
 
 
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_a_correct_per_key_sum_passes_the_reference_check(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
@@ -164,7 +164,7 @@ def _produce_event_times(root: Path, seconds: list[int]) -> Path:
     return root
 
 
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_reference_catches_windows_lost_in_no_data_batches(tmp_path: Path) -> None:
     """An append-mode windowed count with a watermark emits its last closed window in
     the no-data batch Spark runs after the input ends. A runner that takes that batch
@@ -202,7 +202,7 @@ def test_reference_catches_windows_lost_in_no_data_batches(tmp_path: Path) -> No
     assert {(r["start"], r["end"], r["n"]) for r in campaign.oracle.rows} == want
 
 
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_sparkonce_verify_passes_on_an_append_window_pipeline(tmp_path: Path) -> None:
     """The whole command on the pipeline whose last window only a no-data batch emits:
     the reference check passes, and so do a trial with a crash point and one with a kill."""

@@ -9,7 +9,7 @@ source in a real driver, and the campaign compares its output with the oracle.
 What each output must hold is known from the records the test wrote (every record once;
 without dedupe, the window twice), never from the code under test. The embedded log with
 dedupe runs in ``make test``, through the whole command (tests/unit/test_lanes.py says
-why); the others run in the crash lane.
+why); the others run in ``make test-campaign``.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def test_with_dedupe_every_resend_trial_matches_the_oracle(
     assert sum(sink.values()) == RECORDS and max(sink.values()) == 1  # each record once
 
 
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_without_dedupe_the_resend_trial_reports_the_duplicates(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
@@ -220,7 +220,7 @@ def assert_trial_topic_deleted(bootstrap: str, original: str, uri: str, trial: i
 
 
 @pytest.mark.kafka
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_kafka_with_dedupe_passes_a_resend_trial(
     tmp_path: Path, kafka_broker: KafkaBroker, kafka_topic: Callable[..., str]
 ) -> None:
@@ -238,7 +238,7 @@ def test_kafka_with_dedupe_passes_a_resend_trial(
 
 
 @pytest.mark.kafka
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_kafka_without_dedupe_the_command_reports_duplicates_and_points_at_dedupe(
     tmp_path: Path,
     kafka_broker: KafkaBroker,

@@ -56,7 +56,9 @@ def build_session(
     only, never results. ``log_file`` sends the JVM's own log (Spark's warnings and
     errors, with their Java stacks) to that file instead of the terminal. ``conf``
     adds settings, such as :meth:`Pipeline.spark_conf` (a Delta Lake sink's jars,
-    extension and catalog); its ``spark.jars`` is joined with ``jars``.
+    extension and catalog); its ``spark.jars`` is joined with ``jars``, and its
+    ``spark.driver.extraJavaOptions`` follows the ones set here. The driver's JVM maps the
+    machine's class-data archive when there is one (:mod:`sparkonce.pipeline.classdata`).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -68,9 +70,15 @@ def build_session(
     if quick_start:
         java_options += " " + QUICK_START_JAVA_OPTIONS
     from sparkonce.faults import worker_fault_conf
+    from sparkonce.pipeline import classdata
 
+    java_options = " ".join(filter(None, [java_options, classdata.java_options()]))
     builder = SparkSession.builder
     extra = {**worker_fault_conf(), **(conf or {})}
+    # The caller's own driver options come last, so that they win where they conflict.
+    java_options = " ".join(
+        filter(None, [java_options, extra.pop("spark.driver.extraJavaOptions", "")])
+    )
     all_jars = list(jars or []) + [j for j in extra.pop("spark.jars", "").split(",") if j]
     if all_jars:
         # The session's spark.jars replaces the one of spark-defaults.conf (a cluster's
