@@ -39,12 +39,13 @@ lint: setup
 #                       integration, one real-driver crash scenario per sink family (each
 #                       fault kind once) and one `sparkonce verify` run
 #   make test-crash     `crash_lane`: the rest of the real-driver crash matrix (every crash
-#                       point on every sink, inside no-data batches, stop signals, zombies),
-#                       the PostgreSQL repeats of SQLite scenarios, and a verify campaign
-#                       that must catch a planted bug
-#   make test-campaign  `campaign_lane`, not run by CI: the other verify campaigns, the Spark
-#                       standalone cluster suite, the wheel's clean-venv install test
-#                       (tests/packaging) and the benchmarks' smoke runs
+#                       point on every sink and inside a no-data batch, a SIGTERM stop, the
+#                       multi-output crashes) and a verify campaign that must catch a
+#                       planted bug
+#   make test-campaign  `campaign_lane`, not run by CI: the other verify campaigns, zombie,
+#                       signal and PostgreSQL repeats, the Spark standalone cluster suite,
+#                       the wheel's clean-venv install test (tests/packaging) and the
+#                       benchmarks' smoke runs
 # CI (.ci/run) runs make test and make test-crash. pytest's exit code 5 (no test selected)
 # fails any of them, like any other failure.
 LANE := crash_lane

@@ -19,10 +19,15 @@ from sparkonce.verify.driver import Driver
 from tests.crash.conftest import read_sink, run_driver
 from tests.crash.test_preflight import _wait_for, write_live_pipeline
 
-pytestmark = pytest.mark.crash_lane
 
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        pytest.param(signal.SIGTERM, marks=pytest.mark.crash_lane, id="SIGTERM"),
+        # The same path (one handler for both): make test-campaign.
+        pytest.param(signal.SIGINT, marks=pytest.mark.campaign_lane, id="SIGINT"),
+    ],
+)
 def test_a_signal_stops_the_run_cleanly_and_the_next_run_resumes(
     sig: signal.Signals, tmp_path: Path, make_log: Callable[..., Path], drivers: list[Driver]
 ) -> None:

@@ -83,7 +83,7 @@ def write_pipeline(
     return f
 
 
-@pytest.mark.crash_lane
+@pytest.mark.campaign_lane
 def test_reference_catches_a_sink_that_loses_a_batch_without_any_fault(
     tmp_path: Path, make_log: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
