@@ -89,8 +89,9 @@ def ensure_archive(
     a minute here; ``on_build`` is told before it starts). None when it is off or no
     ``java`` is found.
 
-    Safe to call from several processes at once: each builds into a file of its own and
-    renames it into place, and the last rename wins with an equal archive. Raises
+    Safe to call from several processes at once: each builds into a file of its own (named
+    after its pid) and renames it into place, and the last rename wins with an equal archive.
+    Raises
     :class:`ConfigError` naming the build's log if the build fails.
     """
     if os.environ.get(DISABLE_ENV):
@@ -99,10 +100,7 @@ def ensure_archive(
     if path is None or path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".jsa")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    tmp.unlink()  # the JVM writes it at exit
+    tmp = path.with_name(f".building-{os.getpid()}.jsa")  # the JVM writes it at exit
     build_log = path.parent / "build.log"
     log.info("building the JVM class-data archive %s (once per machine)", path)
     if on_build is not None:
