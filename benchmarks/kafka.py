@@ -24,11 +24,9 @@ Variants (``VARIANTS``; ``COUNTERPART`` gives each effectively-once variant its 
   any sink can reach through that reader.
 - Kafka to Kafka (the transform selects ``key, value``; a fresh 4-partition output topic):
   ``k2k-alo-<reader>`` writes with Spark's own Kafka sink (``writeStream.format("kafka")``,
-  at-least-once); ``k2k-kafkasink-kafkasource`` is sparkonce's :class:`~sparkonce.KafkaSink`,
-  reported against ``k2k-alo-kafkasource`` (the same reader) and ``k2k-alo-connector`` (the
-  pipeline that runs in Spark alone). There is no ``k2k-kafkasink-connector``: sparkonce refuses
-  a ``SparkKafkaSource`` feeding a ``KafkaSink`` (the connector can renumber a replayed batch's
-  tasks; README, "Reading Kafka with Spark's own connector").
+  at-least-once); ``k2k-kafkasink-<reader>`` is sparkonce's :class:`~sparkonce.KafkaSink`,
+  each reported against ``k2k-alo-<reader>`` (the same reader), and the ``kafkasource`` one also
+  against ``k2k-alo-connector`` (the pipeline that runs in Spark alone).
 - Kafka to PostgreSQL, through the connector (rows ``record_id`` = ``"<partition>/<offset>"``,
   ``key``, ``value`` as a bigint): ``k2pg-alo-jdbc`` is ``foreachBatch`` with Spark's JDBC writer
   (the PostgreSQL driver with ``reWriteBatchedInserts=true``, Spark's default ``batchsize``
@@ -111,6 +109,7 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
     "k2k-alo-kafkasource": ("kafka-to-kafka", "kafkasource", "Spark Kafka sink", "at-least-once"),
     "k2k-kafkasink-kafkasource": ("kafka-to-kafka", "kafkasource", "KafkaSink", "effectively-once"),
     "k2k-alo-connector": ("kafka-to-kafka", "connector", "Spark Kafka sink", "at-least-once"),
+    "k2k-kafkasink-connector": ("kafka-to-kafka", "connector", "KafkaSink", "effectively-once"),
     "k2pg-alo-jdbc": (
         "kafka-to-postgres",
         "connector",
@@ -135,6 +134,7 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
 # Each effectively-once variant's at-least-once counterpart: the ratio the goal is about.
 COUNTERPART = {
     "k2k-kafkasink-kafkasource": "k2k-alo-kafkasource",
+    "k2k-kafkasink-connector": "k2k-alo-connector",
     "k2pg-2pc-append": "k2pg-alo-copy",
     "k2pg-2pc-upsert": "k2pg-alo-upsert",
 }

@@ -36,7 +36,8 @@ one object with these keys:
     The crash point, and which time this process reached it (1 = first).
 ``stage``, ``task``, ``attempt`` (task-failure)
     ``"read"`` or ``"write"``, the task's data (``topic:partition:start:end``
-    for a read, ``pipeline:seq:partition`` for a write), and Spark's attempt number.
+    for a read, ``pipeline:seq:partition`` for a write, where a Kafka sink's task names
+    its partition by its task key), and Spark's attempt number.
 ``pipeline``, ``epoch``, ``owner_epoch`` (fenced)
     The fenced run's pipeline and epoch, and the newer owner's epoch (``null``
     when the fencing was reported by a Spark task, whose error carries only text).
@@ -64,12 +65,12 @@ read these events (:func:`read_events`) instead of matching log text.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,7 +192,9 @@ class FaultPlan:
         """
         if stage not in self.fail_tasks or attempt > 0:
             return False
-        return zlib.crc32(key.encode()) % 2 == 0
+        # A bit of a cryptographic digest: every bit of a CRC is linear in the key's bits, so
+        # keys that differ in one character (task 0, 1, 2) would all fail or none would.
+        return hashlib.blake2b(key.encode(), digest_size=1).digest()[0] % 2 == 0
 
     def task_failure(self, stage: str, key: str, attempt: int, message: str) -> InjectedTaskFailure:
         """Record a task failure the plan asked for; returns the error for the task to raise."""

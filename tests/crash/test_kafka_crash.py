@@ -1,6 +1,7 @@
 """Crash tests on a real Kafka broker: Kafka -> PostgreSQL and Kafka -> Kafka at every crash
-point (Kafka -> PostgreSQL also through SparkKafkaSource, Spark's own connector); embedded
-log -> Kafka for each fault kind, and a zombie.
+point (both also through SparkKafkaSource, Spark's own connector); a batch that the connector
+numbers differently when it is replayed; embedded log -> Kafka for each fault kind, and a
+zombie.
 
 Each pipeline runs as a real driver process (``sparkonce run FILE``) that is SIGKILLed once at
 every named crash point of the commit protocol, in turn: run 1 dies at ``before-commit``, run 2
@@ -13,8 +14,9 @@ A last test pauses a run (SIGSTOP) before its tasks write, lets a newer run fini
 resumes the old one: the zombie must be fenced (exit code 3) and change nothing.
 
 ``make test`` runs only :func:`test_each_fault_kind_once_on_kafka`, the Kafka sink's
-representative (``covers``) for each fault kind. Every crash point of kafka-to-kafka and
-of Spark's connector into PostgreSQL runs in ``make test-crash``; KafkaSource into
+representative (``covers``) for each fault kind. Every crash point of kafka-to-kafka and of
+Spark's connector into PostgreSQL and Kafka, and the renumbered replay, run in ``make
+test-crash``; KafkaSource into
 PostgreSQL and the zombie test in ``make test-campaign``.
 """
 
@@ -29,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from sparkonce.faults import FaultPlan
 from sparkonce.offsets import check_chain
 from sparkonce.protocol import FAIL_TASKS_ENV, PAUSE_ENV, CrashPoint
 from sparkonce.sinks import sink_from_url
@@ -183,8 +186,9 @@ def _oracle(spark: Any, tmp_path: Path, source: str, oracle_url: str) -> Counter
         pytest.param("kafka-to-kafka", marks=pytest.mark.crash_lane),
         # (embedded log -> Kafka: the sink's crash points are kafka-to-kafka's; the
         # embedded source's are in tests/crash/test_crash_points.py.)
-        # Through Spark's own Kafka connector (SparkKafkaSource; it cannot feed a KafkaSink).
+        # Through Spark's own Kafka connector (SparkKafkaSource).
         pytest.param("sparkkafka-to-postgres", marks=pytest.mark.crash_lane),
+        pytest.param("sparkkafka-to-kafka", marks=pytest.mark.crash_lane),
     ],
 )
 def test_kill_at_every_crash_point_then_recover(
@@ -224,6 +228,94 @@ def test_kill_at_every_crash_point_then_recover(
     assert check_chain(e.ranges for e in entries) == []
     assert [e.seq for e in entries] == list(range(len(entries)))
     assert sum(e.row_count for e in entries) == RECORDS
+
+
+def _planning_order(topic: str, partitions: int) -> list[int]:
+    """The order in which Spark's connector (4.x) numbers the topic's partitions in the run
+    that plans a batch, for at most 4 partitions: a java.util.HashMap's iteration order of
+    Kafka's TopicPartition (16 buckets). A replay reads the batch's offsets back from the
+    checkpoint and numbers them in partition order. Only used to pick a topic whose two
+    orders differ; the test then checks from the ledger's markers that they did."""
+
+    def java_hash(text: str) -> int:
+        h = 0
+        for ch in text:
+            h = (31 * h + ord(ch)) & 0xFFFFFFFF
+        return h
+
+    def bucket(p: int) -> int:
+        h = (31 * (31 + p) + java_hash(topic)) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & 15
+
+    return sorted(range(partitions), key=lambda p: (bucket(p), p))
+
+
+def _fails(key: str) -> bool:
+    """Whether an injected write failure picks this task key in batch 0 (seq 0)."""
+    return FaultPlan(fail_tasks=frozenset({"write"})).fail_task("write", f"{NAME}:0:{key}", 0)
+
+
+@pytest.mark.crash
+@pytest.mark.crash_lane
+def test_a_replay_the_connector_numbers_differently_writes_each_record_once(
+    tmp_path: Path, kafka_broker: Any, drivers: list[Driver]
+) -> None:
+    """Spark's connector numbers a batch's Kafka partitions in one order when it plans the
+    batch and in another when a new run replays it. Run 1 commits the first two tasks of
+    batch 0 and fails the third (an injected write failure, no task retries); run 2 replays
+    the batch with other task numbers. KafkaSink knows a task by the Kafka range it reads,
+    so the replay skips exactly the committed ranges and writes the rest once. Keyed by
+    task number instead, it skipped a range nobody wrote and wrote another twice."""
+    # A topic whose planned order is not partition order, and whose third task (in planned
+    # order, so it runs after the first two on local[2]) is the one the fault picks.
+    for i in range(100_000):
+        topic = f"renumber-{os.getpid()}-{i}"
+        order = _planning_order(topic, PARTITIONS)
+        picked = [_fails(f"{topic}-{p}") for p in order]
+        if order != sorted(order) and picked == [False, False, True]:
+            break
+    kafka_broker.create_topic(topic, PARTITIONS)
+    out = f"renumber-out-{os.getpid()}"
+    kafka_broker.create_topic(out, 2)
+    _produce(kafka_broker.bootstrap, topic)
+    sink_url = f"kafka://{kafka_broker.bootstrap}/{out}"
+    source = (
+        f"SparkKafkaSource({kafka_broker.bootstrap!r}, {topic!r}, "
+        f"max_records_per_batch={LIMIT * PARTITIONS})"
+    )
+    pipeline_file = _write(
+        tmp_path / "pipeline.py", source=source, sink_url=sink_url, checkpoint=tmp_path / "chk"
+    )
+    first = Driver(pipeline_file, tmp_path / "run1.log", env={FAIL_TASKS_ENV: "write"})
+    drivers.append(first.start())
+    code = run_driver(first)
+    assert code not in (0, SIGKILL_EXIT), f"run 1 exited {code}:\n{first.log_tail()}"
+    spark_log = first.log_path.with_name(first.log_path.name + ".spark.log").read_text()
+    assert "injected task failure before the commit of task" in spark_log
+    final = Driver(pipeline_file, tmp_path / "run2.log")
+    drivers.append(final.start())
+    code = run_driver(final)
+    assert code == 0, f"run 2 exited {code}:\n{final.log_tail()}"
+    _every_record_once(sink_url)
+    _check_ledger(sink_url)
+
+    # The premise, from the markers of batch 0: run 1 committed tasks whose number is not
+    # their Kafka partition, and run 2 wrote the rest under numbers that are.
+    from sparkonce.kafka.client import KafkaConnection
+    from sparkonce.ledger.kafka_topic import LedgerTopic
+
+    ledger = LedgerTopic(KafkaConnection(kafka_broker.bootstrap, {}), f"{out}.sparkonce-ledger")
+    try:
+        records, _ = ledger.read(0)
+    finally:
+        ledger.close()
+    markers = [r for r in records if r.get("type") == "marker" and r["seq"] == 0]
+    by_run = {e: [m for m in markers if m["epoch"] == e] for e in (1, 2)}
+    assert by_run[1] and by_run[2], markers
+    moved = [m for m in by_run[1] if m["task"] != f"{topic}-{m['partition']}"]
+    assert moved, f"run 1 numbered the partitions in order, no renumbering to test: {markers}"
+    assert all(m["task"] == f"{topic}-{m['partition']}" for m in by_run[2]), markers
+    assert len({m["task"] for m in markers}) == len(markers) == PARTITIONS, markers
 
 
 def _every_record_once(sink_url: str) -> Counter[Any]:

@@ -106,34 +106,14 @@ def test_settings_and_repr_hide_secrets() -> None:
         source.relocated("sparkonce-log:///tmp/log/events")
 
 
-def test_a_kafka_sink_is_refused_because_task_numbers_move(tmp_path: Path) -> None:
-    """A verify kill trial found it: the connector numbered a replayed batch's partitions
-    differently, and KafkaSink (which knows a replayed task by its number) skipped one
-    Kafka partition's records and wrote another's twice."""
+def test_a_kafka_sink_is_accepted_after_either_reader(tmp_path: Path) -> None:
+    """KafkaSink names a task after the connector's range it reads (task_keys, tested with
+    Spark below), so the connector's task numbers no longer matter and nothing is refused."""
     from sparkonce import KafkaSink, KafkaSource
 
-    source = SparkKafkaSource("127.0.0.1:9", "in")
-    with pytest.raises(ConfigError, match="SparkKafkaSource cannot feed a KafkaSink"):
-        Pipeline("p", source, KafkaSink("127.0.0.1:9", "out"), checkpoint=tmp_path / "c")
-    with pytest.raises(ConfigError, match="Read with KafkaSource"):
-        Pipeline(
-            "p",
-            source,
-            checkpoint=tmp_path / "c",
-            outputs={
-                "a": sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "a"),
-                "b": KafkaSink("127.0.0.1:9", "out"),
-            },
-        )
-    Pipeline(
-        "p",
-        KafkaSource("127.0.0.1:9", "in"),
-        KafkaSink("127.0.0.1:9", "out"),
-        checkpoint=tmp_path / "c",
-    )  # KafkaSource's task numbers are stable
-    Pipeline(
-        "p", source, sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "a"), checkpoint=tmp_path / "c"
-    )
+    for source in (SparkKafkaSource("127.0.0.1:9", "in"), KafkaSource("127.0.0.1:9", "in")):
+        p = Pipeline("p", source, KafkaSink("127.0.0.1:9", "out"), checkpoint=tmp_path / "c")
+        assert isinstance(p.sink, KafkaSink)
 
 
 def test_batch_ranges_from_the_offset_log_and_the_initial_offsets(tmp_path: Path) -> None:
@@ -300,3 +280,89 @@ def test_utf8_values_are_strings_and_a_bad_record_fails_its_batch(
     with pytest.raises(PipelineError, match="INVALID_UTF8_STRING"):
         utf8_pipeline().run(spark)
     assert len(committed(p)[0]) == 10  # nothing of the bad batch was committed
+
+
+def test_task_keys_name_the_kafka_range_each_task_reads(
+    spark: SparkSession, tmp_path: Path, kafka_broker: Any, kafka_topic: Callable[..., str]
+) -> None:
+    """The driver names each task of a batch after the connector's input range it reads. The
+    oracle is the rows themselves: which Kafka partition (and first offset) each Spark
+    partition holds, by spark_partition_id(); the keys come from the RDD lineage."""
+    from sparkonce import KafkaSource
+    from sparkonce.errors import SinkError
+    from sparkonce.sinks.kafka import task_keys
+
+    topic = kafka_topic("keys", partitions=5)
+    produce(kafka_broker.bootstrap, topic, numbered(500, partitions=5))
+    seen: dict[str, Any] = {}
+
+    def held(df: DataFrame) -> list[tuple[int, int, int]]:
+        rows = (
+            df.groupBy(F.spark_partition_id().alias("pid"), "partition")
+            .agg(F.min("offset").alias("start"))
+            .collect()
+        )
+        return sorted((r["pid"], r["partition"], r["start"]) for r in rows)
+
+    def check(df: DataFrame, batch_id: int) -> None:
+        if batch_id > 0:
+            return
+        seen["keys"], seen["held"] = task_keys(df), held(df)
+        narrow = df.select("value", "partition")
+        seen["narrow"] = task_keys(narrow.mapInArrow(lambda it: it, narrow.schema))
+        seen["shuffled"] = task_keys(df.repartition(2, "key"))
+        try:
+            task_keys(df.coalesce(1))
+        except SinkError as exc:
+            seen["coalesce"] = str(exc)
+
+    def run(source: Any, name: str, each: Callable[[DataFrame, int], None]) -> None:
+        query = (
+            source.stream(spark, None)
+            .writeStream.foreachBatch(each)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(tmp_path / name))
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+    run(SparkKafkaSource(kafka_broker.bootstrap, topic, max_records_per_batch=250), "a", check)
+    keys, rows = seen["keys"], seen["held"]
+    assert len(keys) == 5 and len(rows) == 5
+    assert {pid: f"{topic}-{partition}" for pid, partition, _ in rows} == dict(enumerate(keys))
+    assert seen["narrow"] == keys  # a one-to-one transform keeps each task's input
+    assert seen["shuffled"] is None  # after a shuffle the numbers are hash buckets: stable
+    assert "coalesce" in seen and "repartition(N)" in seen["coalesce"]
+
+    # minPartitions splits a Kafka partition into several ranges: .k in offset order.
+    seen.clear()
+    run(
+        SparkKafkaSource(
+            kafka_broker.bootstrap, topic, max_records_per_batch=250, options={"minPartitions": 10}
+        ),
+        "b",
+        check,
+    )
+    keys, rows = seen["keys"], seen["held"]
+    assert len(keys) == len(rows) >= 10
+    starts: dict[int, list[int]] = {}
+    for _, partition, start in rows:
+        starts.setdefault(partition, []).append(start)
+    expected = {
+        pid: f"{topic}-{partition}.{sorted(starts[partition]).index(start)}"
+        if len(starts[partition]) > 1
+        else f"{topic}-{partition}"
+        for pid, partition, start in rows
+    }
+    assert expected == dict(enumerate(keys))
+    assert len(set(keys)) == len(keys)
+
+    # sparkonce's own Python source numbers its partitions in order: no keys needed.
+    found: list[Any] = []
+    run(
+        KafkaSource(kafka_broker.bootstrap, topic, max_records_per_partition=50),
+        "c",
+        lambda df, batch_id: found.append(task_keys(df)),
+    )
+    assert found and all(k is None for k in found)

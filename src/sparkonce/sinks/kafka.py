@@ -16,13 +16,14 @@ stager. Because Kafka commits per task, step 3 runs in the stager's
                         a fenced run starts no task); a batch the ledger already covers
                         is a replay: nothing runs
     driver   stager     a partly committed batch must be this one
-    tasks    stager     step 3, each Spark task p: init_transactions() with transactional.id
-                        "sparkonce.<pipeline>.<topic>.<p>" (bumps the producer epoch, which
+    tasks    stager     step 3, each Spark task, by its task key k (below): init_transactions()
+                        with transactional.id "sparkonce.<pipeline>.<topic>.<k>" (bumps the
+                        producer epoch, which
                         fences and aborts any zombie attempt of the same task), then reads
                         the ledger topic: if a newer run took the pipeline, it writes
                         nothing (the driver raises FencedError); if its marker for this
                         batch is committed it does nothing; otherwise it writes its
-                        records and its marker (pipeline, batch offsets, partition, Spark
+                        records and its marker (pipeline, batch offsets, task key, Spark
                         batch) in ONE transaction and commits it. While the producer
                         starts and the ledger is read (a thread of the task), the task
                         reads its input ahead; it writes nothing before they are done
@@ -40,6 +41,18 @@ batch. The owner epochs and ledger live in the sink's own store: the ledger
 topic ``<topic>.sparkonce-ledger`` (one partition, kept forever), created when
 missing. A start reads it from the pipeline's newest snapshot on, not from offset 0
 (:mod:`sparkonce.ledger.kafka_topic`), so it takes the same time after a year of batches.
+
+**Task keys.** A replay recognises the tasks that already committed by their task key,
+which must name the same input in the run that replays a batch as in the run that planned
+it. It is the Spark partition number (``"3"``) when that holds: after a shuffle (partition
+numbers are hash buckets), and for sparkonce's own sources, which number a batch's input
+partitions in sorted order. Spark's Kafka connector (``SparkKafkaSource``) numbers them in
+the order of an unordered set, which can differ between the two runs; when a task reads one
+of its input ranges without a shuffle between, the driver names the task after that range
+instead (``"orders-3"``, or ``"orders-3.1"`` for the second split of partition 3 under
+``minPartitions``), found by walking the batch's RDD lineage down to the connector's input
+partitions (:func:`task_keys`). A transform that merges the connector's input partitions
+without a shuffle (``coalesce``, ``union``) is refused with :class:`SinkError`.
 
 Limits, stated plainly:
 
@@ -67,6 +80,7 @@ Limits, stated plainly:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -79,7 +93,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
 from sparkonce.errors import ConfigError, LedgerError, SinkError, TopicNotFoundError
-from sparkonce.faults import FaultPlan
+from sparkonce.faults import FaultPlan, worker_faults
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
 from sparkonce.ledger.kafka_topic import (
@@ -122,6 +136,95 @@ class _TaskPlan:
     value_is_binary: bool
     key_column: bool
     partition_column: bool
+    # The task key of each Spark partition, when it is not the partition number (task_keys).
+    task_keys: tuple[str, ...] | None = None
+
+    def task_key(self, pid: int) -> str:
+        return self.task_keys[pid] if self.task_keys is not None else str(pid)
+
+
+def marker_task(marker: Mapping[str, Any]) -> str:
+    """A task marker's task key (markers from before task keys name the partition only)."""
+    return str(marker.get("task", marker["partition"]))
+
+
+# --- task keys (driver side) ------------------------------------------------------------------
+
+KAFKA_INPUT_PARTITION = "org.apache.spark.sql.kafka010.KafkaBatchInputPartition"
+
+
+def task_keys(df: DataFrame) -> tuple[str, ...] | None:
+    """The task key of each Spark partition of ``df``'s action, or None where the partition
+    number is one (see the module docstring).
+
+    Walks ``df``'s RDD lineage from the action's RDD along one-to-one dependencies. If it
+    reaches the input of Spark's Kafka connector, task ``i`` reads that input's partition
+    ``i``, and is keyed by its Kafka range: ``topic-partition``, with ``.k`` added when the
+    connector split one Kafka partition into several ranges (``minPartitions``; ``k`` in
+    offset order). If it reaches a shuffle or another source first, the numbers are stable.
+    A lineage that merges or reorders the connector's partitions without a shuffle has no
+    stable key, and is refused with :class:`SinkError`.
+    """
+    rdd = df._jdf.queryExecution().toRdd()
+    while True:
+        if rdd.getClass().getName().endswith(".DataSourceRDD"):
+            return _kafka_range_keys(rdd)
+        deps = rdd.dependencies()
+        if deps.size() != 1 or not deps.head().getClass().getName().endswith(".OneToOneDependency"):
+            break
+        rdd = deps.head().rdd()
+    # Not one-to-one: the numbers are stable unless the connector's input is reached
+    # through narrow dependencies (a shuffle in between renumbers by hash buckets).
+    if _reaches_connector_without_shuffle(rdd):
+        raise SinkError(
+            "KafkaSink cannot recognise this batch's tasks on a replay: its transform merges "
+            "or reorders the partitions of Spark's Kafka connector (SparkKafkaSource) without "
+            f"a shuffle ({rdd.getClass().getSimpleName()}: coalesce or union, say), and the "
+            "connector can number them differently when it replays the batch. Use "
+            "repartition(N) instead of coalesce(N), or read with KafkaSource, whose task "
+            "numbers are stable. Nothing of this batch was written."
+        )
+    return None
+
+
+def _kafka_range_keys(rdd: Any) -> tuple[str, ...] | None:
+    ranges: list[tuple[str, int, int]] = []
+    for part in rdd.partitions():
+        found = part.inputPartition()
+        ip = found.get() if found.getClass().getName() == "scala.Some" else None
+        if ip is None or ip.getClass().getName() != KAFKA_INPUT_PARTITION:
+            return None  # another source (sparkonce's own plan their partitions in order)
+        r = ip.offsetRange()
+        tp = r.topicPartition()
+        ranges.append((tp.topic(), int(tp.partition()), int(r.fromOffset())))
+    split: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, start in ranges:
+        split.setdefault((topic, partition), []).append(start)
+    keys = []
+    for topic, partition, start in ranges:
+        starts = sorted(split[(topic, partition)])
+        suffix = f".{starts.index(start)}" if len(starts) > 1 else ""
+        keys.append(f"{topic}-{partition}{suffix}")
+    return tuple(keys)
+
+
+def _reaches_connector_without_shuffle(rdd: Any) -> bool:
+    todo, seen = [rdd], set()
+    while todo:
+        node = todo.pop()
+        if int(node.id()) in seen:
+            continue
+        seen.add(int(node.id()))
+        if node.getClass().getName().endswith(".DataSourceRDD"):
+            if _kafka_range_keys(node) is not None:
+                return True
+            continue
+        deps = node.dependencies()
+        for i in range(deps.size()):
+            dep = deps.apply(i)
+            if not dep.getClass().getName().endswith(".ShuffleDependency"):
+                todo.append(dep.rdd())
+    return False
 
 
 def _marker_is_for(
@@ -155,7 +258,7 @@ def _marker_is_for(
 PREFETCH_BYTES = 64 << 20
 
 
-def _start_task(plan: _TaskPlan, pid: int, on_delivery: Any) -> tuple[Any, LedgerState]:
+def _start_task(plan: _TaskPlan, key: str, on_delivery: Any) -> tuple[Any, LedgerState]:
     """Step 3's start: the task's transactional producer, its epoch bump, then the ledger.
 
     The order matters and is kept: ``init_transactions`` bumps the producer epoch first, so
@@ -167,7 +270,7 @@ def _start_task(plan: _TaskPlan, pid: int, on_delivery: Any) -> tuple[Any, Ledge
     producer = Producer(
         {
             **plan.conn.transactional_config(
-                _transactional_id(plan.pipeline, plan.topic, pid),
+                _transactional_id(plan.pipeline, plan.topic, key),
                 plan.transaction_timeout_ms,
                 partitioner="murmur2_random",
                 linger_ms=20,
@@ -214,6 +317,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
 
     ctx = TaskContext.get()
     pid = ctx.partitionId() if ctx is not None else 0
+    key = plan.task_key(pid)
     attempt = ctx.attemptNumber() if ctx is not None else 0
     out_schema = pa.schema(
         [
@@ -230,7 +334,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
 
     batches = iter(batches)
     with ThreadPoolExecutor(1, thread_name_prefix=f"sparkonce-task-{pid}") as pool:
-        started = pool.submit(_start_task, plan, pid, on_delivery)
+        started = pool.submit(_start_task, plan, key, on_delivery)
         read_ahead = _prefetch(batches, started)
         producer, state = started.result()
     if state.owner is not None and state.owner.epoch != plan.epoch:
@@ -247,7 +351,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         (
             m
             for m in state.pending
-            if int(m["partition"]) == pid
+            if marker_task(m) == key
             and _marker_is_for(m, batch, plan.spark_batch_id, plan.checkpoint_id)
         ),
         None,
@@ -291,6 +395,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         "type": "marker",
         "pipeline": plan.pipeline,
         "partition": pid,
+        "task": key,
         "seq": plan.seq,
         "ranges": plan.ranges,
         "epoch": plan.epoch,
@@ -302,7 +407,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     }
     producer.produce(
         plan.ledger_topic,
-        key=f"m:{plan.pipeline}:{pid}",
+        key=f"m:{plan.pipeline}:{key}",
         value=json.dumps(marker),
         partition=0,
     )
@@ -310,9 +415,18 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     if errors:
         producer.abort_transaction(TIMEOUT_S)
         raise SinkError(
-            f"pipeline {plan.pipeline!r}: task {pid} could not write {len(errors)} record(s) to "
+            f"pipeline {plan.pipeline!r}: task {key} could not write {len(errors)} record(s) to "
             f"Kafka topic {plan.topic!r} ({_cause(errors)}); its transaction was aborted and "
             "Spark retries the task"
+        )
+    faults = worker_faults()  # this worker's plan, parsed once
+    fault_key = f"{plan.pipeline}:{plan.seq}:{key}"
+    if rows and faults.fail_task("write", fault_key, attempt):
+        # Fault injection: the records and marker are sent, the transaction not committed;
+        # Spark's retry fences this attempt (init_transactions) and writes them again.
+        producer.abort_transaction(TIMEOUT_S)
+        raise faults.task_failure(
+            "write", fault_key, attempt, f"injected task failure before the commit of task {key}"
         )
     producer.commit_transaction(TIMEOUT_S)
     yield pa.RecordBatch.from_pylist(
@@ -555,14 +669,24 @@ class KafkaSink(Sink, Stager):
             key_column="key" in schema.names,
             partition_column="partition" in schema.names,
         )
-        stats = (
-            df.mapInArrow(
-                lambda it: _write_task(plan, it),
-                "partition INT, rows BIGINT, skipped BOOLEAN, fenced BOOLEAN",
-            )
-            .toArrow()
-            .to_pylist()
+        # The keys go to the tasks with the plan, so they are found on df, before the write
+        # is planned; then again on the write's own plan, which the action below runs. Both
+        # see the one RDD Spark made of the batch (foreachBatch hands it over as such), so
+        # they agree; if they did not, nothing is written.
+        keys = task_keys(df)
+        plan = dataclasses.replace(plan, task_keys=keys)
+        written = df.mapInArrow(
+            lambda it: _write_task(plan, it),
+            "partition INT, rows BIGINT, skipped BOOLEAN, fenced BOOLEAN",
         )
+        if keys is not None and task_keys(written) != keys:
+            raise SinkError(
+                f"pipeline {ctx.pipeline!r}: Spark planned this batch's Kafka input in two "
+                "orders within one run, so KafkaSink cannot name its tasks; nothing was "
+                "written, and the batch is replayed by the next run. Read with KafkaSource, "
+                "whose task numbers are stable"
+            )
+        stats = written.toArrow().to_pylist()
         # A task that found a newer owner wrote nothing ("fenced"); the committer's step 1
         # reads that owner record too and raises FencedError.
         return Staged(rows=sum(int(s["rows"]) for s in stats), payload=stats)
@@ -616,7 +740,7 @@ class KafkaSink(Sink, Stager):
                 continue
             raise LedgerError(
                 f"pipeline {ctx.pipeline!r}: {_describe_batch(ranges, marker)} is partly "
-                f"committed in {self.describe()} (task {marker['partition']} committed, the "
+                f"committed in {self.describe()} (task {marker_task(marker)} committed, the "
                 f"batch's ledger entry is missing), but this run planned "
                 f"{_describe_batch(ctx.ranges, ctx)} instead. This happens when the checkpoint "
                 "was lost mid-batch. Operator action: restore the checkpoint directory, or "
