@@ -188,6 +188,10 @@ def task_keys(df: DataFrame) -> tuple[str, ...] | None:
 
 
 def _kafka_range_keys(rdd: Any) -> tuple[str, ...] | None:
+    # Spark 4.2's classes (pyspark is pinned): a DataSourceRDDPartition holds an
+    # Option[InputPartition]; the connector's is a KafkaBatchInputPartition with its
+    # KafkaOffsetRange. tests/kafka/test_spark_kafka_source.py checks the keys against the
+    # rows each task holds, so a Spark that changes them fails there.
     ranges: list[tuple[str, int, int]] = []
     for part in rdd.partitions():
         found = part.inputPartition()

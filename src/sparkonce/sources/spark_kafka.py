@@ -25,6 +25,11 @@ Limits, stated plainly:
   KafkaSource). Read limits count offsets, not records.
 - A partition added to the topic while the query runs starts at its log start; its
   first batch's range is recorded from offset 0.
+- The connector can number a batch's partitions differently when it replays the batch
+  (a hash map's order when planned, partition order when read back from the checkpoint).
+  Spark's sinks do not care; :class:`~sparkonce.sinks.kafka.KafkaSink` names its tasks
+  after the range each reads (:func:`~sparkonce.sinks.kafka.task_keys`), so a replay is
+  recognised whatever the numbers.
 
 When to pick it over :class:`KafkaSource`: when the connector's options are already tuned
 (``minPartitions``, fetch sizes, ``kafka.*`` security settings), or for the connector's
