@@ -165,7 +165,10 @@ def task_keys(df: DataFrame) -> tuple[str, ...] | None:
     A lineage that merges or reorders the connector's partitions without a shuffle has no
     stable key, and is refused with :class:`SinkError`.
     """
-    rdd = df._jdf.queryExecution().toRdd()
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:  # no JVM plan: the protocol simulation's frames number tasks as given
+        return None
+    rdd = jdf.queryExecution().toRdd()
     while True:
         if rdd.getClass().getName().endswith(".DataSourceRDD"):
             return _kafka_range_keys(rdd)
