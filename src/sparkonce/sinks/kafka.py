@@ -143,7 +143,7 @@ class _TaskPlan:
         return self.task_keys[pid] if self.task_keys is not None else str(pid)
 
 
-def marker_task(marker: Mapping[str, Any]) -> str:
+def _marker_task(marker: Mapping[str, Any]) -> str:
     """A task marker's task key (markers from before task keys name the partition only)."""
     return str(marker.get("task", marker["partition"]))
 
@@ -358,7 +358,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
         (
             m
             for m in state.pending
-            if marker_task(m) == key
+            if _marker_task(m) == key
             and _marker_is_for(m, batch, plan.spark_batch_id, plan.checkpoint_id)
         ),
         None,
@@ -747,7 +747,7 @@ class KafkaSink(Sink, Stager):
                 continue
             raise LedgerError(
                 f"pipeline {ctx.pipeline!r}: {_describe_batch(ranges, marker)} is partly "
-                f"committed in {self.describe()} (task {marker_task(marker)} committed, the "
+                f"committed in {self.describe()} (task {_marker_task(marker)} committed, the "
                 f"batch's ledger entry is missing), but this run planned "
                 f"{_describe_batch(ctx.ranges, ctx)} instead. This happens when the checkpoint "
                 "was lost mid-batch. Operator action: restore the checkpoint directory, or "
