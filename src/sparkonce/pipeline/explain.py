@@ -233,6 +233,19 @@ def plan_facts(df: DataFrame) -> PlanFacts:
     return PlanFacts(unique(nondet), unique(clock), unique(python), unique(stateful))
 
 
+# Logical plan nodes of an event-time watermark (withWatermark; transformWithState's).
+_WATERMARK_NODES = ("EventTimeWatermark", "UpdateEventTimeWatermarkColumn")
+
+
+def has_watermark(df: DataFrame) -> bool:
+    """Whether the analyzed plan of ``df`` holds an event-time watermark (driver)."""
+
+    def found(n: Any) -> bool:
+        return n.nodeName() in _WATERMARK_NODES or any(found(c) for c in _seq(n.children()))
+
+    return bool(found(df._jdf.queryExecution().analyzed()))
+
+
 def _seq(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.size())]
 
