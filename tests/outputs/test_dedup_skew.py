@@ -68,6 +68,7 @@ def _truly_late(sent: list[tuple[str, int]]) -> set[str]:
     return late
 
 
+@pytest.mark.crash_lane  # a real Pipeline.run of about 6 batches: 40 s on a busy machine
 def test_a_cap_per_partition_does_not_route_on_time_records_to_late(
     spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -89,7 +90,7 @@ def test_a_cap_per_partition_does_not_route_on_time_records_to_late(
     store = f"sqlite:///{tmp_path / 'out.db'}"
     pipeline = Pipeline(
         name="skew",
-        source=EmbeddedLogSource(tmp_path / "log", "orders", max_records_per_partition=100),
+        source=EmbeddedLogSource(tmp_path / "log", "orders", max_records_per_partition=150),
         transform=transform,
         outputs={"orders": SQLiteSink(store, "orders"), "late": SQLiteSink(store, "late")},
         checkpoint=tmp_path / "checkpoint",
@@ -103,5 +104,5 @@ def test_a_cap_per_partition_does_not_route_on_time_records_to_late(
         routed = [i for (i,) in conn.execute("SELECT id FROM late")]
     assert sorted(routed) == sorted(late), f"{len(set(routed) - late)} on-time records in late"
     assert sorted(orders) == sorted(on_time)
-    assert len(report.batches) < 12  # a few batches: 300 records each, shared by backlog
-    assert any("max_records_per_partition=100" in m for m in caplog.messages), caplog.messages
+    assert len(report.batches) <= 7  # a few batches: 450 records each, shared by backlog
+    assert any("max_records_per_partition=150" in m for m in caplog.messages), caplog.messages
