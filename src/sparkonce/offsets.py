@@ -138,6 +138,7 @@ def plan_batch(
     *,
     max_per_partition: int | None = None,
     max_total: int | None = None,
+    proportional: bool = False,
 ) -> BatchRanges:
     """Plan the next batch from each partition's ``start`` up to ``latest``.
 
@@ -147,6 +148,14 @@ def plan_batch(
     and make progress whenever a limit allows at least one record.
     ``max_total`` is shared out round-robin, so a busy partition does not starve
     the others. A partition new in ``latest`` starts at offset 0.
+
+    ``proportional`` (a query with an event-time watermark): the limits cap the batch as a
+    whole, never one partition alone. The budget ``B`` is the smaller of
+    ``max_per_partition`` times the number of partitions and ``max_total``; when the
+    partitions' unread backlogs ``a_p`` (``A`` in all) exceed it, each partition takes
+    ``ceil(B * a_p / A)`` records: every partition reads at least the same fraction ``B / A``
+    of its backlog, and one with a backlog at least one record. The batch then holds at
+    most ``B + partitions - 1`` records. See :func:`proportional_shares`.
     """
     for name, limit in (("max_per_partition", max_per_partition), ("max_total", max_total)):
         if limit is not None and limit < 1:
@@ -165,10 +174,16 @@ def plan_batch(
             )
         begin[tp] = s
         take = top - s
-        if max_per_partition is not None:
+        if max_per_partition is not None and not proportional:
             take = min(take, max_per_partition)
         avail[tp] = take
-    if max_total is not None and sum(avail.values()) > max_total:
+    if proportional:
+        limits = [m for m in (max_total,) if m is not None]
+        if max_per_partition is not None:
+            limits.append(max_per_partition * len(tps))
+        if limits and tps:
+            avail = proportional_shares(avail, min(limits))
+    elif max_total is not None and sum(avail.values()) > max_total:
         granted = dict.fromkeys(tps, 0)
         budget = max_total
         while budget > 0:
@@ -186,6 +201,28 @@ def plan_batch(
     return BatchRanges(
         tuple(OffsetRange(t, p, begin[(t, p)], begin[(t, p)] + avail[(t, p)]) for t, p in tps)
     )
+
+
+def proportional_shares(
+    backlog: Mapping[TopicPartition, int], budget: int
+) -> dict[TopicPartition, int]:
+    """How many records each partition reads of its ``backlog`` under a batch ``budget``,
+    when partitions must progress at the same pace (an event-time watermark downstream).
+
+    All of it when the backlogs fit the budget; else ``ceil(budget * a_p / A)`` for each
+    partition (``a_p`` its backlog, ``A`` their sum). Every partition then reads at least the
+    fraction ``budget / A`` of its backlog, so none runs ahead of another by more than one
+    record's worth of that fraction, and none waits while others read: a cap per partition
+    would let a small partition read all its records while a large one reads a sliver, and
+    the small one's event time would run ahead. This aligns the partitions on their unread
+    offsets, not on event times, which the planner never sees.
+    """
+    if budget < 1:
+        raise ConfigError(f"budget must be >= 1, got {budget}")
+    total = sum(backlog.values())
+    if total <= budget:
+        return dict(backlog)
+    return {tp: -(-budget * a // total) for tp, a in backlog.items()}
 
 
 def batch_from_offsets(previous: BatchRanges | None, current: BatchRanges) -> BatchRanges:

@@ -113,17 +113,66 @@ def test_kafka_output_needs_read_committed_readers_and_stable_output_when_non_de
         v = _values(df)
         return v.select("key", F.concat_ws(":", "key", F.expr("uuid()")).alias("value"))
 
-    sink = KafkaSink("127.0.0.1:1", "orders-out")  # never connected: explain opens nothing
-    plain = _pipeline(tmp_path, log, as_records, sink=sink).explain(spark)
-    assert plain.guarantee == "no guarantee"
-    assert "stable_output=True" in (_part(plain, "output").to_strengthen or "")
+    def reshuffled(df: DataFrame) -> DataFrame:
+        return as_records(df).repartition(4, "value")  # the uuid picks the row's partition
 
-    stable = _pipeline(tmp_path, log, as_records, sink=sink, stable_output=True).explain(spark)
+    sink = KafkaSink("127.0.0.1:1", "orders-out")  # never connected: explain opens nothing
+    shuffled = _pipeline(tmp_path, log, reshuffled, sink=sink).explain(spark)
+    assert shuffled.guarantee == "no guarantee"
+    assert "rows can be lost or repeated" in _part(shuffled, "output").why
+    assert "stable_output=True" in (_part(shuffled, "output").to_strengthen or "")
+
+    # No shuffle after the uuid: a rewritten partition reads the same offset ranges, so it
+    # holds the same records; only the values differ between attempts (issue 40, item 11).
+    plain = _pipeline(tmp_path, log, as_records, sink=sink).explain(spark)
+    assert plain.guarantee == "effectively-once for read_committed consumers"
+    out = _part(plain, "output")
+    assert "only the values can differ" in out.why and "lost or repeated" not in out.why
+
+    stable = _pipeline(tmp_path, log, reshuffled, sink=sink, stable_output=True).explain(spark)
     assert stable.guarantee == "effectively-once for read_committed consumers"
     out = next(p for p in stable.parts if p.part.startswith("output"))
     assert "isolation.level=read_committed" in (out.to_strengthen or "")
     assert "orders-out" in (out.to_strengthen or "")
     assert stable.kafka_outputs
+
+
+def test_dedupe_into_kafka_is_deterministic_and_its_read_limits_are_shared_by_backlog(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """dedupe's own spark_partition_id() is not the transform's (issue 40, item 11), and a cap
+    per partition meets dedupe's watermark: explain names the rule (item C)."""
+
+    def deduped(df: DataFrame) -> DataFrame:
+        rows = df.select("key", "value", "record_id", "timestamp")
+        return dedupe(rows, "record_id", within="10 seconds", event_time="timestamp")
+
+    pipeline = Pipeline(
+        name="explained",
+        source=EmbeddedLogSource(make_log(10), "events", max_records_per_partition=5),
+        transform=deduped,
+        sink=KafkaSink("127.0.0.1:1", "orders-out"),
+        checkpoint=tmp_path / "ckpt",
+    )
+    exp = pipeline.explain(spark)
+    assert exp.facts.nondeterministic == (), exp.facts
+    assert _part(exp, "transform").verdict == "deterministic"
+    assert exp.guarantee == "effectively-once for read_committed consumers", exp.why
+    limits = _part(exp, "read limits")
+    assert limits.verdict == "shared out by backlog"
+    assert "max_records_per_partition=5" in limits.what and "in proportion" in limits.why
+
+
+def test_plan_facts_tell_a_shuffle_after_non_determinism(stream: DataFrame) -> None:
+    noisy = stream.withColumn("r", F.rand())
+    assert plan_facts(noisy).nondeterministic == ("rand()",)
+    assert plan_facts(noisy).before_shuffle == ()
+    assert plan_facts(noisy.repartition("r")).before_shuffle == ("rand()",)
+    after = stream.repartition("key").withColumn("r", F.rand())  # computed after the shuffle
+    assert plan_facts(after).before_shuffle == ()
+    mine = dedupe(stream, "record_id", within="10 seconds", event_time="timestamp")
+    assert plan_facts(mine).nondeterministic == ()
+    assert plan_facts(mine.withColumn("r", F.rand())).before_shuffle == ()
 
 
 def test_outputs_in_two_stores_need_stable_output_for_non_deterministic_columns(

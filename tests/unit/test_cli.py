@@ -431,3 +431,28 @@ def test_verify_resume_refuses_the_report_of_another_campaign(
         "--resume and --replay need the same --seed and --faults (or another --out)"
     )
     assert not (out / "work").exists()  # no oracle run: its work directory was never made
+
+
+def test_run_of_a_file_with_a_module_level_udf_says_to_create_it_in_the_transform(
+    tmp_path: Path,
+) -> None:
+    """A ``@F.udf`` at a pipeline file's top level needs a SparkContext, and sparkonce loads
+    the file before it starts Spark. A fresh process (no SparkContext, as under `sparkonce
+    run`) shows what a user sees."""
+    f = tmp_path / "p.py"
+    f.write_text(
+        "from pyspark.sql import functions as F\n"
+        "\n"
+        "@F.udf('string')\n"
+        "def shout(s):\n"
+        "    return s.upper()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkonce", "run", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "SESSION_OR_CONTEXT_NOT_EXISTS" in done.stderr and "(line 3)" in done.stderr
+    assert "create it inside the transform" in done.stderr, done.stderr

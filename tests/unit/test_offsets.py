@@ -19,6 +19,7 @@ from sparkonce.offsets import (
     check_chain,
     classify,
     plan_batch,
+    proportional_shares,
 )
 
 # -- strategies ---------------------------------------------------------------
@@ -104,6 +105,47 @@ def test_plan_batch_respects_start_latest_and_limits(
         assert {r.tp: r.count for r in batch.ranges} == capped
     if sum(capped.values()) > 0:
         assert batch.count >= 1  # progress
+
+
+@settings(max_examples=200, deadline=None)
+@given(start_latest(), LIMIT, LIMIT)
+def test_proportional_planning_reads_the_same_fraction_of_every_backlog(
+    maps: tuple[dict, dict], max_pp: int | None, max_total: int | None
+) -> None:
+    """A query with an event-time watermark: the limits cap the batch as a whole, and each
+    partition reads at least the fraction budget / backlog of its own backlog."""
+    start, latest = maps
+    batch = plan_batch(
+        start, latest, max_per_partition=max_pp, max_total=max_total, proportional=True
+    )
+    tps = set(start) | set(latest)
+    backlog = {tp: _avail(tp, start, latest) for tp in tps}
+    total = sum(backlog.values())
+    limits = [m for m in (max_total, None if max_pp is None else max_pp * len(tps)) if m]
+    budget = min(limits) if limits else total
+    assert {r.tp for r in batch.ranges} == tps
+    for r in batch.ranges:
+        assert r.start == start.get(r.tp, 0) and r.end <= _top(r.tp, start, latest)
+        if backlog[r.tp]:
+            assert r.count >= 1  # nobody waits
+            assert r.count * total >= min(budget, total) * backlog[r.tp]  # the same fraction
+    if total <= budget:
+        assert batch.count == total
+    else:
+        assert budget <= batch.count < budget + len(tps)
+
+
+def test_proportional_planning_of_a_skewed_topic() -> None:
+    """The example of issue 40: a cap per partition drains the small partitions first; shared
+    out by backlog, every partition reads the same fraction."""
+    start = {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
+    latest = {("t", 0): 1800, ("t", 1): 300, ("t", 2): 300}
+    capped = plan_batch(start, latest, max_per_partition=100)
+    assert [r.count for r in capped.ranges] == [100, 100, 100]  # p1, p2 a third done, p0 1/18
+    shared = plan_batch(start, latest, max_per_partition=100, proportional=True)
+    assert [r.count for r in shared.ranges] == [225, 38, 38]  # 1/8 of each (38 = ceil 37.5)
+    assert plan_batch(start, latest, max_total=60, proportional=True).count == 45 + 8 + 8
+    assert proportional_shares({("t", 0): 5, ("t", 1): 0}, 10) == {("t", 0): 5, ("t", 1): 0}
 
 
 @settings(max_examples=150, deadline=None)

@@ -114,6 +114,10 @@ DEDUP_METRIC = "sparkonce_dedup"
 DEDUP_OPERATOR = "dedupeWithinWatermark"
 """``operatorName`` of Spark's state operator for ``dropDuplicatesWithinWatermark``."""
 NULL_IDS = "null_ids"
+BARRIER_COLUMN = "_sparkonce_dedup_partition"
+"""The column :func:`dedupe` adds, and drops again, to keep its split after the shuffle:
+``spark_partition_id()``, non-deterministic to Spark but only ever compared with 0 (always
+true). ``explain`` knows it by this name (leading underscores added against a clash)."""
 
 _WATERMARK_KEY = "spark.watermarkDelayMs"  # column metadata set by withWatermark
 _ID_TYPES = ("string", "binary", "tinyint", "smallint", "int", "bigint")
@@ -229,7 +233,7 @@ def dedupe(
 
 def _unused_name(columns: list[str]) -> str:
     """A column name that is not in ``columns``."""
-    name = "_sparkonce_dedup_partition"
+    name = BARRIER_COLUMN
     while name in columns:
         name = "_" + name
     return name

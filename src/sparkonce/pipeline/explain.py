@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkonce.outputs.dedup import BARRIER_COLUMN
 from sparkonce.outputs.output_set import SINGLE_OUTPUT
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +71,25 @@ _STATEFUL = {
     "GlobalLimit": "limit",
 }
 _PYTHON_NODES = ("Pandas", "Python", "PySpark", "Arrow")  # mapInPandas, applyInPandas...
+# Logical plan nodes that Spark plans with a shuffle (an exchange): the rows a task after it
+# holds depend on the values of the rows before it. A global Sort too (range partitioning).
+_SHUFFLES = {
+    *_STATEFUL,
+    "Join",
+    "Repartition",
+    "RepartitionByExpression",
+    "RebalancePartitions",
+    "Window",
+    "Distinct",
+    "Intersect",
+    "Except",
+    "CoGroup",
+    "MapGroups",
+    "FlatMapGroupsInPandas",
+    "FlatMapCoGroupsInPandas",
+    "FlatMapGroupsInArrow",
+    "FlatMapCoGroupsInArrow",
+}
 _SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "glusterfs", "ceph", "lustre", "gpfs")
 _STATE_STORES = {
     "RocksDBStateStoreProvider": "RocksDB on the executors' local disks, its files "
@@ -87,6 +107,9 @@ class PlanFacts:
     clock: tuple[str, ...] = ()  # current_timestamp()...
     python_functions: tuple[str, ...] = ()  # UDFs and pandas functions, as declared
     stateful: tuple[str, ...] = ()  # stateful operators, Spark's node names
+    # Those of ``nondeterministic`` and ``clock`` computed before a shuffle: they can move
+    # rows between the Spark partitions after it (see Spark's plan below).
+    before_shuffle: tuple[str, ...] = ()
 
     def merged(self, other: PlanFacts) -> PlanFacts:
         def join(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
@@ -97,6 +120,7 @@ class PlanFacts:
             join(self.clock, other.clock),
             join(self.python_functions, other.python_functions),
             join(self.stateful, other.stateful),
+            join(self.before_shuffle, other.before_shuffle),
         )
 
     @property
@@ -149,7 +173,7 @@ class Explanation:
 def explain(pipeline: Pipeline, spark: SparkSession) -> Explanation:
     """The guarantee of ``pipeline`` as configured (see the module docstring). Builds the
     transform's query over the source to read Spark's analyzed plan; starts nothing."""
-    from sparkonce.pipeline.runner import transform_outputs
+    from sparkonce.pipeline.runner import aligned_reads, transform_outputs
 
     frames = transform_outputs(pipeline, spark)
     per_output = {name: plan_facts(df) for name, df in frames.items()}
@@ -158,6 +182,18 @@ def explain(pipeline: Pipeline, spark: SparkSession) -> Explanation:
         facts = facts.merged(f)
     sinks = _sinks(pipeline)
     parts: list[Part] = [_source_part(pipeline), _transform_part(facts)]
+    if pipeline.source.aligned() is not None and any(map(has_watermark, frames.values())):
+        limits = ", ".join(f"{k}={v}" for k, v in pipeline.source.read_limits().items())
+        parts.append(
+            Part(
+                "read limits",
+                limits,
+                "shared out by backlog",
+                aligned_reads(pipeline.source),
+                "drop the read limits, or keep each partition's records spread evenly in "
+                "event time",
+            )
+        )
     parts.append(_state_part(pipeline, spark, facts))
     checkpoint = checkpoint_storage(pipeline.checkpoint_location)
     parts.append(_checkpoint_part(checkpoint, bool(facts.stateful)))
@@ -189,30 +225,46 @@ def explain(pipeline: Pipeline, spark: SparkSession) -> Explanation:
 
 # -- Spark's plan ------------------------------------------------------------------------
 def plan_facts(df: DataFrame) -> PlanFacts:
-    """Walk the analyzed logical plan of ``df`` (through py4j) and note what it holds."""
+    """Walk the analyzed logical plan of ``df`` (through py4j) and note what it holds.
+
+    What sparkonce adds itself is not the transform's: :func:`~sparkonce.outputs.dedupe`'s
+    ``spark_partition_id()`` (named :data:`~sparkonce.outputs.dedup.BARRIER_COLUMN`) is only
+    compared with 0, so it never changes a row. A non-deterministic expression (or one that
+    reads the clock) in a node with a shuffle at or above it is also noted in
+    ``before_shuffle``: the shuffle can then send a row to another Spark partition when the
+    batch is computed again (conservatively, whatever the expression feeds)."""
     plan = df._jdf.queryExecution().analyzed()
     nondet: list[str] = []
     clock: list[str] = []
     python: list[str] = []
     stateful: list[str] = []
+    shuffled: list[str] = []
 
-    def expression(e: Any) -> None:
+    def expression(e: Any, before_shuffle: bool) -> None:
         name = e.getClass().getSimpleName()
+        if name == "Alias" and e.name().lstrip("_") == BARRIER_COLUMN.lstrip("_"):
+            return  # dedupe's own barrier: always true, never the transform's
         kids = _seq(e.children())
+        found: str | None = None
         if name == "PythonUDF":
             label = f"Python UDF {e.name()}"
             if e.deterministic():
                 python.append(label)
             else:
-                nondet.append(f"{label} (declared non-deterministic)")
+                found = f"{label} (declared non-deterministic)"
+                nondet.append(found)
         elif name in _CLOCK:
-            clock.append(_CLOCK[name])
+            found = _CLOCK[name]
+            clock.append(found)
         elif not e.deterministic() and all(k.deterministic() for k in kids):
-            nondet.append(f"{e.prettyName()}()")
+            found = f"{e.prettyName()}()"
+            nondet.append(found)
+        if found is not None and before_shuffle:
+            shuffled.append(found)
         for k in kids:
-            expression(k)
+            expression(k, before_shuffle)
 
-    def node(n: Any) -> None:
+    def node(n: Any, before_shuffle: bool) -> None:
         name = n.nodeName()
         if name in _STATEFUL and n.isStreaming():
             stateful.append(name)
@@ -220,17 +272,38 @@ def plan_facts(df: DataFrame) -> PlanFacts:
             stateful.append("stream-stream Join")
         if any(s in name for s in _PYTHON_NODES):
             python.append(f"pandas/Python function in {name}")
+        shuffles = (
+            name in _SHUFFLES
+            or any(s in name for s in ("Group", "Join"))
+            or (name == "Sort" and bool(getattr(n, "global")()))
+        )
+        inner = before_shuffle or shuffles
         for e in _seq(n.expressions()):
-            expression(e)
+            expression(e, inner)
         for c in _seq(n.children()):
-            node(c)
+            node(c, inner)
 
-    node(plan)
+    node(plan, False)
 
     def unique(xs: list[str]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(xs))
 
-    return PlanFacts(unique(nondet), unique(clock), unique(python), unique(stateful))
+    return PlanFacts(
+        unique(nondet), unique(clock), unique(python), unique(stateful), unique(shuffled)
+    )
+
+
+# Logical plan nodes of an event-time watermark (withWatermark; transformWithState's).
+_WATERMARK_NODES = ("EventTimeWatermark", "UpdateEventTimeWatermarkColumn")
+
+
+def has_watermark(df: DataFrame) -> bool:
+    """Whether the analyzed plan of ``df`` holds an event-time watermark (driver)."""
+
+    def found(n: Any) -> bool:
+        return n.nodeName() in _WATERMARK_NODES or any(found(c) for c in _seq(n.children()))
+
+    return bool(found(df._jdf.queryExecution().analyzed()))
 
 
 def _seq(seq: Any) -> list[Any]:
@@ -452,25 +525,34 @@ def _output_part(name: str, sink: Sink, facts: PlanFacts, stable: bool) -> Part:
         )
     if _is_kafka(sink):
         topic = getattr(sink, "topic", "the topic")
-        if facts.varies and not stable:
+        if facts.before_shuffle and not stable:
             return Part(
                 label,
                 what,
                 NO_GUARANTEE,
                 f"a replay rewrites only the Spark partitions without a marker, and "
-                f"{', '.join(facts.varies)} can change which rows a recomputed partition "
-                "holds: rows can be lost or repeated",
+                f"{', '.join(facts.before_shuffle)}, computed before a shuffle, can change "
+                "which rows a recomputed partition holds: rows can be lost or repeated",
                 "set stable_output=True on the Pipeline (the replay then reads the batch's "
-                "first computed rows back)",
+                "first computed rows back), or compute the non-deterministic values after "
+                "the last shuffle",
                 counts=True,
             )
+        values = (
+            f"; with no shuffle after {', '.join(facts.varies)}, a rewritten partition reads "
+            "the same offset ranges and holds the same records, so only the values can differ "
+            "from another attempt's, and each partition's are those of the one attempt that "
+            "committed it"
+            if facts.varies and not stable
+            else ""
+        )
         return Part(
             label,
             what,
             EFFECTIVELY_ONCE_READ_COMMITTED,
             "each Spark task writes its part and its ledger marker in one Kafka transaction; "
             "aborted and zombie attempts stay in the topic, invisible only to read_committed "
-            "readers",
+            f"readers{values}",
             f"every reader of {topic!r} must read with isolation.level=read_committed "
             "(Spark's Kafka source: kafka.isolation.level=read_committed; Java clients and "
             "librdkafka: isolation.level=read_committed)",

@@ -31,6 +31,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
     except Exception as exc:
         raise ConfigError(
             f"pipeline file {str(p)!r} failed to import{_where(exc, p)}: {_describe(exc)}"
+            f"{_hint(exc)}"
         ) from exc
     if "pipeline" in namespace:
         found = namespace["pipeline"]
@@ -55,6 +56,25 @@ def load_pipeline(path: str | Path) -> Pipeline:
             "sparkonce.Pipeline"
         )
     return found
+
+
+# PySpark's error condition when a UDF (``@F.udf``, ``F.pandas_udf``...) or another object
+# that needs a SparkContext is made while none exists: at a pipeline file's top level, since
+# sparkonce starts Spark only after the file is loaded.
+_NO_SESSION = "SESSION_OR_CONTEXT_NOT_EXISTS"
+
+
+def _hint(exc: BaseException) -> str:
+    """Advice for an import error a pipeline file's own layout causes, or ``""``."""
+    condition = getattr(exc, "getCondition", None)
+    named = condition() if callable(condition) else None
+    if named == _NO_SESSION or _NO_SESSION in str(exc):
+        return (
+            " sparkonce loads the file before it starts Spark, so a UDF (@F.udf, F.udf(...), "
+            "F.pandas_udf) cannot be made at the file's top level: create it inside the "
+            "transform, or in a function the transform calls"
+        )
+    return ""
 
 
 def _describe(exc: BaseException) -> str:

@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.streaming import StreamingQuery
 
     from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.sources.base import Source
 
 log = logging.getLogger("sparkonce.run")
 
@@ -288,10 +289,53 @@ def transform_outputs(
     pipeline: Pipeline, spark: SparkSession, start: Mapping[TopicPartition, int] | None = None
 ) -> dict[str, DataFrame]:
     """The transform's streaming DataFrames by output name over the source (a pipeline with
-    one sink: ``{"output": df}``), checked against the pipeline's outputs. Starts nothing."""
+    one sink: ``{"output": df}``), checked against the pipeline's outputs. Starts nothing.
+
+    A plan with an event-time watermark reads a source with read limits through
+    :meth:`~sparkonce.sources.base.Source.aligned` (the limits then cap each batch as a
+    whole, shared out in proportion to each partition's backlog), and says so in a warning.
+    """
+    from sparkonce.pipeline.explain import has_watermark
+
+    outs = _transform_over(pipeline, pipeline.source, spark, start)
+    aligned = pipeline.source.aligned()
+    if aligned is not None and any(has_watermark(df) for df in outs.values()):
+        log.warning("pipeline %s: %s", pipeline.name, aligned_reads(pipeline.source))
+        outs = _transform_over(pipeline, aligned, spark, start)
+    return outs
+
+
+def aligned_reads(source: Source) -> str:
+    """What the read limits of ``source`` do in a query with an event-time watermark."""
+    limits = source.read_limits()
+    shown = ", ".join(f"{k}={v}" for k, v in limits.items())
+    per = limits.get("max_records_per_partition")
+    total = limits.get("max_records_per_batch")
+    if per and total:
+        budget = f"the smaller of {per} times the number of partitions and {total}"
+    else:
+        budget = f"{per} times the number of partitions" if per else str(total)
+    return (
+        f"the plan has an event-time watermark and the source has read limits ({shown}): a "
+        "limit per partition would let a partition with little unread run ahead in event "
+        "time of another's unread records, and the watermark would pass them (on-time "
+        "records dropped or routed as late). Each batch reads instead at most "
+        f"{budget} records in all (plus one per partition), shared out in proportion to "
+        "each partition's unread backlog, so every partition reads the same fraction of it. "
+        "This aligns partitions on offsets, not on event times: a partition whose records "
+        "bunch in event time can still fall behind"
+    )
+
+
+def _transform_over(
+    pipeline: Pipeline,
+    source: Source,
+    spark: SparkSession,
+    start: Mapping[TopicPartition, int] | None,
+) -> dict[str, DataFrame]:
     from pyspark.sql import DataFrame
 
-    stream = pipeline.source.stream(spark, start or None)
+    stream = source.stream(spark, start or None)
     try:
         out = pipeline.transform(stream)
     except SparkOnceError:

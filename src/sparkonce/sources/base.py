@@ -95,6 +95,19 @@ class Source(ABC):
         offsets hold whole ranges."""
         return None
 
+    def aligned(self) -> Source | None:
+        """This source as a query with an event-time watermark must read it: a copy whose
+        read limits cap each batch as a whole, shared out in proportion to each partition's
+        unread backlog (:func:`sparkonce.offsets.proportional_shares`), so that no partition
+        runs ahead of another in event time and lets the watermark pass the other's unread
+        records. None (the default) when nothing changes: no read limit, or limits that
+        already share out so. Runs on the driver."""
+        return None
+
+    def read_limits(self) -> dict[str, int]:
+        """The read limits set on this source, by argument name (none by default)."""
+        return {}
+
     def spark_conf(self) -> dict[str, str]:
         """Settings the SparkSession needs for this source (jars); none by default."""
         return {}

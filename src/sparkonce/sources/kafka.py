@@ -50,11 +50,12 @@ Offsets (the wire form of :mod:`sparkonce.offsets`)::
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from sparkonce.errors import ConfigError, OffsetOutOfRangeError, SourceError
 from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
@@ -63,6 +64,8 @@ from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source, relocation_error
 from sparkonce.sources.reader import (
+    CAP_OPTION,
+    CAP_PROPORTIONAL,
     RangeStreamReader,
     injected_failure_offset,
     injected_read_failure,
@@ -191,6 +194,7 @@ class KafkaSource(Source):
             "max_records_per_partition", max_records_per_partition
         )
         self.max_records_per_batch = _positive_int("max_records_per_batch", max_records_per_batch)
+        self._proportional = False  # set by aligned()
         if not isinstance(starting_offsets, str):
             raise ConfigError(
                 f"starting_offsets must be a string, got {type(starting_offsets).__name__}"
@@ -264,6 +268,22 @@ class KafkaSource(Source):
             "timeout": self.timeout,
         }
 
+    def read_limits(self) -> dict[str, int]:
+        limits = {
+            "max_records_per_partition": self.max_records_per_partition,
+            "max_records_per_batch": self.max_records_per_batch,
+        }
+        return {k: v for k, v in limits.items() if v}
+
+    def aligned(self) -> Self | None:
+        """See :meth:`Source.aligned`: the limits then cap the batch, shared out in
+        proportion to each partition's backlog (reader option ``readLimitSharing``)."""
+        if not self.read_limits() or self._proportional:
+            return None
+        twin = copy.copy(self)
+        twin._proportional = True
+        return twin
+
     def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
         """The data source options (contain client_config secrets: never log them)."""
         opts = {
@@ -280,6 +300,8 @@ class KafkaSource(Source):
             opts["maxRecordsPerPartition"] = str(self.max_records_per_partition)
         if self.max_records_per_batch:
             opts["maxRecordsPerBatch"] = str(self.max_records_per_batch)
+        if self._proportional:
+            opts[CAP_OPTION] = CAP_PROPORTIONAL
         if start:
             opts["startingOffsets"] = json.dumps(
                 {str(p): o for (t, p), o in sorted(start.items()) if t == self.topic}

@@ -28,6 +28,12 @@ from sparkonce.errors import ConfigError
 from sparkonce.faults import InjectedTaskFailure, worker_faults
 from sparkonce.offsets import BatchRanges, OffsetRange, plan_batch
 
+# The reader option that tells how read limits cut a batch. Set (by Source.aligned) when the
+# query has an event-time watermark: the limits then cap the batch's total, shared out in
+# proportion to each partition's backlog (sparkonce.offsets.proportional_shares).
+CAP_OPTION = "readLimitSharing"
+CAP_PROPORTIONAL = "proportional"
+
 
 def parse_starting(value: str, topic: str) -> dict[int, int] | str:
     """``startingOffsets``: ``earliest``, ``latest`` or JSON ``{"partition": offset}``."""
@@ -102,6 +108,8 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _configure_limits(self, options: Mapping[str, str]) -> None:
         self.max_per_partition = opt_int(options, "maxRecordsPerPartition")
         self.max_per_batch = opt_int(options, "maxRecordsPerBatch")
+        # "proportional": the query has an event-time watermark; see plan_batch.
+        self.proportional = options.get(CAP_OPTION) == CAP_PROPORTIONAL
         self.starting = parse_starting(options.get("startingOffsets") or "earliest", self.topic)
         self.target: dict[int, int] | None = None  # the end of Trigger.AvailableNow
 
@@ -154,7 +162,11 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             total = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_per_batch
             batch = plan_batch(
-                positions, latest, max_per_partition=self.max_per_partition, max_total=total
+                positions,
+                latest,
+                max_per_partition=self.max_per_partition,
+                max_total=total,
+                proportional=self.proportional,
             )
         if batch.empty:
             return start  # nothing new: Spark skips the batch

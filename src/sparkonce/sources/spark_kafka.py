@@ -152,6 +152,11 @@ class SparkKafkaSource(KafkaSource):
         del kept["max_records_per_partition"]  # not an argument here
         return {**kept, "options": dict(self.connector_options)}
 
+    def aligned(self) -> None:
+        """None: Spark's connector already shares ``maxOffsetsPerTrigger`` out in
+        proportion to each partition's backlog."""
+        return None
+
     def spark_conf(self) -> dict[str, str]:
         jars = spark_kafka_jars()
         return {"spark.jars": ",".join(jars)} if jars else {}
