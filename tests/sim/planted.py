@@ -67,9 +67,8 @@ class ChecksCoverageAfterWriting(Planted):
         return None  # not before writing: see record
 
     def record(self, c: Committer, txn: Any, entry: LedgerEntry) -> None:
-        ctx = BatchContext(
-            entry.pipeline, entry.epoch, entry.ranges, entry.spark_batch_id, entry.checkpoint_id
-        )
+        batch_id = -1 if entry.spark_batch_id is None else entry.spark_batch_id
+        ctx = BatchContext(entry.pipeline, entry.epoch, entry.ranges, batch_id, entry.checkpoint_id)
         if super().check_coverage(c, txn, ctx, c.store.last_in(txn, entry.pipeline)):
             self.ran += 1  # a replay, found out after its rows were published
             return

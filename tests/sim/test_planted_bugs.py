@@ -55,7 +55,8 @@ def assert_caught(bug_cls: type[Planted], schedule: Schedule, target: Target) ->
 
 
 def test_no_planted_bug_counts_a_raising_committer_as_caught() -> None:
-    for bug in (*SQL_BUGS, FlipsEveryAttempt):
+    bugs: tuple[type[Planted], ...] = (*SQL_BUGS, FlipsEveryAttempt)
+    for bug in bugs:
         assert not bug.caught_as & NOT_CAUGHT, bug
 
 
@@ -65,7 +66,7 @@ def _search(bug_cls: type[Planted], target: Target, budget: int, what: str) -> N
     assert summary.failed, (
         f"{bug_cls.__name__} survived {summary.schedules} schedules (its code ran {bug.ran} times)"
     )
-    seed, failures = summary.failed[0]
+    seed = summary.failed[0][0]
     kinds = assert_caught(bug_cls, generate(seed), target)
     PLANTED.append(
         f"{bug_cls.__name__} ({what}): caught by schedule {summary.schedules} (seed {seed}, "

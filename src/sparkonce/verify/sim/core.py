@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.commit import CORRECT_STEPS, Committer, CommitSteps
+from sparkonce.commit import CORRECT_STEPS, CommitSteps, Committer
 from sparkonce.errors import FencedError, LedgerError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry

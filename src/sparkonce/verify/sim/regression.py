@@ -31,6 +31,9 @@ class Regression:
     kinds: tuple[str, ...] = ()  # the failure kinds it showed (none: a fixed bug's schedule)
     planted: str | None = None  # the planted bug it catches (tests/sim), or None
     note: str = ""
+    # Stats the correct committer's replay must reach, at least (e.g. {"refused": 1}): the
+    # schedule still drives the committer where the bug was.
+    reached: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +44,7 @@ class Regression:
             "kinds": list(self.kinds),
             "planted": self.planted,
             "note": self.note,
+            "reached": dict(self.reached),
             "schedule": self.schedule.to_json(),
         }
 
@@ -60,6 +64,7 @@ class Regression:
             kinds=tuple(str(k) for k in obj.get("kinds", ())),
             planted=None if obj.get("planted") is None else str(obj["planted"]),
             note=str(obj.get("note", "")),
+            reached=tuple((str(k), int(v)) for k, v in dict(obj.get("reached", {})).items()),
         )
 
     def save(self, folder: str | Path) -> Path:

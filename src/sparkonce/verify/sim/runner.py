@@ -152,9 +152,7 @@ def run_schedules(
     started = time.perf_counter()
     cpu = time.process_time()
     for seed in seeds:
-        failures, stats = run_schedule(
-            generate(seed, with_restore=with_restore), target, steps
-        )
+        failures, stats = run_schedule(generate(seed, with_restore=with_restore), target, steps)
         summary.schedules += 1
         summary.stats.add(stats)
         if failures:

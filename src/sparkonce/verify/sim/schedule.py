@@ -205,6 +205,7 @@ def _event_from(d: dict[str, Any]) -> Event:
     event: Event = cls(**d)
     return event
 
+
 def events_to_json(events: tuple[Event, ...]) -> str:
     return json.dumps([_event_obj(e) for e in events], separators=(",", ":"))
 
