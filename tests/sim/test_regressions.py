@@ -93,3 +93,15 @@ def test_a_stored_schedule_of_another_version_is_refused(tmp_path: Path) -> None
         Schedule.from_json(obj)
     r = Regression("x", generate(1), kinds=("duplicate",), planted="SkipsEpochCheck")
     assert Regression.load(r.save(tmp_path)) == r
+
+
+def test_the_cli_stores_the_shrunk_failing_schedule(tmp_path: Path) -> None:
+    from sparkonce.verify.sim import Campaign
+    from sparkonce.verify.sim.cli import _shrink_and_print
+    from tests.sim.planted import SkipsEpochCheck
+
+    _shrink_and_print(Campaign(steps=SkipsEpochCheck()), generate(3), str(tmp_path))
+    (path,) = tmp_path.glob("*.json")
+    stored = Regression.load(path)
+    assert path.name == "sqlite-sql-seed3.json" and "fenced-commit" in stored.kinds
+    assert len(stored.schedule.events) < len(generate(3).events)
