@@ -1,160 +1,109 @@
-"""The simulation must fail on broken committers: three bugs planted on purpose.
+"""The simulation must fail on broken committers: bugs planted on purpose.
 
-Each broken committer subclasses the real :class:`~sparkonce.commit.Committer` and
-changes one thing the protocol depends on:
+Each bug (``tests/sim/planted.py``) plugs into the committer's seam, its
+:class:`~sparkonce.commit.CommitSteps`, and changes one step the protocol depends on:
 
-(a) ``SkipsEpochCheck``: step 1 is skipped, so a fenced run (a thawed zombie) can commit;
-(b) ``ChecksCoverageAfterWriting``: step 2 runs after step 3 (and there is no look at
-    the ledger before staging), so a replay's rows are written before it is found out;
-(c) ``LedgerInSecondTransaction``: the rows commit, then the ledger row is recorded in a
-    second transaction; a crash between the two leaves rows without a ledger entry.
+(a) ``SkipsEpochCheck``: steps 0 and 1 let a fenced run go on (a thawed zombie commits);
+(b) ``ChecksCoverageAfterWriting``: step 2 runs after step 3, so a replay's rows are
+    written before it is found out;
+(c) ``LedgerInSecondTransaction``: the rows commit, then the ledger entry in a second
+    transaction; a lost COMMIT acknowledgement between the two makes the retry write
+    the rows again;
+(d) ``FlipsEveryAttempt`` (two-phase sink): step 3 flips every pre-committed attempt of
+    the batch, not only those Spark reported successful.
 
-Each must be caught within ``BUDGET`` schedules; the number it took, and how many of
-the first 500 schedules fail, are printed in the summary at the end of the run.
-Measured on 2026-11-22 (SQLite, restores on, seeds from 0): (a) caught by schedule 4
-(seed 3, the logical-clock epoch check), 144 of 500 fail; (b) by schedule 2 (seed 1,
-rows of another epoch than their entry), 229 of 500; (c) by schedule 1 (seed 0,
-duplicates), 236 of 500. Before restores were on: 4, 2 and 1 as well (143, 217, 240).
+A bug counts as caught only if its own code ran (its counter) in the failing schedule
+and the failure is of a kind its invariant gives: ``owner-error`` and ``fenced-error``
+(a committer that raised) never count. How many schedules each took, and how many of
+the first 500 fail, are printed at the end of the run. Measured 2026-11-28 (SQLite,
+seeds from 0): (a) schedule 4 (seed 3, fenced-commit), 144 of 500; (b) schedule 2
+(seed 1, duplicate and epoch), 223 of 500; (c) schedule 7 (seed 6, duplicate), 56 of
+500. Their shrunk schedules are stored in ``regressions/`` (``test_regressions.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
 
 import pytest
 
-from sparkonce.commit import Committer, Staged
-from sparkonce.commit.committer import _entry
-from sparkonce.ledger.base import BatchContext, CommitResult
-from sparkonce.protocol import CrashPoint
 from sparkonce.verify.sim import (
-    Schedule,
-    SqlTarget,
+    Target,
+    TargetSpec,
+    close_target,
     generate,
     run_schedule,
     run_schedules,
     shrink,
 )
+from sparkonce.verify.sim.schedule import Schedule
 from tests.sim.conftest import PLANTED
+from tests.sim.planted import NOT_CAUGHT, SQL_BUGS, FlipsEveryAttempt, Planted
 
 BUDGET = 2_000
+BUDGET_2PC = 200
 
 
-class _NoFence:
-    """The real store, except that step 1 (the epoch check) does nothing."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-
-    def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-
-class SkipsEpochCheck(Committer):
-    """Bug (a): the epoch is never checked, so zombies commit."""
-
-    def __init__(self, store: Any, stager: Any, **kwargs: Any) -> None:
-        super().__init__(_NoFence(store), stager, **kwargs)
-
-
-class ChecksCoverageAfterWriting(Committer):
-    """Bug (b): the rows are written first; a replay is noticed only afterwards."""
-
-    def commit_with(self, ctx: BatchContext, stage: Any) -> CommitResult:
-        last = self.store.last(ctx.pipeline)
-        seq = 0 if last is None else last.seq + 1
-        self.faults.crash_point(CrashPoint.BEFORE_COMMIT)
-        result = self._commit_staged(ctx, seq, stage(seq))
-        self.faults.crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
-        return result
-
-    def _transaction(
-        self, ctx: BatchContext, seq: int, staged: Staged, *, retry: bool = False
-    ) -> CommitResult:
-        store = self.store
-        with store.transaction() as txn:
-            store.check_owner(txn, ctx.pipeline, ctx.epoch)
-            self.stager.publish(txn, ctx, staged)  # step 3 before step 2: the bug
-            if self.faults.crash_point(CrashPoint.AFTER_ROWS):
-                store.lose_connection(txn)
-            last = store.last_in(txn, ctx.pipeline)
-            skipped = self._replay(ctx, last, txn)
-            if skipped is not None:
-                return skipped  # ...and the rows written above commit with it
-            seq = 0 if last is None else last.seq + 1
-            store.record(txn, _entry(ctx, seq, staged))
-            self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
-        return CommitResult(False, staged.rows, seq)
-
-
-class LedgerInSecondTransaction(Committer):
-    """Bug (c): rows in one transaction, the ledger row in a second one."""
-
-    def _transaction(
-        self, ctx: BatchContext, seq: int, staged: Staged, *, retry: bool = False
-    ) -> CommitResult:
-        store = self.store
-        with store.transaction() as txn:
-            store.check_owner(txn, ctx.pipeline, ctx.epoch)
-            skipped = self._replay(ctx, store.last_in(txn, ctx.pipeline), txn)
-            if skipped is not None:
-                return skipped
-            self.stager.publish(txn, ctx, staged)
-        # The bug: the rows are committed now; the ledger row follows in a second transaction.
-        if self.faults.crash_point(CrashPoint.AFTER_ROWS):
-            store.reconnect()
-        with store.transaction() as txn:
-            store.record(txn, _entry(ctx, seq, staged))
-            self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
-        return CommitResult(False, staged.rows, seq)
-
-
-@pytest.mark.parametrize(
-    ("bug", "caught_as"),
-    [
-        (SkipsEpochCheck, {"zombie-not-fenced", "fenced-commit"}),
-        (ChecksCoverageAfterWriting, {"duplicate", "epoch", "row-count", "ledger", "owner-error"}),
-        (LedgerInSecondTransaction, {"duplicate", "epoch", "row-count", "ledger", "owner-error"}),
-    ],
-)
-def test_planted_bug_is_caught(
-    sqlite_target: SqlTarget,
-    bug: type[Committer],
-    caught_as: set[str],
-) -> None:
-    summary = run_schedules(sqlite_target, range(BUDGET), bug, stop_at_first=True)
-    assert summary.failed, f"{bug.__name__} survived {summary.schedules} schedules"
-    seed, failures = summary.failed[0]
+def assert_caught(bug_cls: type[Planted], schedule: Schedule, target: Target) -> set[str]:
+    """Run ``schedule`` with a fresh ``bug_cls``: its code must run and its invariant fail."""
+    bug = bug_cls()
+    failures, _ = run_schedule(schedule, target, bug)
     kinds = {f.kind for f in failures}
-    assert kinds & caught_as, failures
-    first500 = run_schedules(sqlite_target, range(500), bug)
+    assert bug.ran > 0, f"{bug_cls.__name__}'s own code never ran; failures: {failures}"
+    assert kinds & bug.caught_as, f"{bug_cls.__name__} not caught as {bug.caught_as}: {failures}"
+    return kinds
+
+
+def test_no_planted_bug_counts_a_raising_committer_as_caught() -> None:
+    bugs: tuple[type[Planted], ...] = (*SQL_BUGS, FlipsEveryAttempt)
+    for bug in bugs:
+        assert not bug.caught_as & NOT_CAUGHT, bug
+
+
+def _search(bug_cls: type[Planted], target: Target, budget: int, what: str) -> None:
+    bug = bug_cls()
+    summary = run_schedules(target, range(budget), bug, stop_at_first=True)
+    assert summary.failed, (
+        f"{bug_cls.__name__} survived {summary.schedules} schedules (its code ran {bug.ran} times)"
+    )
+    seed = summary.failed[0][0]
+    kinds = assert_caught(bug_cls, generate(seed), target)
     PLANTED.append(
-        f"{bug.__name__}: caught by schedule {summary.schedules} (seed {seed}, "
-        f"[{failures[0].kind}]); {first500.failed_count} of the first 500 schedules fail"
+        f"{bug_cls.__name__} ({what}): caught by schedule {summary.schedules} (seed {seed}, "
+        f"{sorted(kinds - NOT_CAUGHT)}); its code ran {bug.ran} times"
     )
 
 
-def test_a_failure_shrinks_and_replays(sqlite_target: SqlTarget) -> None:
+@pytest.mark.parametrize("bug_cls", SQL_BUGS, ids=[b.__name__ for b in SQL_BUGS])
+def test_planted_bug_is_caught(sqlite_target: Target, bug_cls: type[Planted]) -> None:
+    _search(bug_cls, sqlite_target, BUDGET, "SQLite")
+    first500 = run_schedules(sqlite_target, range(500), bug_cls())
+    PLANTED.append(f"{bug_cls.__name__}: {first500.failed_count} of the first 500 schedules fail")
+
+
+@pytest.mark.postgres
+def test_planted_two_phase_bug_is_caught(pg_url: str) -> None:
+    spec = TargetSpec("postgres", pg_url, sink="twophase", namespace=uuid.uuid4().hex[:6])
+    target = spec.build()
+    try:
+        _search(FlipsEveryAttempt, target, BUDGET_2PC, "PostgreSQL, two-phase sink")
+    finally:
+        close_target(target)
+
+
+def test_a_failure_shrinks_and_replays(sqlite_target: Target) -> None:
     """The shrunk schedule is smaller, fails the same way, and replays from its JSON."""
-    summary = run_schedules(
-        sqlite_target, range(BUDGET), LedgerInSecondTransaction, stop_at_first=True
-    )
+    bug_cls = SQL_BUGS[0]
+    summary = run_schedules(sqlite_target, range(BUDGET), bug_cls(), stop_at_first=True)
     seed, failures = summary.failed[0]
     schedule = generate(seed)
-    small, small_failures = shrink(schedule, sqlite_target, LedgerInSecondTransaction)
-    assert len(small.events) <= len(schedule.events)
+    small, small_failures = shrink(schedule, sqlite_target, bug_cls())
+    assert len(small.events) < len(schedule.events)
     assert small_failures and small_failures[0].kind == failures[0].kind
-    again = Schedule(
-        small.seed,
-        small.totals,
-        small.initial,
-        Schedule.parse_events(small.events_json()),
-        small.final,
-    )
-    replayed, _ = run_schedule(again, sqlite_target, LedgerInSecondTransaction)
+    again = Schedule.from_json(small.to_json())
+    assert again == small
+    replayed, _ = run_schedule(again, sqlite_target, bug_cls())
     assert [f.kind for f in replayed] == [f.kind for f in small_failures]
+    assert_caught(bug_cls, again, sqlite_target)
     # The real committer passes the same schedule.
     assert run_schedule(again, sqlite_target)[0] == []

@@ -2,5 +2,14 @@
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.commit.committer import COMMIT_ATTEMPTS, Committer
+from sparkonce.commit.steps import CORRECT_STEPS, CommitSteps, CorrectSteps
 
-__all__ = ["COMMIT_ATTEMPTS", "Committer", "Staged", "Stager"]
+__all__ = [
+    "COMMIT_ATTEMPTS",
+    "CORRECT_STEPS",
+    "CommitSteps",
+    "Committer",
+    "CorrectSteps",
+    "Staged",
+    "Stager",
+]

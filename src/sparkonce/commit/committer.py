@@ -38,10 +38,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from sparkonce.commit.base import Staged, Stager
+from sparkonce.commit.steps import CORRECT_STEPS, CommitSteps
 from sparkonce.errors import FencedError, LedgerError, SinkError, SparkOnceError
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, LedgerStore
-from sparkonce.offsets import Coverage, classify
 from sparkonce.protocol import CrashPoint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +55,12 @@ COMMIT_ATTEMPTS = 3  # a commit whose store connection dropped is retried on a n
 
 
 class Committer:
-    """Runs steps 1-5 of the protocol for one sink: a ledger store plus a stager."""
+    """Runs steps 1-5 of the protocol for one sink: a ledger store plus a stager.
+
+    ``steps`` (:mod:`sparkonce.commit.steps`): what each named step does; the default,
+    :data:`~sparkonce.commit.steps.CORRECT_STEPS`, is the protocol. Only the protocol
+    simulation's tests pass another (a planted bug).
+    """
 
     def __init__(
         self,
@@ -64,6 +69,7 @@ class Committer:
         *,
         faults: FaultPlan | None = None,
         attempts: int = COMMIT_ATTEMPTS,
+        steps: CommitSteps = CORRECT_STEPS,
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
@@ -72,6 +78,7 @@ class Committer:
         # The run's fault plan (its crash points), handed down by the sink; none: no faults.
         self.faults = faults if faults is not None else NO_FAULTS
         self.attempts = attempts
+        self.steps = steps
 
     # -- the protocol -------------------------------------------------------------------
     def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
@@ -103,7 +110,7 @@ class Committer:
         # a committed batch is skipped before anything is staged.
         started = time.monotonic()
         last = self._look(ctx)
-        skipped = self._replay(ctx, last, None)
+        skipped = self.steps.check_coverage(self, None, ctx, last)
         if skipped is not None:
             return skipped
         seq = 0 if last is None else last.seq + 1
@@ -142,7 +149,7 @@ class Committer:
     def _raise_if_fenced(self, ctx: BatchContext) -> None:
         """Raise ``FencedError`` if a newer run owns the pipeline (a failed read is ignored)."""
         try:
-            self.store.check_owner(None, ctx.pipeline, ctx.epoch)
+            self.steps.check_owner(self, None, ctx)
         except FencedError:
             raise
         except Exception as exc:  # the store is unreachable: the original error stands
@@ -152,7 +159,7 @@ class Committer:
         """Step 0's reads (owner, last entry), under the same retry policy as the commit."""
 
         def look(_attempt: int) -> LedgerEntry | None:
-            self.store.check_owner(None, ctx.pipeline, ctx.epoch)
+            self.steps.check_owner(self, None, ctx)
             return self.store.last(ctx.pipeline)
 
         return self._retrying(ctx, "before the commit", look)
@@ -194,14 +201,14 @@ class Committer:
     def _transaction(
         self, ctx: BatchContext, seq: int, staged: Staged, started: float, *, retry: bool = False
     ) -> CommitResult:
-        store = self.store
+        store, steps = self.store, self.steps
         with store.transaction() as txn:
             # Step 1: still the owner? (the store holds the lock until step 5)
-            store.check_owner(txn, ctx.pipeline, ctx.epoch)
+            steps.check_owner(self, txn, ctx)
 
             # Step 2: a replay, or a batch the ledger contradicts?
             last = store.last_in(txn, ctx.pipeline)
-            skipped = self._replay(ctx, last, txn)
+            skipped = steps.check_coverage(self, txn, ctx, last)
             if skipped is not None:
                 if retry and skipped.seq == seq and last is not None and last.epoch == ctx.epoch:
                     # The COMMIT whose connection was lost had gone through: ours.
@@ -218,54 +225,17 @@ class Committer:
                 return CommitResult(True, 0, None, "no new offsets and no rows")
 
             # Step 3: make the staged rows visible.
-            self.stager.publish(txn, ctx, staged)
+            steps.publish(self, txn, ctx, staged)
             if self.faults.crash_point(CrashPoint.AFTER_ROWS):
                 store.lose_connection(txn)
 
             # Step 4: the ledger entry, in the same transaction.
-            store.record(txn, _entry(ctx, seq, staged, time.monotonic() - started))
+            entry = _entry(ctx, seq, staged, time.monotonic() - started)
+            steps.record(self, txn, entry)
             self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
             # Step 5: commit, on leaving the with-block.
+        steps.committed(self, ctx, entry)
         return CommitResult(False, staged.rows, seq)
-
-    def _replay(
-        self, ctx: BatchContext, last: LedgerEntry | None, txn: object | None
-    ) -> CommitResult | None:
-        """Step 2: the skip result if the ledger already holds this batch, else None."""
-        coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
-        if coverage is Coverage.NEW:
-            return None
-        if coverage is Coverage.COMMITTED:
-            found = self._find(ctx, last, txn)
-            return CommitResult(
-                True,
-                0,
-                None if found is None else found.seq,
-                "offsets already in the ledger (replay)",
-            )
-        found = self._find(ctx, last, txn)  # a no-data batch: by its Spark identity
-        if found is not None:
-            return CommitResult(True, 0, found.seq, "no-data batch already committed (replay)")
-        return None
-
-    def _find(
-        self, ctx: BatchContext, last: LedgerEntry | None, txn: object | None
-    ) -> LedgerEntry | None:
-        if last is not None and _same_batch(last, ctx):
-            return last
-        return self.store.find(txn, ctx.pipeline, ctx)
-
-
-def _same_batch(entry: LedgerEntry, ctx: BatchContext) -> bool:
-    if entry.ranges != ctx.ranges:
-        return False
-    if not ctx.ranges.empty:
-        return True
-    return (
-        ctx.checkpoint_id is not None
-        and entry.checkpoint_id == ctx.checkpoint_id
-        and entry.spark_batch_id == ctx.spark_batch_id
-    )
 
 
 def _entry(ctx: BatchContext, seq: int, staged: Staged, seconds: float) -> LedgerEntry:

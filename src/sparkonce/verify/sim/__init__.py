@@ -66,7 +66,8 @@ schedules run in **lanes** (:mod:`~sparkonce.verify.sim.runner`): each lane has 
 own namespace in the store (pipeline, table, topics), several lanes overlap a server
 store's round trips, several processes use several cores. A failing schedule is
 shrunk (greedy delta debugging over its events) and printed with the command that
-replays it::
+replays it; ``--save DIR`` stores it as JSON (:mod:`~sparkonce.verify.sim.regression`),
+which ``tests/sim`` replays as a regression test::
 
     python -m sparkonce.verify.sim --schedules 100000 --workers 2 --progress
     python -m sparkonce.verify.sim --replay 4242
@@ -85,6 +86,7 @@ on thread timing. SQLite files are written with ``synchronous=OFF``.
 """
 
 from sparkonce.verify.sim.core import TIMER_PARTITION, TOPIC, Simulation
+from sparkonce.verify.sim.regression import Regression
 from sparkonce.verify.sim.runner import (
     Campaign,
     Summary,
@@ -121,6 +123,7 @@ __all__ = [
     "Failure",
     "Grow",
     "InjectedFailure",
+    "Regression",
     "Repeat",
     "Schedule",
     "SimCrash",

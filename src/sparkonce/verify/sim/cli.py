@@ -8,7 +8,8 @@
     python -m sparkonce.verify.sim --store kafka --bootstrap 127.0.0.1:9092 --lanes 16
 
 A campaign prints its rate and every failing seed; the first failing seed is then
-shrunk and printed with the command that replays the shrunk schedule exactly.
+shrunk and printed with the command that replays the shrunk schedule exactly;
+``--save DIR`` also stores it as JSON in ``DIR`` (a regression test's data).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from sparkonce.verify.sim.regression import Regression
 from sparkonce.verify.sim.runner import (
     Campaign,
     Summary,
@@ -59,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", type=int, metavar="SEED", help="run one schedule, print it")
     p.add_argument("--events", help="with --replay: the events as JSON (a shrunk schedule)")
     p.add_argument("--no-shrink", action="store_true", help="print failures unshrunk")
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="store the shrunk failing schedule as JSON in DIR (e.g. tests/sim/regressions), "
+        "to replay as a regression test",
+    )
     p.add_argument(
         "--no-restore",
         action="store_true",
@@ -127,7 +135,7 @@ def _campaign(args: argparse.Namespace, c: Campaign) -> int:
         return 0
     if not args.no_shrink:
         seed = summary.failed[0][0]
-        _shrink_and_print(c, generate(seed, with_restore=c.with_restore))
+        _shrink_and_print(c, generate(seed, with_restore=c.with_restore), args.save)
     return 1
 
 
@@ -189,10 +197,10 @@ def _with_progress(c: Campaign, what: str) -> Summary:
         return run_campaign(c, progress=progress, on_failure=on_failure)
 
 
-def _shrink_and_print(c: Campaign, schedule: Schedule) -> None:
+def _shrink_and_print(c: Campaign, schedule: Schedule, save: str | None = None) -> None:
     target = c.target.build()
     try:
-        small, failures = shrink(schedule, target, c.committer)
+        small, failures = shrink(schedule, target, c.steps)
     finally:
         close_target(target)
     if not failures:
@@ -203,6 +211,18 @@ def _shrink_and_print(c: Campaign, schedule: Schedule) -> None:
     for f in failures:
         print(f"  {f}")
     print(f"replay exactly: {c.replay_command(schedule.seed)} --events '{small.events_json()}'")
+    if save:
+        spec = c.target
+        kinds = tuple(dict.fromkeys(f.kind for f in failures))
+        path = Regression(
+            f"{spec.store}-{spec.sink}-seed{schedule.seed}",
+            small,
+            store=spec.store,
+            sink=spec.sink,
+            kinds=kinds,
+            note=f"found by: {c.replay_command(schedule.seed)}; shows {', '.join(kinds)}",
+        ).save(save)
+        print(f"stored: {path}")
 
 
 def _replay(args: argparse.Namespace, c: Campaign) -> int:
@@ -223,7 +243,7 @@ def _replay(args: argparse.Namespace, c: Campaign) -> int:
     finally:
         close_target(target)
     if not args.no_shrink:
-        _shrink_and_print(c, schedule)
+        _shrink_and_print(c, schedule, args.save)
     return 1
 
 

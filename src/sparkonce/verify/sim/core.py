@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.commit import Committer
+from sparkonce.commit import CORRECT_STEPS, CommitSteps, Committer
 from sparkonce.errors import FencedError, LedgerError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
@@ -48,11 +48,11 @@ class Simulation(Observer):
         self,
         schedule: Schedule,
         target: Target,
-        committer_cls: type[Committer] = Committer,
+        steps: CommitSteps = CORRECT_STEPS,
     ) -> None:
         self.s = schedule
         self.t = target
-        self.committer_cls = committer_cls
+        self.steps = steps
         self.available = {(TOPIC, p): n for p, n in enumerate(schedule.initial)}
         self.runs: list[Run] = []
         self.failures: list[Failure] = []
@@ -132,6 +132,9 @@ class Simulation(Observer):
             self.available[tp] = min(self.s.totals[tp[1]], self.available[tp] + event.count)
         if self.failed_attempts:
             self._check_attempts(f"after event {i}")
+
+    def _committer(self, run: Run, faults: FaultPlan) -> Committer:
+        return Committer(run.endpoint.store, run.endpoint.stager, faults=faults, steps=self.steps)
 
     def _newest(self) -> Run | None:
         return self.runs[-1] if self.runs else None
@@ -225,7 +228,7 @@ class Simulation(Observer):
             plan = FaultPlan(crash=crash_at, drop_connection=drop, on_crash=crash)
         else:
             crash_at, plan = None, _NO_FAULTS
-        committer = self.committer_cls(run.endpoint.store, run.endpoint.stager, faults=plan)
+        committer = self._committer(run, plan)
         stage, attempts, failed = self.t.stage(run, ctx, batch, self._rows(run, batch), ev.fail)
         where = f"event {index}" if isinstance(index, int) else index
         frame = getattr(stage, "frame", None)
@@ -377,7 +380,7 @@ class Simulation(Observer):
         if batch is None:
             return
         ctx = self._ctx(run, batch)
-        committer = self.committer_cls(run.endpoint.store, run.endpoint.stager, faults=_NO_FAULTS)
+        committer = self._committer(run, _NO_FAULTS)
         stage, attempts, failed = self.t.stage(run, ctx, batch, self._rows(run, batch), False)
         what = f"{where}: run {run.index} repeats batch {batch.batch_id} [{ctx.ranges}]"
         try:
@@ -396,7 +399,7 @@ class Simulation(Observer):
         if batch is None:
             return
         ctx = self._ctx(run, batch)
-        committer = self.committer_cls(run.endpoint.store, run.endpoint.stager, faults=_NO_FAULTS)
+        committer = self._committer(run, _NO_FAULTS)
         what = f"{where}: stale run {run.index} (epoch {run.epoch}) batch {batch.batch_id}"
         result: CommitResult | None = None
         error: BaseException | None = None

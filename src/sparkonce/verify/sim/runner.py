@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from sparkonce.commit import Committer
+from sparkonce.commit import CORRECT_STEPS, CommitSteps
 from sparkonce.verify.sim.core import Simulation
 from sparkonce.verify.sim.schedule import Schedule, generate, simpler
 from sparkonce.verify.sim.target import Target
@@ -28,11 +28,14 @@ StoreName = Literal["sqlite", "postgres", "kafka", "delta"]
 
 
 def run_schedule(
-    schedule: Schedule, target: Target, committer_cls: type[Committer] = Committer
+    schedule: Schedule, target: Target, steps: CommitSteps = CORRECT_STEPS
 ) -> tuple[list[Failure], Stats]:
-    """Reset the target, run one schedule, return its failures (none: it passed)."""
+    """Reset the target, run one schedule, return its failures (none: it passed).
+
+    ``steps``: the committer's steps (:mod:`sparkonce.commit.steps`); tests plant bugs here.
+    """
     target.reset()
-    sim = Simulation(schedule, target, committer_cls)
+    sim = Simulation(schedule, target, steps)
     failures = sim.run()
     return failures, sim.stats
 
@@ -40,7 +43,7 @@ def run_schedule(
 def shrink(
     schedule: Schedule,
     target: Target,
-    committer_cls: type[Committer] = Committer,
+    steps: CommitSteps = CORRECT_STEPS,
     *,
     budget: int = 400,
     seconds: float = 120.0,
@@ -51,7 +54,7 @@ def shrink(
     same kind persists, then simplifies what is left one event at a time (no fault, no
     read limits, no restore). Stops after ``budget`` runs or ``seconds``.
     """
-    failures, _ = run_schedule(schedule, target, committer_cls)
+    failures, _ = run_schedule(schedule, target, steps)
     if not failures:
         return schedule, []
     kind = failures[0].kind
@@ -64,7 +67,7 @@ def shrink(
     def fails(candidate: Schedule) -> list[Failure] | None:
         nonlocal runs
         runs += 1
-        got, _ = run_schedule(candidate, target, committer_cls)
+        got, _ = run_schedule(candidate, target, steps)
         return got if any(f.kind == kind for f in got) else None
 
     best, best_failures = schedule, failures
@@ -135,7 +138,7 @@ class Summary:
 def run_schedules(
     target: Target,
     seeds: Iterable[int],
-    committer_cls: type[Committer] = Committer,
+    steps: CommitSteps = CORRECT_STEPS,
     *,
     with_restore: bool = True,
     stop_at_first: bool = False,
@@ -149,9 +152,7 @@ def run_schedules(
     started = time.perf_counter()
     cpu = time.process_time()
     for seed in seeds:
-        failures, stats = run_schedule(
-            generate(seed, with_restore=with_restore), target, committer_cls
-        )
+        failures, stats = run_schedule(generate(seed, with_restore=with_restore), target, steps)
         summary.schedules += 1
         summary.stats.add(stats)
         if failures:
@@ -244,7 +245,7 @@ class Campaign:
     lanes: int = 1  # concurrent schedules per process (threads), each in its own namespace
     with_restore: bool = True
     stop_at_first: bool = False
-    committer: type[Committer] = Committer
+    steps: CommitSteps = CORRECT_STEPS
     # Time box: no schedule starts after this many seconds (those under way finish), so
     # the campaign checks as many schedules as fit, up to ``schedules``.
     seconds: float | None = None
@@ -330,7 +331,7 @@ def _run_lanes(c: Campaign, worker: int, seeds: _Seeds, progress: _Progress) -> 
         try:
             while (seed := seeds.take()) is not None:
                 schedule = generate(seed, with_restore=c.with_restore)
-                failures, stats = run_schedule(schedule, target, c.committer)
+                failures, stats = run_schedule(schedule, target, c.steps)
                 part.schedules += 1
                 part.stats.add(stats)
                 if failures:

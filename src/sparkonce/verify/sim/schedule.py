@@ -142,25 +142,72 @@ class Schedule:
         """The events as JSON, for ``--events`` (replays a shrunk schedule exactly)."""
         return events_to_json(self.events)
 
+    def to_json(self) -> dict[str, Any]:
+        """The whole schedule as a JSON object (:data:`SCHEMA_VERSION`), independent of
+        :func:`generate`: a stored schedule replays the same whatever the generator does."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "seed": self.seed,
+            "totals": list(self.totals),
+            "initial": list(self.initial),
+            "events": [_event_obj(e) for e in self.events],
+            "final": _event_obj(self.final),
+        }
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> Schedule:
+        """The schedule :meth:`to_json` wrote; raises ``ValueError`` naming what is wrong."""
+        version = obj.get("schema")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"a stored schedule has schema version {version!r}; this sparkonce reads "
+                f"version {SCHEMA_VERSION}. Store it again from its seed or events."
+            )
+        try:
+            final = _event_from(dict(obj["final"]))
+            if not isinstance(final, Start):
+                raise ValueError(f"the final run must be a start event, not {final}")
+            totals = tuple(int(n) for n in obj["totals"])
+            initial = tuple(int(n) for n in obj["initial"])
+            if len(totals) != len(initial):
+                raise ValueError(f"totals {list(totals)} and initial {list(initial)} differ")
+            events = tuple(_event_from(dict(d)) for d in obj["events"])
+            return Schedule(int(obj["seed"]), totals, initial, events, final)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a stored schedule is malformed: {exc!r}") from exc
+
     @staticmethod
     def parse_events(text: str) -> tuple[Event, ...]:
-        events: list[Event] = []
-        for d in json.loads(text):
-            cls = _EVENT_TYPES[d.pop("type")]
-            if "crash" in d and d["crash"] is not None:
-                d["crash"] = (str(d["crash"][0]), int(d["crash"][1]))
-            events.append(cls(**d))
-        return tuple(events)
+        return tuple(_event_from(d) for d in json.loads(text))
+
+
+SCHEMA_VERSION = 1  # of Schedule.to_json; bump it when an event's fields change
+
+
+def _event_obj(e: Event) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": type(e).__name__.lower()}
+    for f in fields(e):
+        v = getattr(e, f.name)
+        d[f.name] = list(v) if isinstance(v, tuple) else v
+    return d
+
+
+def _event_from(d: dict[str, Any]) -> Event:
+    kind = d.pop("type", None)
+    cls = _EVENT_TYPES.get(str(kind))
+    if cls is None:
+        raise ValueError(f"unknown event type {kind!r} (known: {sorted(_EVENT_TYPES)})")
+    known = {f.name for f in fields(cls)}
+    if set(d) - known:
+        raise ValueError(f"event {kind!r} has unknown fields {sorted(set(d) - known)}")
+    if d.get("crash") is not None:
+        d["crash"] = (str(d["crash"][0]), int(d["crash"][1]))
+    event: Event = cls(**d)
+    return event
 
 
 def events_to_json(events: tuple[Event, ...]) -> str:
-    out = []
-    for e in events:
-        d: dict[str, Any] = {"type": type(e).__name__.lower()}
-        for f in fields(e):
-            d[f.name] = getattr(e, f.name)
-        out.append(d)
-    return json.dumps(out, separators=(",", ":"))
+    return json.dumps([_event_obj(e) for e in events], separators=(",", ":"))
 
 
 # --- the generator ----------------------------------------------------------------------------
