@@ -98,7 +98,7 @@ def _run(bootstrap: str, seed: int, events: str) -> tuple[list[Failure], Stats]:
         close_target(target)
 
 
-def test_partly_committed_no_data_batch_then_lost_checkpoint(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+def test_partly_committed_no_data_batch_then_lost_checkpoint(kafka_broker) -> None:
     failures, stats = _run(kafka_broker.bootstrap, SEED, EVENTS)
     assert not failures, "\n".join(map(str, failures))
     # The run with the lost checkpoint was refused (LedgerError); the operator restored
@@ -106,7 +106,7 @@ def test_partly_committed_no_data_batch_then_lost_checkpoint(kafka_broker) -> No
     assert stats.refused >= 1 and stats.nodata >= 1
 
 
-def test_zombie_no_data_batch_after_a_newer_run_moved_on(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+def test_zombie_no_data_batch_after_a_newer_run_moved_on(kafka_broker) -> None:
     failures, stats = _run(kafka_broker.bootstrap, STALE_MARKER_SEED, STALE_MARKER_EVENTS)
     assert not failures, "\n".join(map(str, failures))
     assert stats.fenced >= 1  # the thawed zombie

@@ -19,13 +19,14 @@ duplicates), 236 of 500. Before restores were on: 4, 2 and 1 as well (143, 217, 
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, cast
 
 import pytest
 
 from sparkonce.commit import Committer, Staged
 from sparkonce.commit.committer import _entry
-from sparkonce.ledger.base import BatchContext, CommitResult
+from sparkonce.ledger.base import BatchContext, CommitResult, LedgerStore
 from sparkonce.protocol import CrashPoint
 from sparkonce.verify.sim import (
     Schedule,
@@ -57,7 +58,7 @@ class SkipsEpochCheck(Committer):
     """Bug (a): the epoch is never checked, so zombies commit."""
 
     def __init__(self, store: Any, stager: Any, **kwargs: Any) -> None:
-        super().__init__(_NoFence(store), stager, **kwargs)
+        super().__init__(cast("LedgerStore", _NoFence(store)), stager, **kwargs)
 
 
 class ChecksCoverageAfterWriting(Committer):
@@ -67,12 +68,12 @@ class ChecksCoverageAfterWriting(Committer):
         last = self.store.last(ctx.pipeline)
         seq = 0 if last is None else last.seq + 1
         self.faults.crash_point(CrashPoint.BEFORE_COMMIT)
-        result = self._commit_staged(ctx, seq, stage(seq))
+        result = self._commit_staged(ctx, seq, stage(seq), time.monotonic())
         self.faults.crash_point(CrashPoint.AFTER_LEDGER_COMMIT)
         return result
 
     def _transaction(
-        self, ctx: BatchContext, seq: int, staged: Staged, *, retry: bool = False
+        self, ctx: BatchContext, seq: int, staged: Staged, started: float, *, retry: bool = False
     ) -> CommitResult:
         store = self.store
         with store.transaction() as txn:
@@ -85,7 +86,7 @@ class ChecksCoverageAfterWriting(Committer):
             if skipped is not None:
                 return skipped  # ...and the rows written above commit with it
             seq = 0 if last is None else last.seq + 1
-            store.record(txn, _entry(ctx, seq, staged))
+            store.record(txn, _entry(ctx, seq, staged, time.monotonic() - started))
             self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
         return CommitResult(False, staged.rows, seq)
 
@@ -94,7 +95,7 @@ class LedgerInSecondTransaction(Committer):
     """Bug (c): rows in one transaction, the ledger row in a second one."""
 
     def _transaction(
-        self, ctx: BatchContext, seq: int, staged: Staged, *, retry: bool = False
+        self, ctx: BatchContext, seq: int, staged: Staged, started: float, *, retry: bool = False
     ) -> CommitResult:
         store = self.store
         with store.transaction() as txn:
@@ -107,7 +108,7 @@ class LedgerInSecondTransaction(Committer):
         if self.faults.crash_point(CrashPoint.AFTER_ROWS):
             store.reconnect()
         with store.transaction() as txn:
-            store.record(txn, _entry(ctx, seq, staged))
+            store.record(txn, _entry(ctx, seq, staged, time.monotonic() - started))
             self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
         return CommitResult(False, staged.rows, seq)
 
