@@ -205,7 +205,7 @@ def _oracle(mode: str) -> list[dict[str, list[tuple[Any, ...]]]]:
     sums: dict[tuple[int, str], int] = defaultdict(int)
     done: set[tuple[int, str]] = set()
     latest: int | None = None
-    batches = []
+    batches: list[dict[str, list[tuple[Any, ...]]]] = []
     for rows in [*FILES, []]:
         touched = set()
         for t, key, value in rows:
