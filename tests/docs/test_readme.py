@@ -427,7 +427,7 @@ def test_orders_example(
 
     with psycopg.connect(pg_url) as conn:
         got = {c: (t, n) for c, t, n in conn.execute("SELECT * FROM customer_totals")}
-        letters = Counter(
+        letters: Counter[str] = Counter(
             dict(conn.execute("SELECT error_class, count(*) FROM order_dead_letters GROUP BY 1"))
         )
     assert got == {c: (sum(a), len(a)) for c, a in totals.items()}
