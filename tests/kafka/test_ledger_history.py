@@ -22,8 +22,6 @@ from sparkonce.ledger.kafka_topic import SNAPSHOT_ENTRIES, KafkaLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 from tests.commit.test_committer import RecordingStager
 
-pytestmark = pytest.mark.kafka
-
 P = "hist"
 STEP = 10
 

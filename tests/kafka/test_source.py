@@ -33,7 +33,7 @@ from sparkonce.sources.kafka import (
     KafkaStreamReader,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = pytest.mark.spark
 
 Rows = list[tuple[Any, ...]]
 

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
-pytestmark = pytest.mark.spark
-
 
 def _loose(dtype: DataType) -> DataType:
     """The type with every nullability flag set (split may relax nullability, nothing else)."""

@@ -28,8 +28,6 @@ from sparkonce.outputs import (
     to_number,
 )
 
-pytestmark = pytest.mark.spark
-
 SOURCE_SCHEMA = (
     "topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
     "timestamp TIMESTAMP, record_id STRING"

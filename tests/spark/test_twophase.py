@@ -24,8 +24,6 @@ from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
 from sparkonce.sinks.inspect import TwoPhaseInspector, inspector_for, relocate
 from sparkonce.sinks.twophase import INSERT_ONLY_BACKOFF, _precommit_task, _TaskPlan
 
-pytestmark = pytest.mark.postgres
-
 
 def values(df: DataFrame) -> DataFrame:
     return df.select(

@@ -136,7 +136,6 @@ def test_the_help_text_states_the_chunked_semantics(capsys: pytest.CaptureFixtur
     assert "already appended" in text and "appends them again" in text
 
 
-@pytest.mark.kafka
 def test_kafka_produce_streams_stdin_and_stops_at_a_malformed_line(
     kafka_topic: Callable[..., str],
     kafka_broker: KafkaBroker,
