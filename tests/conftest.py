@@ -14,16 +14,21 @@ stands for with ``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_
 refuses a pair outside :data:`FAULT_MATRIX` and a ``covers`` test in another lane.
 ``tests/unit/test_lanes.py`` checks, on the whole suite, that each pair has exactly one
 such test.
+
+Capability markers follow fixtures: a test that uses a fixture of :data:`SERVICE_FIXTURES`
+(directly or through other fixtures) is marked ``postgres``, ``kafka``, ``s3`` or ``spark``
+at collection, so ``-m "not kafka"`` leaves out every test that starts the Kafka broker.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,6 +84,42 @@ FAMILY_SINKS = [
 ]
 
 
+# -- capability markers ---------------------------------------------------------------------------
+
+# Fixture -> the marker of the service it starts. Fixtures built on these (pg_url, kafka_topic,
+# s3_bucket, s3_spark, crash's oracle...) need no entry: a test's fixture names include the
+# fixtures its fixtures use.
+SERVICE_FIXTURES: dict[str, str] = {
+    "pg_server": "postgres",
+    "kafka_broker": "kafka",
+    "s3": "s3",
+    "spark": "spark",  # the shared local[2] session
+    # Spark drivers in processes of their own:
+    "drivers": "spark",  # tests/crash: the `sparkonce run` drivers a test starts
+    "spark_cluster": "spark",  # tests/cluster: a standalone master and two workers
+    "live_run": "spark",  # tests/ui/test_browser.py: the run the page shows
+    "observed": "spark",  # tests/observe/test_run_observed.py: runs with metrics
+}
+# Parameters that choose a test's store; the test or its fixture then fetches the server with
+# request.getfixturevalue, which collection cannot see. A value naming a service ("postgres",
+# "postgres-2pc", "kafka-to-postgres", "delta-s3") adds that service's marker.
+STORE_PARAMS = frozenset(
+    {"store_url", "url", "new_store", "family_sink", "family", "store", "store_kind", "kind"}
+)
+PARAM_SERVICES = {"postgres": "postgres", "kafka": "kafka", "s3": "s3"}
+
+
+def service_marks(item: pytest.Item) -> set[str]:
+    """The capability markers the fixtures and store parameters of a test call for."""
+    names = set(getattr(item, "fixturenames", ()))
+    marks = {mark for fixture, mark in SERVICE_FIXTURES.items() if fixture in names}
+    callspec = getattr(item, "callspec", None)
+    for name, value in callspec.params.items() if callspec is not None else ():
+        if name in STORE_PARAMS and isinstance(value, str):
+            marks |= {PARAM_SERVICES[w] for w in re.split(r"[-_]", value) if w in PARAM_SERVICES}
+    return marks
+
+
 def lane_of(item: pytest.Item) -> str:
     """``"crash"`` for a test marked ``crash_lane`` (``make test-crash``), ``"campaign"`` for
     one marked ``campaign_lane`` (``make test-campaign``), else ``"test"``."""
@@ -103,13 +144,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--lanes-report",
         metavar="PATH",
-        help="write each collected test's lane and covered pairs to PATH (JSON)",
+        help="write each collected test's lane, covered pairs, markers, fixtures and whether "
+        "-m/-k selected it to PATH (JSON)",
     )
 
 
+# Before pytest's own hook deselects by -m, so the markers added here count.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = []
     for item in items:
+        for mark in sorted(service_marks(item)):
+            if item.get_closest_marker(mark) is None:
+                item.add_marker(mark)
         for family, kind in covered_pairs(item):
             if family not in FAULT_MATRIX.get(kind, ()):
                 problems.append(
@@ -128,6 +175,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("test lanes:\n  " + "\n  ".join(problems))
 
 
+_DESELECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+def pytest_deselected(items: Sequence[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash.setdefault(_DESELECTED, []).extend(items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     collect_only = session.config.getoption("collectonly")
     if not collect_only and any(not i.nodeid.startswith("tests/unit/") for i in session.items):
@@ -140,9 +195,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     import json
 
+    # Every collected test, with what -m or -k kept: the selected ones are session.items.
+    deselected = session.config.stash.get(_DESELECTED, [])
+    gone = {item.nodeid for item in deselected}
     report = {
-        item.nodeid: {"lane": lane_of(item), "covers": covered_pairs(item)}
-        for item in session.items
+        item.nodeid: {
+            "lane": lane_of(item),
+            "covers": covered_pairs(item),
+            "selected": item.nodeid not in gone,
+            "marks": sorted({m.name for m in item.iter_markers()}),
+            "fixtures": sorted(getattr(item, "fixturenames", ())),
+        }
+        for item in [*session.items, *deselected]
     }
     Path(path).write_text(json.dumps(report, indent=1))
 

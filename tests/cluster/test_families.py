@@ -281,11 +281,14 @@ def read_committed(bootstrap: str, topic: str) -> list[tuple[str, str]]:
             msg = consumer.poll(1.0)
             if msg is None:
                 continue
-            if msg.error() is not None:
-                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
-                done.add(msg.partition())
+            err, partition, key, value = msg.error(), msg.partition(), msg.key(), msg.value()
+            if err is not None:
+                assert err.code() == KafkaError._PARTITION_EOF, err
+                assert partition is not None, msg
+                done.add(partition)
                 continue
-            out.append((msg.key().decode(), msg.value().decode()))
+            assert key is not None and value is not None, msg
+            out.append((key.decode(), value.decode()))
         return out
     finally:
         consumer.close()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -29,7 +29,12 @@ from sparkonce.ledger.sql import SqlLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 from sparkonce.protocol import CrashPoint
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
 P = "committer-test"
+# The batch's frame: the recording stager never reads it.
+NO_FRAME = cast("DataFrame", None)
 _names = itertools.count()
 
 
@@ -122,7 +127,7 @@ def test_a_new_batch_commits_once_and_its_replay_stages_nothing(new_store, pipel
     stager = RecordingStager(rows=4)
     committer = Committer(store, stager, faults=FaultPlan())
 
-    result = committer.commit(ctx(pipeline, epoch, ranges(0, 10)), None)
+    result = committer.commit(ctx(pipeline, epoch, ranges(0, 10)), NO_FRAME)
     assert (result.skipped, result.row_count, result.seq) == (False, 4, 0)
     assert stager.calls == ["prepare:0", "publish", "after_commit"]
     entry = new_store().entries(pipeline)[0]
@@ -135,15 +140,15 @@ def test_a_new_batch_commits_once_and_its_replay_stages_nothing(new_store, pipel
 
     # The same batch again (a crash after step 5, before Spark's commit log): a no-op.
     stager.calls.clear()
-    again = committer.commit(ctx(pipeline, epoch, ranges(0, 10), spark_batch_id=7), None)
+    again = committer.commit(ctx(pipeline, epoch, ranges(0, 10), spark_batch_id=7), NO_FRAME)
     assert again.skipped and again.seq == 0
     assert stager.calls == []  # nothing staged, no task would have run
     # The next batch follows; a batch planned differently (a lost checkpoint) is refused.
-    assert committer.commit(ctx(pipeline, epoch, ranges(10, 15), 1), None).seq == 1
+    assert committer.commit(ctx(pipeline, epoch, ranges(10, 15), 1), NO_FRAME).seq == 1
     with pytest.raises(LedgerError, match="only in part"):
-        committer.commit(ctx(pipeline, epoch, ranges(12, 20), 2), None)
+        committer.commit(ctx(pipeline, epoch, ranges(12, 20), 2), NO_FRAME)
     with pytest.raises(LedgerError):
-        committer.commit(ctx(pipeline, epoch, ranges(16, 20), 2), None)  # a gap
+        committer.commit(ctx(pipeline, epoch, ranges(16, 20), 2), NO_FRAME)  # a gap
     assert [s for s, _, _ in seqs(new_store(), pipeline)] == [0, 1]
 
 
@@ -158,7 +163,7 @@ def test_each_entry_records_how_long_its_commit_took(new_store, pipeline) -> Non
     epoch = store.acquire(pipeline).epoch
     committer = Committer(store, SlowStager(), faults=FaultPlan())
     began = time.monotonic()
-    committer.commit(ctx(pipeline, epoch, ranges(0, 10)), None)
+    committer.commit(ctx(pipeline, epoch, ranges(0, 10)), NO_FRAME)
     took = time.monotonic() - began
     [entry] = new_store().entries(pipeline)  # read back from the store, by a new reader
     assert entry.commit_seconds is not None
@@ -172,13 +177,13 @@ def test_a_fenced_run_stages_nothing_and_commits_nothing(new_store, pipeline) ->
     stager = RecordingStager()
     with pytest.raises(FencedError) as info:
         Committer(old, stager, faults=FaultPlan()).commit(
-            ctx(pipeline, old_epoch, ranges(0, 5)), None
+            ctx(pipeline, old_epoch, ranges(0, 5)), NO_FRAME
         )
     assert info.value.owner_epoch == new_epoch
     assert stager.calls == []  # step 0: fenced before any task would start
     # The newer run commits as usual.
     Committer(new, RecordingStager(), faults=FaultPlan()).commit(
-        ctx(pipeline, new_epoch, ranges(0, 5)), None
+        ctx(pipeline, new_epoch, ranges(0, 5)), NO_FRAME
     )
     assert [e for _, _, e in seqs(new_store(), pipeline)] == [new_epoch]
 
@@ -229,7 +234,7 @@ def test_a_ledger_moved_by_another_writer_while_staging_is_refused(new_store, pi
     committer = Committer(store, RecordingStager(), faults=FaultPlan())
 
     def stage_while_another_writer_commits(seq: int) -> Staged:
-        other.commit(ctx(pipeline, epoch, ranges(0, 5)), None)  # same epoch: a second writer
+        other.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME)  # same epoch: a second writer
         return Staged(3)
 
     # The other writer's batch covers ours, so ours is now a replay: skipped, not doubled.
@@ -242,7 +247,7 @@ def test_a_ledger_moved_by_another_writer_while_staging_is_refused(new_store, pi
     def stage_while_another_writer_commits_next(seq: int) -> Staged:
         # A no-data batch with rows (say, a window the watermark closed): a new entry that
         # leaves the ledger's end offsets where they were.
-        other.commit(ctx(pipeline, epoch, ranges(5, 5), 1), None)
+        other.commit(ctx(pipeline, epoch, ranges(5, 5), 1), NO_FRAME)
         return Staged(3)
 
     # Our batch is still new, but the entry this run expected to write was taken.
@@ -259,27 +264,27 @@ def test_no_data_batches_commit_only_with_rows_and_replay_by_spark_identity(
     store = new_store()
     epoch = store.acquire(pipeline).epoch
     Committer(store, RecordingStager(), faults=FaultPlan()).commit(
-        ctx(pipeline, epoch, ranges(0, 5)), None
+        ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
     )
     at_end = ranges(5, 5)
     # No rows (nothing moved): nothing committed, no entry.
     empty = Committer(store, RecordingStager(rows=0), faults=FaultPlan())
-    assert empty.commit(ctx(pipeline, epoch, at_end, 1), None).skipped
+    assert empty.commit(ctx(pipeline, epoch, at_end, 1), NO_FRAME).skipped
     assert len(new_store().entries(pipeline)) == 1
     # Rows (a window closed by the watermark): an entry with empty ranges.
     emitting = Committer(store, RecordingStager(rows=2), faults=FaultPlan())
-    assert emitting.commit(ctx(pipeline, epoch, at_end, 2), None).seq == 1
+    assert emitting.commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME).seq == 1
     # Its replay (same query and batch id) is skipped; the next no-data batch is not.
     stager = RecordingStager(rows=1)
     assert (
         Committer(store, stager, faults=FaultPlan())
-        .commit(ctx(pipeline, epoch, at_end, 2), None)
+        .commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME)
         .skipped
     )
     assert stager.calls == []
     assert (
         Committer(store, stager, faults=FaultPlan())
-        .commit(ctx(pipeline, epoch, at_end, 3), None)
+        .commit(ctx(pipeline, epoch, at_end, 3), NO_FRAME)
         .seq
         == 2
     )
@@ -293,7 +298,7 @@ def test_a_crash_at_each_step_then_a_new_run_gives_one_entry(new_store, pipeline
         store, RecordingStager(), faults=FaultPlan(crash=(point, 1), on_crash=_crash)
     )
     with pytest.raises(Crash):
-        crashing.commit(ctx(pipeline, epoch, ranges(0, 5)), None)
+        crashing.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME)
     # The crashed process's connection dies with it.
     store.reconnect() if not isinstance(store, KafkaLedgerStore) else store.close()
     landed = len(new_store().entries(pipeline))
@@ -304,7 +309,7 @@ def test_a_crash_at_each_step_then_a_new_run_gives_one_entry(new_store, pipeline
     new_epoch = fresh.acquire(pipeline).epoch
     stager = RecordingStager()
     result = Committer(fresh, stager, faults=FaultPlan()).commit(
-        ctx(pipeline, new_epoch, ranges(0, 5), 0), None
+        ctx(pipeline, new_epoch, ranges(0, 5), 0), NO_FRAME
     )
     assert result.skipped == (landed == 1)
     assert [(s, r) for s, r, _ in seqs(new_store(), pipeline)] == [(0, str(ranges(0, 5)))]
@@ -323,7 +328,9 @@ def test_a_connection_lost_inside_the_commit_is_retried_once_on_a_new_one(
     epoch = store.acquire(pipeline).epoch
     stager = RecordingStager()
     plan = FaultPlan(drop_connection=(CrashPoint.AFTER_ROWS, 1))
-    result = Committer(store, stager, faults=plan).commit(ctx(pipeline, epoch, ranges(0, 5)), None)
+    result = Committer(store, stager, faults=plan).commit(
+        ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+    )
     assert (result.skipped, result.seq) == (False, 0)
     assert stager.calls == ["prepare:0", "publish", "publish", "after_commit"]
     assert len(SqlLedgerStore(url, dialect_for(url)).entries(pipeline)) == 1
@@ -353,7 +360,7 @@ def test_a_lost_commit_that_went_through_is_reported_as_committed(
     epoch = store.acquire(pipeline).epoch
     stager = RecordingStager(rows=5)
     result = Committer(store, stager, faults=FaultPlan()).commit(
-        ctx(pipeline, epoch, ranges(0, 5)), None
+        ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
     )
     assert (result.skipped, result.row_count, result.seq) == (False, 5, 0)  # ours, not a replay
     assert stager.calls == ["prepare:0", "publish", "after_commit"]  # published once
@@ -369,7 +376,7 @@ def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
     stager = RecordingStager(fail_publish=RuntimeError("disk full"))
     with pytest.raises(SinkError) as info:
         Committer(store, stager, faults=FaultPlan()).commit(
-            ctx(pipeline, epoch, ranges(0, 5)), None
+            ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
         )
     text = str(info.value)
     assert "disk full" in text and "events[0]:0..5" in text
@@ -384,4 +391,4 @@ def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
     with pytest.raises(SinkError, match="Some tasks' rows are visible already"):
         Committer(
             store, TasksCommitFirst(fail_publish=RuntimeError("x")), faults=FaultPlan()
-        ).commit(ctx(pipeline, epoch, ranges(0, 5)), None)
+        ).commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME)

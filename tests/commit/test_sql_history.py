@@ -93,7 +93,8 @@ def test_a_pruned_ledger_skips_replays_fences_and_resumes(store_url: str, pipeli
     # A new run (a new store object) resumes from the newest entry...
     newer = store_for(store_url, keep=3)
     epoch2 = newer.acquire(pipeline).epoch
-    assert newer.last(pipeline).end_offsets == ranges(9).ends()
+    last = newer.last(pipeline)
+    assert last is not None and last.end_offsets == ranges(9).ends()
     # ...the old run is fenced...
     with pytest.raises(FencedError):
         commit(store, BatchContext(pipeline, epoch, ranges(10), 10, "q"))

@@ -209,8 +209,8 @@ def open_transaction(sink_url: str) -> str | None:
             conn.close()
     import psycopg
 
-    with psycopg.connect(sink_url, autocommit=True) as conn:
-        rows = conn.execute(
+    with psycopg.connect(sink_url, autocommit=True) as pg:
+        rows = pg.execute(
             "SELECT pid, state, query FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
         ).fetchall()

@@ -40,8 +40,6 @@ from sparkonce.verify.campaign import RETRY_MASTER
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from tests.crash.conftest import run_driver, wait_until_stopped
 
-pytestmark = pytest.mark.kafka
-
 RECORDS = 1200
 PARTITIONS = 3
 LIMIT = 50  # records per input partition per batch: about 8 batches

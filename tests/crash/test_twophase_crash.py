@@ -36,7 +36,7 @@ from tests.crash.conftest import (
 from tests.crash.test_crash_points import _check_final, _check_intermediate
 
 # make test-crash; make test's two-phase crash test is in test_fault_kinds.py.
-pytestmark = [pytest.mark.postgres, pytest.mark.crash_lane]
+pytestmark = pytest.mark.crash_lane
 
 
 def _pending(url: str) -> int:

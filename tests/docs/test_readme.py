@@ -264,7 +264,6 @@ def test_quick_start(tmp_path: Path) -> None:
     assert "topic events (4 partitions, 1000 records)" in proc.stdout, proc.stdout  # log describe
 
 
-@pytest.mark.kafka
 def test_kafka_cli(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     """The Kafka CLI block: create, produce 1..1000, describe, tail."""
     from sparkonce.kafka.client import KafkaConnection
@@ -293,7 +292,6 @@ def test_kafka_cli(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     assert len(tail_lines) == sum(min(5, p.end - p.start) for p in after), proc.stdout
 
 
-@pytest.mark.kafka
 def test_kafka_producer(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     """The KafkaProducer block against the broker; the record lands with its key and id."""
     from sparkonce.kafka.client import KafkaConnection
@@ -313,8 +311,6 @@ def test_kafka_producer(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     assert (record.key, record.value, record.record_id) == (b"user-7", b"42", "order-1001")
 
 
-@pytest.mark.kafka
-@pytest.mark.spark
 def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:
     """The Kafka pipeline block: exec'd, then run on records the test produced into orders."""
     from sparkonce import KafkaProducer, Pipeline
@@ -341,8 +337,6 @@ def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkS
     assert ours == Counter((k, v) for v, k in sent.items())
 
 
-@pytest.mark.kafka
-@pytest.mark.spark
 def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:
     """The SparkKafkaSource block: exec'd, then read into SQLite by a pipeline."""
     from sparkonce import KafkaProducer, Pipeline, SparkKafkaSource, sink_from_url
@@ -427,7 +421,7 @@ def test_orders_example(
 
     with psycopg.connect(pg_url) as conn:
         got = {c: (t, n) for c, t, n in conn.execute("SELECT * FROM customer_totals")}
-        letters = Counter(
+        letters: Counter[str] = Counter(
             dict(conn.execute("SELECT error_class, count(*) FROM order_dead_letters GROUP BY 1"))
         )
     assert got == {c: (sum(a), len(a)) for c, a in totals.items()}
@@ -441,7 +435,6 @@ def test_orders_example(
     assert audit == (good, good, good)
 
 
-@pytest.mark.spark
 def test_dedup_example(
     tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:

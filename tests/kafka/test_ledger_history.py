@@ -22,8 +22,6 @@ from sparkonce.ledger.kafka_topic import SNAPSHOT_ENTRIES, KafkaLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 from tests.commit.test_committer import RecordingStager
 
-pytestmark = pytest.mark.kafka
-
 P = "hist"
 STEP = 10
 
@@ -88,15 +86,18 @@ def test_an_old_topic_is_read_whole_once_then_starts_read_from_its_snapshot(ledg
     owner = first.acquire(P)
     assert owner.epoch == 2
     assert first.last_load[P] >= 3 * batches
-    assert first.last(P).seq == batches - 1
+    first_last = first.last(P)
+    assert first_last is not None and first_last.seq == batches - 1
 
     # Every later start reads a bounded number of offsets, whatever the history's length:
     # back to the snapshot (windows of 64, 128... offsets), then the few records after it.
     again = new_store(ledger, search_window=64)
     last = again.last(P)
     assert again.last_load[P] <= 64 + 10
+    assert last is not None
     assert (last.seq, last.end_offsets) == (batches - 1, ranges(batches - 1).ends())
-    assert again.owner(P).epoch == 2
+    again_owner = again.owner(P)
+    assert again_owner is not None and again_owner.epoch == 2
     assert len(again.folded(P).entries) <= SNAPSHOT_ENTRIES
     # The whole history is still there for whoever asks for it (status, verify).
     assert [e.seq for e in again.entries(P)] == list(range(batches))
@@ -114,7 +115,8 @@ def test_commits_write_snapshots_and_a_start_after_many_batches_stays_bounded(le
     assert store.refresh(P).snapshot_at > at_acquire  # the commits wrote snapshots
 
     later = new_store(ledger, search_window=16)
-    assert later.last(P).seq == n - 1
+    later_last = later.last(P)
+    assert later_last is not None and later_last.seq == n - 1
     # The newest snapshot is at most ~snapshot_every offsets behind the end: the windows
     # (16, 32) and the fold after the snapshot read far fewer than the ~6,000 offsets.
     assert later.last_load[P] <= 16 + 32 + 20 + 10
@@ -205,7 +207,9 @@ def test_the_benchmarks_synthesized_ledger_reads_like_one_the_sink_wrote(ledger)
     # The windows back to the newest snapshot (512, 1024, 2048 offsets: it is at most
     # SNAPSHOT_EVERY + 3 behind the end), then the fold of what follows it.
     assert store.last_load[pipeline] <= 512 + 1024 + 2048 + SNAPSHOT_EVERY + 3
-    assert last.seq == batches - 1 and store.owner(pipeline).epoch == 1
+    owner = store.owner(pipeline)
+    assert last is not None and owner is not None
+    assert last.seq == batches - 1 and owner.epoch == 1
     assert last.end_offsets == BatchRanges.from_json_obj(history.batch_ranges(batches - 1)).ends()
     assert not store.folded(pipeline).complete  # loaded from a snapshot, not from offset 0
     assert [e.seq for e in store.entries(pipeline)] == list(range(batches))
@@ -213,4 +217,5 @@ def test_the_benchmarks_synthesized_ledger_reads_like_one_the_sink_wrote(ledger)
     ledger2 = dict(ledger, ledger=ledger["ledger"] + "-old")
     old = new_store(ledger2)
     history.build_kafka(ledger2["bootstrap"], ledger2["ledger"], 100, 2, snapshots=False)
-    assert old.last(pipeline).seq == 99 and old.last_load[pipeline] >= 301
+    old_last = old.last(pipeline)
+    assert old_last is not None and old_last.seq == 99 and old.last_load[pipeline] >= 301

@@ -14,8 +14,6 @@ from sparkonce.ledger.base import BatchContext, LedgerEntry
 from sparkonce.ledger.kafka_topic import KafkaLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 
-pytestmark = pytest.mark.kafka
-
 P = "ls1"
 BATCH = BatchRanges(tuple(OffsetRange("events", p, 0, 100) for p in range(2)))
 NO_DATA = BatchRanges(tuple(OffsetRange("events", p, 100, 100) for p in range(2)))

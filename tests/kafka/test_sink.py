@@ -17,7 +17,7 @@ from sparkonce.pipeline.runner import run_pipeline
 from sparkonce.sinks.inspect import inspector_for
 from sparkonce.sinks.kafka import KafkaSink, _transactional_id
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = pytest.mark.spark
 
 
 def as_records(df: DataFrame) -> DataFrame:

@@ -11,7 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -33,7 +33,7 @@ from sparkonce.sources.kafka import (
     KafkaStreamReader,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+pytestmark = pytest.mark.spark
 
 Rows = list[tuple[Any, ...]]
 
@@ -49,7 +49,9 @@ def produce(
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     errors: list[Any] = []
     for i, (partition, key, value) in enumerate(records):
-        headers = [(RECORD_ID_HEADER, f"id-{i}".encode())] if record_ids else None
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            [(RECORD_ID_HEADER, f"id-{i}".encode())] if record_ids else None
+        )
         producer.produce(
             topic,
             value,
@@ -397,7 +399,9 @@ def test_read_limits_plan_the_expected_ranges(
     b2 = reader.latestOffset(b1, limit)
     assert b2 == {topic: {"0": [4, 8], "1": [4, 5], "2": [0, 0]}}
     parts = reader.partitions(b1, b2)
-    assert [(p.partition, p.start, p.end) for p in parts] == [(0, 4, 8), (1, 4, 5)]
+    assert all(isinstance(p, KafkaRangePartition) for p in parts)
+    got = [(p.partition, p.start, p.end) for p in cast("list[KafkaRangePartition]", parts)]
+    assert got == [(0, 4, 8), (1, 4, 5)]
     assert reader.partitions(b2, b2) == []
     # Spark asking for everything ignores the limits.
     assert reader.latestOffset(b2, ReadAllAvailable()) == {

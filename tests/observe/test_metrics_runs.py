@@ -19,8 +19,6 @@ from sparkonce import EmbeddedLogSource, FencedError, Pipeline, SQLiteSink
 from sparkonce.observe.metrics import MetricsObserver
 from sparkonce.pipeline.runner import BatchReport
 
-pytestmark = pytest.mark.spark
-
 
 def values(df: DataFrame) -> DataFrame:
     return df.select("record_id", F.col("value").cast("string").cast("long").alias("value"))

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
-pytestmark = pytest.mark.spark
-
 
 def _loose(dtype: DataType) -> DataType:
     """The type with every nullability flag set (split may relax nullability, nothing else)."""
@@ -205,7 +203,7 @@ def _oracle(mode: str) -> list[dict[str, list[tuple[Any, ...]]]]:
     sums: dict[tuple[int, str], int] = defaultdict(int)
     done: set[tuple[int, str]] = set()
     latest: int | None = None
-    batches = []
+    batches: list[dict[str, list[tuple[Any, ...]]]] = []
     for rows in [*FILES, []]:
         touched = set()
         for t, key, value in rows:

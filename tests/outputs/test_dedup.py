@@ -15,7 +15,7 @@ import itertools
 import json
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from sparkonce.outputs.late import late_records
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 pytestmark = pytest.mark.spark
 
@@ -210,7 +211,7 @@ def _events(df: DataFrame) -> DataFrame:
 class Run:
     records: list[Rec]
     kept: dict[int, set[int]]  # Spark batch id -> serial numbers output
-    progress: list[dict[str, Any]]
+    progress: list[StreamingQueryProgress]
     batches: list[list[Rec]]  # the records of each Spark batch
     expected: list[Batch]
 
@@ -265,14 +266,14 @@ def _operator(progress: dict[str, Any]) -> dict[str, Any]:
 def test_oracle_names_each_case() -> None:
     """The oracle's verdict on the hand-written cases, as the docstring of dedupe states it
     (so a wrong oracle cannot agree with wrong code)."""
-    records = []
-    for rows in _named_chunks():
-        for rid, t in rows:
+    records: list[Rec] = []
+    for chunk in _named_chunks():
+        for rid, t in chunk:
             records.append(Rec(len(records), rid, _ms(t)))
     cut = [0, 6, 10, 15, 21]
     batches = [records[a:b] for a, b in itertools.pairwise(cut)]
     exp = _oracle(batches)
-    verdict = {}
+    verdict: dict[tuple[int, str | None, float | None], str] = {}
     for b, rows in enumerate(batches):
         for r in rows:
             kind = "kept" if r.n in exp[b].kept else "late" if r.n in exp[b].late else "dup"
@@ -365,7 +366,7 @@ def test_state_stays_flat_as_input_grows(steady_run: Run) -> None:
 # -- restart from the checkpoint, and a replayed batch -----------------------------------------
 
 
-def _record_log(root: Path, rows: list[tuple[str, float]]) -> None:
+def _record_log(root: Path, rows: Sequence[tuple[str, float]]) -> None:
     """Append records with the producer's own record ids (the log's record_id column)."""
     topic = Topic.create(root, "events", 1, exist_ok=True)
     with topic, IdempotentProducer(topic, "collector") as producer:

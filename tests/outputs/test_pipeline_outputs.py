@@ -109,7 +109,7 @@ def test_outputs_in_postgres_share_one_transaction(
             "copy": SQLiteSink(f"sqlite:///{tmp_path / 'c.db'}", "copy"),
         },
     )
-    assert len(pipeline.output_set.groups) == 2
+    assert pipeline.output_set is not None and len(pipeline.output_set.groups) == 2
     report = pipeline.run(spark)
     want = mp.expected()
     with psycopg.connect(pg_url) as conn:
@@ -342,6 +342,7 @@ def test_an_output_set_lists_the_pipelines_of_all_its_stores(tmp_path: Path) -> 
     p = Pipeline(NAME, EmbeddedLogSource(tmp_path, "t"), checkpoint=tmp_path / "c", outputs=outputs)
     with only_b:
         only_b.acquire("elsewhere")
-    assert p.output_set.pipelines() == ["elsewhere"]
-    p.output_set.acquire(NAME)
-    assert p.output_set.pipelines() == [NAME, "elsewhere"]
+    output_set = p.output_set
+    assert output_set is not None and output_set.pipelines() == ["elsewhere"]
+    output_set.acquire(NAME)
+    assert output_set.pipelines() == [NAME, "elsewhere"]

@@ -7,6 +7,7 @@ The property test checks parse_json against an oracle written here in plain Pyth
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,6 @@ from sparkonce.outputs import (
     to_number,
 )
 
-pytestmark = pytest.mark.spark
-
 SOURCE_SCHEMA = (
     "topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
     "timestamp TIMESTAMP, record_id STRING"
@@ -39,7 +38,7 @@ SCHEMA = (
 )
 
 
-def _source(spark: SparkSession, values: list[bytes | None]) -> DataFrame:
+def _source(spark: SparkSession, values: Sequence[bytes | None]) -> DataFrame:
     rows = [("events", i % 3, i, b"k", value, None, f"r{i}") for i, value in enumerate(values)]
     return spark.createDataFrame(rows, SOURCE_SCHEMA)
 
@@ -163,10 +162,9 @@ def test_parse_json_sorts_each_kind_of_record(spark: SparkSession) -> None:
     }
     assert (good["r2"].name, good["r2"].tags) == ("5", ["1", None])
     messages = {i: bad[f"r{i}"].error for i in range(len(CASES)) if f"r{i}" in bad}
-    assert (
-        messages[3]
-        == "value is not valid UTF-8 (first bytes, hex: " + CASES[3][0].hex().upper() + ")"
-    )
+    not_utf8 = CASES[3][0]
+    assert not_utf8 is not None
+    assert messages[3] == f"value is not valid UTF-8 (first bytes, hex: {not_utf8.hex().upper()})"
     assert messages[5] == "field 'id' is not a valid bigint: 'abc'"
     assert messages[6] == "field 'id' is not a valid bigint: '99999999999999999999'"
     assert messages[9] == "value is empty"

@@ -318,7 +318,7 @@ def test_table_copy_round_trips_and_replays_without_collecting(
     df = typed_frame(spark).withColumn("u", noisy()).localCheckpoint()  # computed once here
     assert executed.value == 4
     stable = StableOutput(tmp_path / "stable")
-    first = stable.put_tables(key(), df.schema, lambda: collect(df))  # type: ignore[arg-type]
+    first = stable.put_tables(key(), df.schema, lambda: collect(df))
     assert list(first) == ["all", "t1 only"]
     assert first["all"].column_names == df.columns and first["all"].num_rows == 4
     assert first["t1 only"].num_rows == 1
@@ -326,7 +326,7 @@ def test_table_copy_round_trips_and_replays_without_collecting(
     def must_not_run() -> dict[str, object]:
         raise AssertionError("a replay collected the batch again")
 
-    again = stable.put_tables(key(), df.schema, must_not_run)  # type: ignore[arg-type]
+    again = stable.put_tables(key(), df.schema, must_not_run)
     assert list(again) == list(first)
     assert all(again[n].equals(first[n]) for n in first)  # same types and values
     read = stable.get_tables(key())

@@ -31,8 +31,6 @@ from sparkonce.offsets import check_chain
 from sparkonce.sinks.inspect import inspector_for
 from tests.services.s3 import S3Server
 
-pytestmark = pytest.mark.s3
-
 # "delta-s3": the Delta table itself in the bucket too (its log, data files and ledger files).
 FAMILIES = ["sqlite", "postgres", "postgres-2pc", "kafka", "delta", "delta-s3"]
 

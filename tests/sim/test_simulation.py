@@ -133,7 +133,7 @@ def test_postgres_twophase_schedules(pg_url: str) -> None:
 
 
 @pytest.mark.kafka
-def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+def test_kafka_schedules(kafka_broker) -> None:
     """As many Kafka schedules as fit in a time box (each costs about 0.5 s of CPU)."""
     n = env_int("SPARKONCE_SIM_KAFKA_SCHEDULES", 10_000)
     seconds = env_int("SPARKONCE_SIM_KAFKA_SECONDS", 20)
@@ -156,7 +156,7 @@ def test_kafka_schedules(kafka_broker) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.crash_lane
-def test_delta_schedules(spark) -> None:  # type: ignore[no-untyped-def]
+def test_delta_schedules(spark) -> None:
     """The Delta ledger through the committer's simulation: real Delta commits (0.3 s each on
     a fast machine, 2 s on the 2-core one of 2026-11-27, where a 60 s time box fit only 6
     schedules), so a fixed, small count, in this process (the session's Spark)."""

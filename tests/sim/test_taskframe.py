@@ -19,6 +19,7 @@ def _task(log: list[tuple[int, int, int]]) -> Any:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
+        assert ctx is not None  # inside a task
         rows = sum(b.num_rows for b in batches)
         log.append((ctx.partitionId(), ctx.attemptNumber(), rows))
         yield pa.RecordBatch.from_pylist([{"partition": ctx.partitionId(), "rows": rows}])

@@ -21,10 +21,8 @@ from sparkonce import (
 )
 from sparkonce.ledger import BatchContext
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
-from sparkonce.sinks.inspect import inspector_for, relocate
+from sparkonce.sinks.inspect import TwoPhaseInspector, inspector_for, relocate
 from sparkonce.sinks.twophase import INSERT_ONLY_BACKOFF, _precommit_task, _TaskPlan
-
-pytestmark = pytest.mark.postgres
 
 
 def values(df: DataFrame) -> DataFrame:
@@ -45,6 +43,13 @@ def pipeline(tmp_path: Path, log_dir: Path, sink: PostgresTwoPhaseSink, **kw: An
     )
 
 
+def _pending(sink: PostgresTwoPhaseSink, pipeline: str) -> int:
+    """The sink's pre-committed attempts of ``pipeline`` that are not committed or collected."""
+    inspector = inspector_for(sink)
+    assert isinstance(inspector, TwoPhaseInspector)
+    return inspector.pending(pipeline)
+
+
 def scalar(url: str, sql: str) -> Any:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(sql).fetchone()
@@ -62,7 +67,7 @@ def test_append_commits_each_batch_once_through_the_view(
     with sink:
         rows = inspector_for(sink).rows()
         entries = sink.ledger("p2")
-        assert inspector_for(sink).pending("p2") == 0
+        assert _pending(sink, "p2") == 0
     assert sorted(r["value"] for r in rows) == list(range(1, 901))
     assert set(rows[0]) == {"record_id", "key", "value"}  # the view hides the attempt column
     assert report.batches_committed == len(entries) >= 3
@@ -95,7 +100,7 @@ def test_upsert_merges_by_key_at_commit(
     assert report.batches_committed >= 2
     with sink:
         rows = {r["key"]: r["latest"] for r in inspector_for(sink).rows()}
-        assert inspector_for(sink).pending("p2") == 0
+        assert _pending(sink, "p2") == 0
     # Each key holds the value of the last batch that touched it: the overall maximum.
     assert rows == {f"k{k}": max(i for i in range(1, 601) if i % 7 == k) for k in range(7)}
     assert scalar(pg_url, "SELECT count(*) FROM latest__sparkonce_stage") == 0
@@ -157,7 +162,7 @@ def test_a_batch_with_a_duplicate_key_fails_clearly_and_leaves_nothing(
         assert inspector_for(sink).rows() == []
         assert sink.ledger("p") == []
         # the aborted batch's pre-commits were collected
-        assert inspector_for(sink).pending("p") == 0
+        assert _pending(sink, "p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM u__sparkonce_stage") == 0
 
 
@@ -198,11 +203,11 @@ def test_a_zombie_task_finishing_after_its_batch_was_aborted_stays_invisible(
         late = pa.RecordBatch.from_pylist([{"id": 99, "s": "zombie"}])
         [out] = list(_precommit_task(plan, iter([late])))
         assert out.to_pylist()[0]["rows"] == 1 and not out.to_pylist()[0]["fenced"]
-        assert inspector_for(sink).pending("p") == 1
+        assert _pending(sink, "p") == 1
         visible = inspector_for(sink).rows()
         assert sorted(r["id"] for r in visible) == [1, 2]  # durable, but invisible
         assert sink.collect("p", epoch) == 1
-        assert inspector_for(sink).pending("p") == 0
+        assert _pending(sink, "p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM z__sparkonce_data") == 2
         # A task of a fenced run writes nothing at all.
         sink.acquire("p")
@@ -226,7 +231,7 @@ def test_a_zombie_run_never_collects_a_newer_runs_batch_in_flight(
         plan = _TaskPlan(new.url, new.precommit_table, ("id", "s"), "p", "w", e2, 1)
         list(_precommit_task(plan, iter([pa.RecordBatch.from_pylist([{"id": 2, "s": "b"}])])))
         assert old.collect("p", e1) == 0  # fenced: collects nothing
-        assert inspector_for(new).pending("p") == 1
+        assert _pending(new, "p") == 1
 
 
 def test_types_survive_the_csv_copy_and_binary_goes_row_by_row(
@@ -301,7 +306,7 @@ def test_upsert_latest_by_keeps_each_keys_latest_row_in_the_merge(
             "k2": ("v38", 0, 38),
             "k3": ("v39", 1, 39),
         }
-        assert inspector_for(sink).pending("p") == 0
+        assert _pending(sink, "p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM cdc__sparkonce_stage") == 0
 
 
@@ -320,7 +325,7 @@ def test_upsert_latest_by_tie_is_refused_naming_the_key(spark: SparkSession, pg_
             str(info.value)
         )
         assert inspector_for(sink).rows() == [] and sink.ledger("p") == []
-        assert inspector_for(sink).pending("p") == 0
+        assert _pending(sink, "p") == 0
         assert scalar(pg_url, "SELECT count(*) FROM cdc__sparkonce_stage") == 0
 
 

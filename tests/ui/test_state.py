@@ -199,7 +199,6 @@ def test_a_store_that_fails_is_read_again_and_recovers(
     assert second["pipelines"][0]["batches"] == 3
 
 
-@pytest.mark.postgres
 def test_a_postgres_store(pg_url: str) -> None:
     from sparkonce.sinks import PostgresSink
 
@@ -221,7 +220,6 @@ def test_a_postgres_store(pg_url: str) -> None:
     assert p["partitions"][0]["latest"] is None  # no source recorded: lag unknown
 
 
-@pytest.mark.kafka
 def test_a_kafka_store_lists_its_pipelines(kafka_broker: Any, kafka_topic: Any) -> None:
     """KafkaSink.pipelines(): every pipeline that took an epoch in its ledger topic."""
     from sparkonce.sinks import KafkaSink

@@ -46,7 +46,7 @@ def test_log_create_produce_tail_describe(
     )
     out = capsys.readouterr().out
     assert "appended 3 records" in out
-    with Topic(log_dir, "orders") as t:
+    with Topic(Path(log_dir), "orders") as t:
         ends = t.end_offsets()
     assert sum(ends.values()) == 3 and sorted(ends.values()) == [0, 3]  # one key: one partition
     assert main(["log", "tail", log_dir, "orders", "-n", "2"]) == 0
@@ -66,7 +66,7 @@ def test_produce_with_separator_requires_it_on_every_line(
     )
     assert code == EXIT_USAGE
     assert "'x' has no separator '='" in capsys.readouterr().err
-    with Topic(log_dir, "t") as t:
+    with Topic(Path(log_dir), "t") as t:
         assert t.end_offsets() == {0: 0}  # the good line was not half-written either
 
 

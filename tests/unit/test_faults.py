@@ -116,7 +116,7 @@ def test_crash_point_ignores_other_points() -> None:
 def test_crash_point_fires_on_the_nth_hit_only() -> None:
     kills: list[str] = []
     plan = _plan({CRASH_ENV: "before-commit@3"}, kills)
-    fired_at = []
+    fired_at: list[int] = []
     for i in range(1, 6):
         plan.crash_point(CrashPoint.BEFORE_COMMIT)
         if kills and not fired_at:

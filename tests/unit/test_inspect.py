@@ -172,7 +172,8 @@ def test_kafka_relocation_and_fresh_keep_the_client_settings() -> None:
     assert moved.conn.config == {"security.protocol": "PLAINTEXT"}
     assert moved.transaction_timeout_ms == 5000
     fresh = inspector_for(sink).fresh()
-    assert fresh is not sink and (fresh.topic, fresh.ledger_topic) == ("out", "out-ledger")
+    assert isinstance(fresh, KafkaSink) and fresh is not sink
+    assert (fresh.topic, fresh.ledger_topic) == ("out", "out-ledger")
 
 
 def test_pipeline_overrides_relocate_through_the_inspector(tmp_path: Path) -> None:

@@ -8,8 +8,13 @@ test`` are the representatives of the (sink family, fault kind) pairs of
 ``tests/conftest.py``'s ``FAULT_MATRIX``, marked ``covers(family, kind)``, plus the few
 listed in :data:`ALSO_IN_MAKE_TEST` with the reason they stay.
 
-One ``pytest --collect-only`` of the whole suite in a subprocess (a few seconds, no test
-runs) gives each test's lane and pairs, through the root conftest's ``--lanes-report``.
+The capability markers (``postgres``, ``kafka``, ``s3``, ``spark``) follow the fixtures a
+test uses (tests/conftest.py's ``SERVICE_FIXTURES``), so ``-m "not kafka"`` leaves out every
+test that starts the Kafka broker.
+
+One ``pytest --collect-only -m "not kafka"`` of the whole suite in a subprocess (a few
+seconds, no test runs) gives each test's lane, pairs, markers, fixtures and whether ``-m``
+kept it, through the root conftest's ``--lanes-report``.
 """
 
 from __future__ import annotations
@@ -20,12 +25,26 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
-from tests.conftest import CAMPAIGN_MARK, FAULT_MATRIX, LANE_MARK
+from tests.conftest import CAMPAIGN_MARK, FAULT_MATRIX, LANE_MARK, SERVICE_FIXTURES
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class Entry(TypedDict):
+    """One test in the ``--lanes-report``."""
+
+    lane: str
+    covers: list[list[str]]  # [family, kind] pairs
+    selected: bool  # kept by -m
+    marks: list[str]
+    fixtures: list[str]  # with the fixtures its fixtures use
+
+
+Lanes = dict[str, Entry]
 
 # Tests of tests/crash and tests/verify that run in `make test` without standing for a
 # (family, kind) pair, and why.
@@ -83,7 +102,7 @@ def test_ci_runs_both_lanes() -> None:
 
 
 @pytest.fixture(scope="module")
-def lanes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+def lanes(tmp_path_factory: pytest.TempPathFactory) -> Lanes:
     out = tmp_path_factory.mktemp("lanes") / "lanes.json"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(
@@ -96,6 +115,8 @@ def lanes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, objec
             "-p",
             "no:cacheprovider",
             f"--lanes-report={out}",
+            "-m",
+            "not kafka",
             "tests",
         ],
         cwd=REPO,
@@ -105,14 +126,18 @@ def lanes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, objec
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report: dict[str, dict[str, object]] = json.loads(out.read_text())
-    # The report is the collection pytest printed: the same tests, no more, no fewer.
+    report: Lanes = json.loads(out.read_text())
+    # The report is the collection pytest printed: the tests it selected, no more, no fewer,
+    # and as many in all as it collected.
     printed = {line for line in done.stdout.splitlines() if "::" in line}
-    assert printed == set(report)
+    assert printed == {nodeid for nodeid, info in report.items() if info["selected"]}
+    collected = re.search(r"(\d+)/(\d+) tests collected", done.stdout)
+    assert collected is not None, done.stdout[-1000:]
+    assert int(collected.group(2)) == len(report) > int(collected.group(1)) == len(printed)
     return report
 
 
-def test_every_test_is_in_exactly_one_lane(lanes: dict[str, dict[str, object]]) -> None:
+def test_every_test_is_in_exactly_one_lane(lanes: Lanes) -> None:
     by_lane: dict[str, list[str]] = {}
     for nodeid, info in lanes.items():
         by_lane.setdefault(str(info["lane"]), []).append(nodeid)
@@ -121,11 +146,11 @@ def test_every_test_is_in_exactly_one_lane(lanes: dict[str, dict[str, object]]) 
 
 
 def test_each_fault_pair_has_one_representative_in_make_test(
-    lanes: dict[str, dict[str, object]],
+    lanes: Lanes,
 ) -> None:
     found: dict[tuple[str, str], list[str]] = {}
     for nodeid, info in lanes.items():
-        for family, kind in info["covers"]:  # type: ignore[attr-defined]
+        for family, kind in info["covers"]:
             assert info["lane"] == "test", f"{nodeid} covers ({family}, {kind}) from the crash lane"
             found.setdefault((family, kind), []).append(nodeid)
     wanted = {(family, kind) for kind, families in FAULT_MATRIX.items() for family in families}
@@ -136,7 +161,7 @@ def test_each_fault_pair_has_one_representative_in_make_test(
 
 
 def test_driver_tests_in_make_test_are_representatives(
-    lanes: dict[str, dict[str, object]],
+    lanes: Lanes,
 ) -> None:
     """A new test in tests/crash or tests/verify must choose its lane explicitly."""
     stray = sorted(
@@ -161,3 +186,45 @@ def test_driver_tests_in_make_test_are_representatives(
         )
     )
     assert not gone, f"ALSO_IN_MAKE_TEST names tests that are not in make test: {gone}"
+
+
+# -- capability markers ------------------------------------------------------------------------
+
+
+def test_capability_markers_follow_the_fixtures_a_test_uses(lanes: Lanes) -> None:
+    """Directly or through other fixtures (kafka_topic, pg_url, s3_bucket, the crash oracle)."""
+    used = {fixture for info in lanes.values() for fixture in info["fixtures"]}
+    assert not set(SERVICE_FIXTURES) - used, "SERVICE_FIXTURES names fixtures no test uses"
+    unmarked = sorted(
+        f"{nodeid}: {mark} (it uses {fixture})"
+        for nodeid, info in lanes.items()
+        for fixture, mark in SERVICE_FIXTURES.items()
+        if fixture in info["fixtures"] and mark not in info["marks"]
+    )
+    assert not unmarked, (
+        f"{len(unmarked)} tests lack the marker of a service they start: {unmarked[:20]}"
+    )
+    # A store chosen by a parameter and fetched with request.getfixturevalue.
+    test = (
+        "tests/commit/test_committer.py::"
+        + "test_a_new_batch_commits_once_and_its_replay_stages_nothing"
+    )
+    marks = {
+        store: set(lanes[f"{test}[{store}]"]["marks"]) for store in ("sqlite", "postgres", "kafka")
+    }
+    services = {"kafka", "postgres"}
+    assert [services & marks[store] for store in ("sqlite", "postgres", "kafka")] == [
+        set(),
+        {"postgres"},
+        {"kafka"},
+    ]
+
+
+def test_not_kafka_selects_no_test_that_starts_the_broker(lanes: Lanes) -> None:
+    selected = {nodeid for nodeid, info in lanes.items() if info["selected"]}
+    with_broker = {n for n, info in lanes.items() if "kafka_broker" in info["fixtures"]}
+    assert with_broker and not selected & with_broker, sorted(selected & with_broker)[:20]
+    kafka_params = {n for n in lanes if n.endswith("[kafka]") and n.startswith("tests/commit/")}
+    assert kafka_params and not selected & kafka_params, sorted(selected & kafka_params)
+    # ...and it leaves in every test without the marker.
+    assert selected == {n for n, info in lanes.items() if "kafka" not in info["marks"]}

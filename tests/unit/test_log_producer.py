@@ -19,6 +19,12 @@ from sparkonce.errors import ConfigError
 from sparkonce.log import IdempotentProducer, Record, Topic, partition_for_key
 
 
+def _value(r: Record) -> bytes:
+    """A record's value: every record these tests write has one."""
+    assert r.value is not None, r
+    return r.value
+
+
 def _all_records(t: Topic) -> list[Record]:
     return [r for p, e in t.end_offsets().items() for r in t.read(p, 0, e)]
 
@@ -172,8 +178,8 @@ def test_two_concurrent_producers_land_every_record_once(log_root: Path) -> None
         # each producer's records keep their order within a partition
         for pid in ("p1", "p2"):
             for p in range(3):
-                mine = [int(r.value.split(b":")[1]) for r in recs if r.partition == p and
-                        r.value.startswith(pid.encode())]  # fmt: skip
+                mine = [int(_value(r).split(b":")[1]) for r in recs if r.partition == p and
+                        _value(r).startswith(pid.encode())]  # fmt: skip
                 assert mine == sorted(mine)
 
 
@@ -209,7 +215,7 @@ def test_two_producer_processes_land_every_record_once(log_root: Path) -> None:
         assert out == "done\n"
     with Topic(log_root, "t") as t:
         _assert_dense(t)
-        values = [r.value for r in _all_records(t)]
+        values = [_value(r) for r in _all_records(t)]
         assert sorted(values) == sorted(f"{pid}:{i}".encode() for pid in "ab" for i in range(n))
 
 
@@ -249,5 +255,5 @@ def test_producer_killed_after_ack_restarts_without_duplicates(log_root: Path) -
         prod = IdempotentProducer(t, "restartable")
         prod.send(b"25", partition=0)
         prod.flush()
-        assert [int(r.value) for r in t.read(0, 0, 26)] == list(range(26))
+        assert [int(_value(r)) for r in t.read(0, 0, 26)] == list(range(26))
         assert t.producer_sequences() == {("restartable", 0): 25}

@@ -251,7 +251,12 @@ def test_plan_batch_raises_when_log_is_behind_start() -> None:
 @pytest.mark.parametrize("kw", [{"max_per_partition": 0}, {"max_total": 0}, {"max_total": -2}])
 def test_plan_batch_rejects_limits_below_one(kw: dict[str, int]) -> None:
     with pytest.raises(ConfigError, match=next(iter(kw))):
-        plan_batch({}, {("t", 0): 5}, **kw)
+        plan_batch(
+            {},
+            {("t", 0): 5},
+            max_per_partition=kw.get("max_per_partition"),
+            max_total=kw.get("max_total"),
+        )
 
 
 def test_plan_batch_examples() -> None:

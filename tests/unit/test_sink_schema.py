@@ -45,7 +45,7 @@ ALL_TYPES = T.StructType(
 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'sink.db'}"
@@ -166,7 +166,6 @@ def test_sqlite_declared_types(
         sink.close()
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize(("declared", "dtype", "fits"), POSTGRES_CASES)
 def test_postgres_declared_types(pg_url: str, declared: str, dtype: T.DataType, fits: bool) -> None:
     sink = PostgresSink(pg_url, "out")
@@ -190,7 +189,6 @@ def _check(sink: SqlSink, dtype: T.DataType, fits: bool, declared: str) -> None:
 # -- the two-phase sink: the view or table, and the tables the executors write to -------------
 
 
-@pytest.mark.postgres
 def test_two_phase_append_checks_the_view(pg_url: str) -> None:
     sink = PostgresTwoPhaseSink(pg_url, "out")
     try:
@@ -202,7 +200,6 @@ def test_two_phase_append_checks_the_view(pg_url: str) -> None:
         sink.close()
 
 
-@pytest.mark.postgres
 def test_two_phase_append_checks_the_data_table(pg_url: str) -> None:
     """The view may be gone; the data table the tasks COPY into is checked too."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -219,7 +216,6 @@ def test_two_phase_append_checks_the_data_table(pg_url: str) -> None:
         sink.close()
 
 
-@pytest.mark.postgres
 def test_two_phase_upsert_checks_the_table_and_the_stage(pg_url: str) -> None:
     sink = PostgresTwoPhaseSink(pg_url, "out", mode="upsert", keys=["id"])
     try:

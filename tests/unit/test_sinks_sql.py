@@ -26,7 +26,7 @@ from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
 from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.offsets import BatchRanges, OffsetRange
 from sparkonce.protocol import CRASH_ENV
-from sparkonce.sinks import PostgresSink, SQLiteSink, sink_from_url
+from sparkonce.sinks import PostgresSink, SQLiteSink, SqlSink, sink_from_url
 from sparkonce.sinks.inspect import inspector_for, relocate
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
@@ -372,7 +372,7 @@ def test_latest_by_must_name_output_columns(store_url: StoreURL) -> None:
             sink.validate(T.StructType(CDC.fields[:3]))
         assert "latest_by=['partition', 'offset']" in sink.describe()
         moved = relocate(sink, store_url)
-        assert moved.latest_by == ("partition", "offset")
+        assert isinstance(moved, SqlSink) and moved.latest_by == ("partition", "offset")
     finally:
         sink.close()
 

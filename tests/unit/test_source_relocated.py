@@ -105,7 +105,7 @@ def test_another_kind_or_a_bad_uri_is_refused_saying_what_to_give(
 
 def test_a_source_that_cannot_move_says_so(tmp_path: Path) -> None:
     class Numbers(Source):
-        def stream(self, spark, start):  # type: ignore[no-untyped-def]
+        def stream(self, spark, start):
             raise AssertionError
 
         def latest_offsets(self) -> dict[tuple[str, int], int]:

@@ -32,7 +32,9 @@ from sparkonce.verify.checks import (
 OUTPUTS = ("totals", "accepted", "audit")
 
 
-def rows(*pairs: tuple[str, Any], extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def rows(
+    *pairs: tuple[str | None, Any], extra: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     return [{"record_id": r, "event_id": e, **(extra or {})} for r, e in pairs]
 
 

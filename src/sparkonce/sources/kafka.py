@@ -184,7 +184,7 @@ class KafkaSource(Source):
         max_records_per_batch: int | None = None,
         starting_offsets: str = "earliest",
         value_format: str = "binary",
-        client_config: Mapping[str, str] | None = None,
+        client_config: Mapping[str, str | int | float | bool] | None = None,
         group_id: str | None = None,
         timeout: float = TIMEOUT_S,
     ) -> None:
@@ -738,7 +738,7 @@ class KafkaBatchReader(_KafkaReaderBase, DataSourceReader):
         raw = options.get("ranges")
         self.ranges = BatchRanges.from_json(raw) if raw else None
 
-    def partitions(self) -> list[InputPartition]:
+    def partitions(self) -> list[KafkaRangePartition]:
         if self.ranges is not None:
             ranges = [r for r in self.ranges.ranges if r.topic == self.topic]
         else:

@@ -121,10 +121,10 @@ class SparkKafkaSource(KafkaSource):
         max_records_per_batch: int | None = None,
         starting_offsets: str = "earliest",
         value_format: str = "binary",
-        client_config: Mapping[str, str] | None = None,
+        client_config: Mapping[str, str | int | float | bool] | None = None,
         group_id: str | None = None,
         timeout: float = TIMEOUT_S,
-        options: Mapping[str, str] | None = None,
+        options: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         super().__init__(
             bootstrap_servers,
@@ -281,7 +281,7 @@ class SparkKafkaSource(KafkaSource):
         return out
 
 
-def _check_options(options: Mapping[str, str] | None) -> dict[str, str]:
+def _check_options(options: Mapping[str, str | int | float | bool] | None) -> dict[str, str]:
     if options is None:
         return {}
     if not isinstance(options, Mapping):
