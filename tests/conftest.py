@@ -9,9 +9,10 @@ they fail.
 Test lanes: ``make test`` runs ``-m "not crash_lane and not campaign_lane"``, ``make
 test-crash`` runs ``-m crash_lane`` and ``make test-campaign`` ``-m campaign_lane``, so
 every test is in exactly one lane (a test marked with both is refused). CI runs the first
-two. A crash test that stays in ``make test`` names each (sink family, fault kind) pair it
-stands for with ``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_modifyitems`
-refuses a pair outside :data:`FAULT_MATRIX` and a ``covers`` test in another lane.
+and one shard of the other two (below). A crash test that stays in ``make test`` names
+each (sink family, fault kind) pair it stands for with ``@pytest.mark.covers(family,
+kind)``; :func:`pytest_collection_modifyitems` refuses a pair outside :data:`FAULT_MATRIX`
+and a ``covers`` test in another lane.
 ``tests/unit/test_lanes.py`` checks, on the whole suite, that each pair has exactly one
 such test.
 

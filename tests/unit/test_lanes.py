@@ -2,7 +2,7 @@
 
 ``make test`` runs ``pytest -m "not crash_lane and not campaign_lane"``, ``make test-crash``
 ``pytest -m crash_lane`` and ``make test-campaign`` ``pytest -m campaign_lane`` (Makefile),
-so each test is in exactly one lane; CI runs the first two. Crash tests that
+so each test is in exactly one lane; CI runs the first and a shard. Crash tests that
 start real drivers live in tests/crash and tests/verify; the ones that stay in ``make
 test`` are the representatives of the (sink family, fault kind) pairs of
 ``tests/conftest.py``'s ``FAULT_MATRIX``, marked ``covers(family, kind)``, plus the few
