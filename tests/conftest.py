@@ -132,6 +132,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _LANE_START = pytest.StashKey[float]()
+_SESSION = pytest.StashKey[pytest.Session]()
 _SHARD = pytest.StashKey[tuple[int, int]]()  # (shard, number of shards)
 
 
@@ -190,6 +191,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_LANE_START] = time.monotonic()
+    session.config.stash[_SESSION] = session
     _measured.clear()
     _unmeasurable.clear()
 
@@ -208,7 +210,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.hookimpl(trylast=True)  # after --durations' list: the lane's last line
 def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
     """The lane's wall time against its budget (never a failure: the figures are for
     people), and the measured times if --record-durations asked for them."""
@@ -225,8 +227,7 @@ def pytest_terminal_summary(
     line = f"lane {name or 'pytest ' + ' '.join(config.invocation_params.args)}: "
     line += shards.minutes(wall)
     line += f" of a {budget:g} min budget" if budget is not None else " (no budget)"
-    session = terminalreporter._session
-    items = session.items if session is not None else []
+    items = config.stash[_SESSION].items
     estimates = shards.load_durations()
     sharded = [i for i in items if lane_of(i) in shards.SHARDED_LANES]
     if sharded:

@@ -223,8 +223,9 @@ def describe(shards: list[Shard], box_minutes: float = BOX_MINUTES) -> str:
     total = sum(s.seconds for s in shards)
     lines = [
         f"{len(shards)} shards of the crash and campaign lanes, "
-        f"{sum(len(s.tests) for s in shards)} tests, estimated {minutes(total)} in all, "
-        f"box {box_minutes:g} min (tests/shards.py; times from {DURATIONS_FILE.name})"
+        f"{sum(len(s.tests) for s in shards)} tests, estimated {minutes(total)} in all "
+        f"({SHARD_OVERHEAD_SECONDS:g} s of start per shard included), box {box_minutes:g} min "
+        f"(tests/shards.py; times from {DURATIONS_FILE.name})"
     ]
     for shard in shards:
         lines.append(
