@@ -42,28 +42,45 @@ lint: setup
 #                       point on every sink and inside a no-data batch, a SIGTERM stop, the
 #                       multi-output crashes) and a verify campaign that must catch a
 #                       planted bug
-#   make test-campaign  `campaign_lane`, not run by CI: the other verify campaigns, zombie,
-#                       signal and PostgreSQL repeats, the Spark standalone cluster suite,
-#                       the wheel's clean-venv install test (tests/packaging) and the
-#                       benchmarks' smoke runs
-# CI (.ci/run) runs make test and make test-crash. pytest's exit code 5 (no test selected)
-# fails any of them, like any other failure.
+#   make test-campaign  `campaign_lane`: the other verify campaigns, zombie, signal and
+#                       PostgreSQL repeats, the Spark standalone cluster suite, the wheel's
+#                       clean-venv install test (tests/packaging), the benchmarks' smoke runs
+# The crash and campaign lanes are also split into shards of at most about 10 minutes each
+# (tests/shards.py packs them by the times in tests/shard-durations.json; a new test lands
+# in one by itself): make test-shard K=<k> runs shard k, make test-shard-list prints the map;
+# PYTEST_ARGS=--record-durations writes a run's measured times into that file.
+# CI (.ci/run) runs make test and one shard, rotating with the commit: `git rev-list --count
+# HEAD` modulo the number of shards. make test-crash and make test-campaign run whole lanes.
+# pytest's exit code 5 (no test selected) fails any of them, like any other failure. Each
+# prints its wall time against its budget at its end; nothing fails on time.
 LANE := crash_lane
 CAMPAIGN := campaign_lane
 
 test: setup lint jars
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -m "not $(LANE) and not $(CAMPAIGN)" $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 --lane-name="make test" --lane-budget=20 -m "not $(LANE) and not $(CAMPAIGN)" $(PYTEST_ARGS)
 
 test-crash: setup jars
 	bash scripts/ensure-postgres.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 -m "$(LANE)" $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 --lane-name="make test-crash" -m "$(LANE)" $(PYTEST_ARGS)
 
 .PHONY: test-campaign
 test-campaign: setup jars
 	bash scripts/ensure-postgres.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 -m "$(CAMPAIGN)" $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 --lane-name="make test-campaign" -m "$(CAMPAIGN)" $(PYTEST_ARGS)
+
+.PHONY: test-shard test-shard-list test-shard-count
+test-shard: setup jars
+	@test -n "$(K)" || { echo "error: name the shard: make test-shard K=<k> (make test-shard-list prints the map)" >&2; exit 2; }
+	bash scripts/ensure-postgres.sh
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=25 --shard=$(K) $(PYTEST_ARGS)
+
+test-shard-list: setup
+	$(PY) -m tests.shards --list
+
+test-shard-count: setup
+	@$(PY) -m tests.shards --count
 
 unit: setup
 	$(PY) -m pytest -q tests/unit

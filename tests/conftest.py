@@ -9,15 +9,22 @@ they fail.
 Test lanes: ``make test`` runs ``-m "not crash_lane and not campaign_lane"``, ``make
 test-crash`` runs ``-m crash_lane`` and ``make test-campaign`` ``-m campaign_lane``, so
 every test is in exactly one lane (a test marked with both is refused). CI runs the first
-two. A crash test that stays in ``make test`` names each (sink family, fault kind) pair it
-stands for with ``@pytest.mark.covers(family, kind)``; :func:`pytest_collection_modifyitems`
-refuses a pair outside :data:`FAULT_MATRIX` and a ``covers`` test in another lane.
+and one shard of the other two (below). A crash test that stays in ``make test`` names
+each (sink family, fault kind) pair it stands for with ``@pytest.mark.covers(family,
+kind)``; :func:`pytest_collection_modifyitems` refuses a pair outside :data:`FAULT_MATRIX`
+and a ``covers`` test in another lane.
 ``tests/unit/test_lanes.py`` checks, on the whole suite, that each pair has exactly one
 such test.
 
 Capability markers follow fixtures: a test that uses a fixture of :data:`SERVICE_FIXTURES`
 (directly or through other fixtures) is marked ``postgres``, ``kafka``, ``s3`` or ``spark``
 at collection, so ``-m "not kafka"`` leaves out every test that starts the Kafka broker.
+
+Rotation: every crash_lane and campaign_lane test is also in one shard of
+``tests/shards.py``'s map; ``--shard K`` runs shard K (``make test-shard K=<k>``), one of
+which CI runs per commit. Each lane prints its wall time against its budget at its end
+(``--lane-name``, ``--lane-budget``; a shard's budget is the shard box); nothing fails on
+time.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import itertools
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,9 +156,58 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write each collected test's lane, covered pairs, markers, fixtures and whether "
         "-m/-k selected it to PATH (JSON)",
     )
+    parser.addoption(
+        "--shard",
+        type=int,
+        metavar="K",
+        help="run only shard K of the crash and campaign lanes (python -m tests.shards --list)",
+    )
+    parser.addoption("--lane-name", help="the lane's name in its end-of-run time line")
+    parser.addoption(
+        "--lane-budget", type=float, metavar="MINUTES", help="the lane's time budget, shown only"
+    )
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write the passing crash/campaign tests' times into tests/shard-durations.json",
+    )
 
 
-# Before pytest's own hook deselects by -m, so the markers added here count.
+_LANE_START = pytest.StashKey[float]()
+_SESSION = pytest.StashKey[pytest.Session]()
+_SHARD = pytest.StashKey[tuple[int, int]]()  # (shard, number of shards)
+
+
+def _select_shard(config: pytest.Config, items: list[pytest.Item], k: int) -> None:
+    """Keep only shard ``k``'s tests; the map is computed from the whole collection, so the
+    run must collect the whole suite (test paths would change the map)."""
+    from tests import shards
+
+    tests_dir = Path(__file__).parent.resolve()
+    if config.args_source == pytest.Config.ArgsSource.ARGS and any(
+        (config.invocation_params.dir / a.split("::")[0]).resolve() != tests_dir
+        for a in config.args
+    ):
+        raise pytest.UsageError(
+            f"--shard packs the whole suite, so it takes no test paths (given: {config.args}); "
+            "narrow a shard with -k instead"
+        )
+    plan = shards.plan({item.nodeid: lane_of(item) for item in items})
+    if not 0 <= k < len(plan):
+        raise pytest.UsageError(
+            f"--shard {k}: there are {len(plan)} shards, 0 to {len(plan) - 1} "
+            "(python -m tests.shards --list prints them)"
+        )
+    wanted = set(plan[k].tests)
+    kept = [item for item in items if item.nodeid in wanted]
+    dropped = [item for item in items if item.nodeid not in wanted]
+    items[:] = kept
+    config.hook.pytest_deselected(items=dropped)
+    config.stash[_SHARD] = (k, len(plan))
+
+
+# Before pytest's own hook deselects by -m and -k, so the markers added here count, and
+# the checks and the shard see every test.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = []
@@ -173,6 +231,71 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append(f"{item.nodeid}: marked {' and '.join(lanes)}; a test has one lane")
     if problems:
         raise pytest.UsageError("test lanes:\n  " + "\n  ".join(problems))
+    shard = config.getoption("--shard")
+    if shard is not None:
+        _select_shard(config, items, shard)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_LANE_START] = time.monotonic()
+    session.config.stash[_SESSION] = session
+    _measured.clear()
+    _unmeasurable.clear()
+
+
+# With --record-durations: each test's setup, call and teardown time, and the tests whose time
+# says nothing (failed or skipped).
+_measured: dict[str, float] = {}
+_unmeasurable: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+    if report.failed or report.skipped:
+        _unmeasurable.add(report.nodeid)
+
+
+@pytest.hookimpl(trylast=True)  # after --durations' list: the lane's last line
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """The lane's wall time against its budget (never a failure: the figures are for
+    people), and the measured times if --record-durations asked for them."""
+    if config.getoption("collectonly") or _LANE_START not in config.stash:
+        return
+    from tests import shards
+
+    wall = time.monotonic() - config.stash[_LANE_START]
+    name, budget = config.getoption("--lane-name"), config.getoption("--lane-budget")
+    if _SHARD in config.stash:
+        k, count = config.stash[_SHARD]
+        name = name or f"make test-shard K={k} (shard {k} of 0..{count - 1})"
+        budget = budget if budget is not None else shards.BOX_MINUTES
+    line = f"lane {name or 'pytest ' + ' '.join(config.invocation_params.args)}: "
+    line += shards.minutes(wall)
+    line += f" of a {budget:g} min budget" if budget is not None else " (no budget)"
+    items = config.stash[_SESSION].items
+    estimates = shards.load_durations()
+    sharded = [i for i in items if lane_of(i) in shards.SHARDED_LANES]
+    if sharded:
+        est = sum(shards.estimate(i.nodeid, lane_of(i), estimates).seconds for i in sharded)
+        line += f"; {len(sharded)} crash/campaign tests estimated at {shards.minutes(est)}"
+    if budget is not None and wall > budget * 60:
+        line += " -- OVER BUDGET (a figure to act on, not a failure)"
+    terminalreporter.write_sep("=", line, bold=True)
+    if config.getoption("--record-durations"):
+        lanes = {i.nodeid: lane_of(i) for i in items}
+        measured = {
+            n: seconds
+            for n, seconds in _measured.items()
+            if lanes.get(n) in shards.SHARDED_LANES and n not in _unmeasurable
+        }
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        source = f"measured: pytest --record-durations at {commit}, {time.strftime('%Y-%m-%d')}"
+        written = shards.record_durations(measured, source)
+        terminalreporter.write_line(f"{written} measured times written to {shards.DURATIONS_FILE}")
 
 
 _DESELECTED = pytest.StashKey[list[pytest.Item]]()

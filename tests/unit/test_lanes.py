@@ -2,7 +2,7 @@
 
 ``make test`` runs ``pytest -m "not crash_lane and not campaign_lane"``, ``make test-crash``
 ``pytest -m crash_lane`` and ``make test-campaign`` ``pytest -m campaign_lane`` (Makefile),
-so each test is in exactly one lane; CI runs the first two. Crash tests that
+so each test is in exactly one lane; CI runs the first and a shard. Crash tests that
 start real drivers live in tests/crash and tests/verify; the ones that stay in ``make
 test`` are the representatives of the (sink family, fault kind) pairs of
 ``tests/conftest.py``'s ``FAULT_MATRIX``, marked ``covers(family, kind)``, plus the few
@@ -15,12 +15,18 @@ test that starts the Kafka broker.
 One ``pytest --collect-only -m "not kafka"`` of the whole suite in a subprocess (a few
 seconds, no test runs) gives each test's lane, pairs, markers, fixtures and whether ``-m``
 kept it, through the root conftest's ``--lanes-report``.
+
+The crash and campaign lanes are split into rotating shards (tests/shards.py, ``make
+test-shard K=<k>``), one of which CI runs after ``make test``: every test of those lanes is
+in exactly one shard, the map is the same for the same tests, and each shard's estimate is
+within the box.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -29,6 +35,7 @@ from typing import TypedDict
 
 import pytest
 
+from tests import shards
 from tests.conftest import CAMPAIGN_MARK, FAULT_MATRIX, LANE_MARK, SERVICE_FIXTURES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +68,7 @@ ALSO_IN_MAKE_TEST = {
     ),
 }
 DRIVER_DIRS = ("tests/crash/", "tests/verify/")
+COLLECT = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
 
 
 def _recipe(target: str) -> str:
@@ -82,10 +90,13 @@ def test_make_targets_select_complementary_lanes() -> None:
     campaign = re.search(r"^CAMPAIGN := (\S+)$", makefile, re.M)
     assert campaign is not None and campaign.group(1) == CAMPAIGN_MARK
     test, crash, campaigns = _recipe("test"), _recipe("test-crash"), _recipe("test-campaign")
+    shard = _recipe("test-shard")
     assert '-m "not $(LANE) and not $(CAMPAIGN)"' in test, test
     assert '-m "$(LANE)"' in crash, crash
     assert '-m "$(CAMPAIGN)"' in campaigns, campaigns
-    for recipe in (test, crash, campaigns):
+    # A shard is chosen from the whole collection: no -m, no test paths.
+    assert "--shard=$(K)" in shard and ' -m "' not in shard and "tests/" not in shard, shard
+    for recipe in (test, crash, campaigns, shard):
         pytest_lines = [line for line in recipe.splitlines() if "-m pytest" in line]
         assert len(pytest_lines) == 1, recipe
         # Exit code 5 (no test selected) must fail the target: nothing may swallow it.
@@ -95,10 +106,13 @@ def test_make_targets_select_complementary_lanes() -> None:
         assert not pytest_lines[0].startswith("-"), "make must not ignore the exit code"
 
 
-def test_ci_runs_both_lanes() -> None:
+def test_ci_runs_make_test_and_the_rotating_shard() -> None:
     text = (REPO / ".ci" / "run").read_text()
-    commands = [line.split()[:2] for line in text.splitlines() if line.startswith("make ")]
-    assert commands == [["make", "test"], ["make", "test-crash"]], text
+    commands = [line.strip() for line in text.splitlines() if line.strip().startswith("make ")]
+    assert commands == ["make test || status=1", 'make test-shard K="$shard" || status=1'], text
+    # The shard: the number of commits modulo the number of shards.
+    assert "git rev-list --count HEAD" in text and "$((commits % shards))" in text, text
+    assert "$(make -s test-shard-count" in text, text
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +242,90 @@ def test_not_kafka_selects_no_test_that_starts_the_broker(lanes: Lanes) -> None:
     assert kafka_params and not selected & kafka_params, sorted(selected & kafka_params)
     # ...and it leaves in every test without the marker.
     assert selected == {n for n, info in lanes.items() if "kafka" not in info["marks"]}
+
+
+# -- rotating shards ---------------------------------------------------------------------------
+
+
+def _sharded(lanes: Lanes) -> dict[str, str]:
+    return {n: str(i["lane"]) for n, i in lanes.items() if i["lane"] in shards.SHARDED_LANES}
+
+
+def test_every_crash_and_campaign_test_is_in_exactly_one_shard(
+    lanes: Lanes,
+) -> None:
+    plan = shards.plan({n: str(i["lane"]) for n, i in lanes.items()})
+    placed = [nodeid for shard in plan for nodeid in shard.tests]
+    twice = sorted({n for n in placed if placed.count(n) > 1})
+    assert not twice, f"in more than one shard: {twice}"
+    wanted = set(_sharded(lanes))
+    assert wanted, "no crash_lane or campaign_lane test collected"
+    missing, extra = sorted(wanted - set(placed)), sorted(set(placed) - wanted)
+    assert not missing, f"crash/campaign tests in no shard: {missing}"
+    assert not extra, f"in a shard, but not crash_lane or campaign_lane: {extra}"
+    assert [s.index for s in plan] == list(range(len(plan)))
+    assert all(s.tests for s in plan), "an empty shard (make test-shard would exit 5)"
+
+
+def test_the_shard_map_is_the_same_for_the_same_tests(
+    lanes: Lanes,
+) -> None:
+    tests = list(_sharded(lanes).items())
+    first = shards.plan(dict(tests))
+    for seed in range(3):
+        random.Random(seed).shuffle(tests)
+        assert shards.plan(dict(tests)) == first
+
+
+def test_each_shard_is_estimated_within_the_box(lanes: Lanes) -> None:
+    plan = shards.plan(_sharded(lanes))
+    over = {s.index: s.seconds for s in plan if s.seconds > shards.BOX_MINUTES * 60}
+    assert not over, (
+        f"shards estimated over the {shards.BOX_MINUTES:g} min box (seconds): {over}; "
+        "tests/shards.py packs within the box unless one test alone is longer: split it"
+    )
+
+
+def test_the_durations_file_names_live_tests_and_the_source_of_each_figure(
+    lanes: Lanes,
+) -> None:
+    durations = shards.load_durations()
+    stale = sorted(set(durations) - set(_sharded(lanes)))
+    assert not stale, (
+        f"{shards.DURATIONS_FILE.name} names tests that are no crash/campaign test (renamed or "
+        f"gone: move or remove their entries): {stale}"
+    )
+    for nodeid, entry in durations.items():
+        assert entry.seconds > 0 and entry.source.startswith(("measured", "estimate")), nodeid
+
+
+def test_packing_keeps_files_whole_and_splits_only_a_file_longer_than_the_box() -> None:
+    box = 600.0
+    tests = {f"tests/a/test_small_{f}.py::t{i}": 50.0 for f in range(6) for i in range(3)}
+    tests.update({f"tests/a/test_big.py::t{i}": 200.0 for i in range(4)})  # 800 s > box
+    tests.update({f"tests/cluster/test_{f}.py::t": 100.0 for f in range(3)})  # a shared dir
+    plan = shards.pack(tests, box, overhead=0.0)
+    home = {n: s.index for s in plan for n in s.tests}
+    for f in range(6):
+        assert len({home[f"tests/a/test_small_{f}.py::t{i}"] for i in range(3)}) == 1
+    assert len({home[f"tests/cluster/test_{f}.py::t"] for f in range(3)}) == 1
+    assert len({home[f"tests/a/test_big.py::t{i}"] for i in range(4)}) > 1
+    assert all(s.seconds <= box for s in plan)
+    assert len(plan) == 4  # 2,000 s in all: the fewest boxes of 600 s that can hold it
+
+
+def test_the_shard_option_runs_the_planned_shard(lanes: Lanes) -> None:
+    """``pytest --shard K`` (make test-shard) selects exactly shard K of the map."""
+    plan = shards.plan(_sharded(lanes))
+    shard = max(plan, key=lambda s: (len(s.tests), -s.index))
+    done = subprocess.run(
+        [*COLLECT, f"--shard={shard.index}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    selected = sorted(line for line in done.stdout.splitlines() if "::" in line)
+    assert selected == list(shard.tests)
