@@ -205,7 +205,7 @@ class Committer:
             if skipped is not None:
                 if retry and skipped.seq == seq and last is not None and last.epoch == ctx.epoch:
                     # The COMMIT whose connection was lost had gone through: ours.
-                    return CommitResult(False, staged.rows, seq)
+                    return _committed(self.stager.counted(staged), seq)
                 return skipped
             if (0 if last is None else last.seq + 1) != seq:
                 raise LedgerError(
@@ -215,7 +215,7 @@ class Committer:
                 )
             empty = ctx.ranges.empty and staged.rows == 0
             if empty and not self.stager.keeps_empty_no_data_batches():
-                return CommitResult(True, 0, None, "no new offsets and no rows")
+                return CommitResult(True, 0, None, "no new offsets and no rows", empty=True)
 
             # Step 3: make the staged rows visible.
             self.stager.publish(txn, ctx, staged)
@@ -226,7 +226,7 @@ class Committer:
             store.record(txn, _entry(ctx, seq, staged, time.monotonic() - started))
             self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
             # Step 5: commit, on leaving the with-block.
-        return CommitResult(False, staged.rows, seq)
+        return _committed(self.stager.counted(staged), seq)
 
     def _replay(
         self, ctx: BatchContext, last: LedgerEntry | None, txn: object | None
@@ -254,6 +254,11 @@ class Committer:
         if last is not None and _same_batch(last, ctx):
             return last
         return self.store.find(txn, ctx.pipeline, ctx)
+
+
+def _committed(staged: Staged, seq: int) -> CommitResult:
+    written = None if staged.written is None or staged.written == staged.rows else staged.written
+    return CommitResult(False, staged.rows, seq, rows_written=written)
 
 
 def _same_batch(entry: LedgerEntry, ctx: BatchContext) -> bool:
