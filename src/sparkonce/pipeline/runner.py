@@ -399,13 +399,24 @@ def run_pipeline(
     start, each batch, Spark's progress, lag, fencing, end), for metrics or a progress
     display. Whatever it raises is logged and ignored. None watches nothing.
     """
+    from sparkonce.pipeline.spark import quiet_query_errors
+
     plan = NO_FAULTS if faults is None else faults
     watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)
     report: RunReport | None = None
     try:
-        report = _run(
-            pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan, watch=watch
-        )
+        # The error the query ends with is raised below, as one sparkonce error: Spark's
+        # console log need not print its Java stack first (a session of the user's own).
+        with quiet_query_errors(spark):
+            report = _run(
+                pipeline,
+                spark,
+                timeout=timeout,
+                on_batch=on_batch,
+                stop=stop,
+                faults=plan,
+                watch=watch,
+            )
         return report
     except FencedError as exc:
         plan.fenced(
@@ -496,6 +507,7 @@ def _run(
             resumed,
         )
         if watch is not None:
+            watch.planned(out)  # the scans of the source, which Spark's progress adds up
             watch.start(spark, RunStart(pipeline.name, owner.epoch, resumed, dict(ledger_end)))
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
