@@ -78,9 +78,7 @@ def test_every_append_commit_carries_its_ledger_entry(
         assert (entry["sparkonce"], entry["pipeline"], entry["seq"]) == ("batch", "meta", seq)
         assert entry["epoch"] == report.epoch
         spans = [b - a for parts in entry["ranges"].values() for a, b in parts.values()]
-        assert sum(spans) == int(
-            commit["info"]["operationMetrics"]["numOutputRows"]
-        )
+        assert sum(spans) == int(commit["info"]["operationMetrics"]["numOutputRows"])
 
 
 class _StopWhenSeen(RunObserver):

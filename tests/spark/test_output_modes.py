@@ -116,9 +116,7 @@ def test_update_mode_into_an_append_sink_keeps_a_history_of_changes(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], tmp_sqlite: str
 ) -> None:
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
-    rows, report = run(
-        spark, tmp_path, log_dir, tmp_sqlite, output_mode="update", transform=counts
-    )
+    rows, report = run(spark, tmp_path, log_dir, tmp_sqlite, output_mode="update", transform=counts)
     assert report.batches_committed >= 3
     # One row per group per batch that changed it; the latest of each is the final count.
     history: dict[str, list[int]] = {}

@@ -75,8 +75,18 @@ def test_a_sqlite_file_that_does_not_exist_yet_is_waited_for(tmp_path: Path) -> 
     for the file, and shows the file's pipelines once it exists."""
     db = tmp_path / "later.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkonce", "ui", "--sink", f"sqlite:///{db}", "--port", "0"]
-        + ["--refresh", "0.2"],
+        [
+            sys.executable,
+            "-m",
+            "sparkonce",
+            "ui",
+            "--sink",
+            f"sqlite:///{db}",
+            "--port",
+            "0",
+            "--refresh",
+            "0.2",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -5,8 +5,9 @@ Checks at start (each a ``bad input``, exit 2, unless said otherwise): the ``ui`
 URL's form; the ``--verify-report`` (missing, not JSON, not a verify report); a ``--port``
 already in use. Each store is then opened once: a store that does not answer is only a
 warning (the page shows its error) unless none answers, which exits 4. A SQLite file that
-does not exist yet is waited for: the page says so, and reads it once a run creates it. Once serving, nothing a store does stops the page: each store's error is
-shown in its own section. SIGINT and SIGTERM stop the server (exit 130 and 143).
+does not exist yet is waited for: the page says so, and reads it once a run creates it.
+Once serving, nothing a store does stops the page: each store's error is shown in its own
+section. SIGINT and SIGTERM stop the server (exit 130 and 143).
 """
 
 from __future__ import annotations

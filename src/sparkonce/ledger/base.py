@@ -82,6 +82,12 @@ class CommitResult:
     rows_written: int | None = None
     # A no-data batch (no new offsets) that emitted no rows: skipped, but not a replay.
     empty: bool = False
+    # Where the commit's time went, in seconds, for a committed batch of one sink (empty
+    # otherwise): "look" (step 0's reads), "stage" (the rows staged: collected, or written
+    # by Spark's tasks), "commit" (steps 1-5, the store's transaction, retries included)
+    # and "after" (the stager's clean-up after the commit).
+    # Measurements, not what was committed: equal results may differ here.
+    timings: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def replayed(self) -> bool:
@@ -92,12 +98,6 @@ class CommitResult:
     def written(self) -> int:
         """Rows the sink wrote into its tables (``row_count`` unless an upsert kept fewer)."""
         return self.row_count if self.rows_written is None else self.rows_written
-    # Where the commit's time went, in seconds, for a committed batch of one sink (empty
-    # otherwise): "look" (step 0's reads), "stage" (the rows staged: collected, or written
-    # by Spark's tasks), "commit" (steps 1-5, the store's transaction, retries included)
-    # and "after" (the stager's clean-up after the commit).
-    # Measurements, not what was committed: equal results may differ here.
-    timings: Mapping[str, float] = field(default_factory=dict, compare=False)
 
 
 class LedgerStore(ABC):

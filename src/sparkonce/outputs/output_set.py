@@ -161,8 +161,7 @@ class _GroupStager(Stager):
         """The group's counts from its outputs' own, once the transaction committed: a
         Delta output's rows are counted by Delta's write, at the commit (step 5)."""
         parts = [
-            stager.counted(part)
-            for stager, part in zip(self.stagers, staged.payload, strict=True)
+            stager.counted(part) for stager, part in zip(self.stagers, staged.payload, strict=True)
         ]
         rows = staged.notes.setdefault("rows", {})
         for name, part in zip(self.group.names, parts, strict=True):
@@ -170,7 +169,9 @@ class _GroupStager(Stager):
         staged.rows = sum(part.rows for part in parts)
         written = [part.written for part in parts]
         if any(w is not None for w in written):
-            staged.written = sum(p.rows if w is None else w for p, w in zip(parts, written))
+            staged.written = sum(
+                p.rows if w is None else w for p, w in zip(parts, written, strict=False)
+            )
         return staged
 
     def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
