@@ -249,9 +249,9 @@ QUERY_ERROR_LOGGERS = (
 def quiet_query_errors(spark: SparkSession) -> Iterator[None]:
     """While the block runs, keep the query's "terminated with error" record, and its Java
     stack, off a session that logs to the console with Spark's default log4j profile (a
-    session of the user's own, in library use): the run raises the error itself, in one
-    sparkonce error that names the cause (a fenced run: ``FencedError``), with Spark's
-    exception, stack included, as its ``__cause__``.
+    session of the user's own, in library use): the run raises the error itself, as one
+    sparkonce error that names the cause (a fenced run: ``FencedError``; a failed batch:
+    an error whose ``__cause__`` is Spark's exception, Java stack included).
 
     A JVM whose log4j configuration was chosen (``log4j2.configurationFile``: ``sparkonce
     run``'s log file, or the user's own set-up) is left alone, as is everything else Spark
