@@ -202,3 +202,36 @@ def test_state_timeouts_that_fire_in_a_no_data_batch_are_committed(
     assert {r["key"]: r["n"] for r in rows} == dict(want)
     assert len(rows) == 3
     assert entries[-1].ranges.empty and entries[-1].row_count == 3
+
+
+def _deduped(df: DataFrame) -> DataFrame:
+    """Each value once within the watermark: its no-data batch only evicts state."""
+    ts = F.timestamp_seconds(F.col("value").cast("string").cast("long"))
+    return (
+        df.select(F.col("value").cast("string").alias("v"), ts.alias("ts"))
+        .withWatermark("ts", "0 seconds")
+        .dropDuplicatesWithinWatermark(["v"])
+    )
+
+
+def test_a_no_data_batch_with_no_rows_is_not_counted_as_a_replay(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The watermark moves after the last data batch, so Spark runs a no-data batch that
+    evicts the dedup state and emits nothing: it commits nothing, and the run's counts and
+    summary say so, not "skipped 1 replayed batches"."""
+    log_dir = make_event_log(tmp_path / "log")
+    p = _sqlite_pipeline(tmp_path, log_dir, "nodata", _deduped, "deduped")
+    report = p.run(spark, timeout=300)
+    empty = [b for b in report.batches if b.ranges.empty]
+    assert empty and all(b.result.skipped for b in empty), report.batches
+    assert report.batches_skipped == 0, report
+    assert all(b.result.empty for b in empty) and report.batches_empty == len(empty), report
+    from sparkonce.cli.run import summary
+
+    assert report.rows_committed == RECORDS
+    line = summary(report)
+    assert "skipped 0 replayed batches" in line, line
+    assert f"{len(empty)} no-data batches with no rows to commit" in line, line
+    rows, entries = _read(p.sink, p.name)
+    assert len(rows) == RECORDS and not any(e.ranges.empty for e in entries)

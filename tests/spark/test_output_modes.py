@@ -24,6 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+from sparkonce.cli.run import summary
+from sparkonce.pipeline.runner import RunReport
 from sparkonce.sinks.inspect import inspector_for
 
 RECORDS = 60
@@ -57,7 +59,7 @@ def run(
     output_mode: str,
     transform: Callable[[DataFrame], DataFrame],
     **sink_kwargs: Any,
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[dict[str, Any]], RunReport]:
     sink = sink_from_url(url, "out", **sink_kwargs)
     pipeline = Pipeline(
         name="modes",
@@ -69,7 +71,7 @@ def run(
     )
     report = pipeline.run(spark)
     with sink:
-        return inspector_for(sink).rows(), report.batches_committed
+        return inspector_for(sink).rows(), report
 
 
 @pytest.mark.parametrize("sink_mode", ["append", "upsert"])
@@ -83,10 +85,10 @@ def test_complete_mode_leaves_exactly_the_final_result(
     """The reported bug: complete mode into an append sink stacked every full result."""
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
     kwargs = {"mode": "upsert", "keys": ["key"]} if sink_mode == "upsert" else {}
-    rows, batches = run(
+    rows, report = run(
         spark, tmp_path, log_dir, store_url, output_mode="complete", transform=counts, **kwargs
     )
-    assert batches >= 3
+    assert report.batches_committed >= 3
     assert len(rows) == KEYS
     assert {r["key"]: r["count"] for r in rows} == FINAL_COUNTS
 
@@ -95,7 +97,7 @@ def test_update_mode_into_an_upsert_sink_keeps_the_final_aggregates(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], tmp_sqlite: str
 ) -> None:
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
-    rows, batches = run(
+    rows, report = run(
         spark,
         tmp_path,
         log_dir,
@@ -105,7 +107,7 @@ def test_update_mode_into_an_upsert_sink_keeps_the_final_aggregates(
         mode="upsert",
         keys=["key"],
     )
-    assert batches >= 3
+    assert report.batches_committed >= 3
     assert {r["key"]: r["count"] for r in rows} == FINAL_COUNTS
     assert len(rows) == KEYS
 
@@ -114,10 +116,8 @@ def test_update_mode_into_an_append_sink_keeps_a_history_of_changes(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], tmp_sqlite: str
 ) -> None:
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
-    rows, batches = run(
-        spark, tmp_path, log_dir, tmp_sqlite, output_mode="update", transform=counts
-    )
-    assert batches >= 3
+    rows, report = run(spark, tmp_path, log_dir, tmp_sqlite, output_mode="update", transform=counts)
+    assert report.batches_committed >= 3
     # One row per group per batch that changed it; the latest of each is the final count.
     history: dict[str, list[int]] = {}
     for r in rows:
@@ -131,10 +131,10 @@ def test_append_mode_into_an_append_sink_writes_every_row_once(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], tmp_sqlite: str
 ) -> None:
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
-    rows, batches = run(
+    rows, report = run(
         spark, tmp_path, log_dir, tmp_sqlite, output_mode="append", transform=records
     )
-    assert batches >= 3
+    assert report.batches_committed >= 3
     assert sorted(r["value"] for r in rows) == list(range(1, RECORDS + 1))
 
 
@@ -144,7 +144,7 @@ def test_append_mode_into_an_upsert_sink_with_latest_by_keeps_each_keys_last_cha
     """A change stream with several updates of a key per batch (each key has one partition,
     so its offsets are its change order)."""
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
-    rows, batches = run(
+    rows, report = run(
         spark,
         tmp_path,
         log_dir,
@@ -155,9 +155,19 @@ def test_append_mode_into_an_upsert_sink_with_latest_by_keeps_each_keys_last_cha
         keys=["key"],
         latest_by=["partition", "offset"],
     )
-    assert batches >= 3
+    assert report.batches_committed >= 3
     last = {f"k{k}": max(i for i in range(1, RECORDS + 1) if i % KEYS == k) for k in range(KEYS)}
     assert {r["key"]: r["value"] for r in rows} == last
+    # Every record reached the sink; each batch wrote one row per key it held. The summary
+    # names both counts (it said "N rows" for rows the table never gained).
+    batches = [b for b in report.batches if not b.result.skipped]
+    assert report.rows_committed == RECORDS
+    assert report.rows_written == sum(b.result.written for b in batches)
+    assert KEYS <= report.rows_written <= KEYS * len(batches) < RECORDS
+    assert (
+        f"committed {report.batches_committed} batches ({RECORDS} rows received, "
+        f"{report.rows_written} written: one per key)" in summary(report)
+    )
 
 
 @pytest.fixture

@@ -298,6 +298,7 @@ def test_upsert_latest_by_keeps_each_keys_latest_row_in_the_merge(
         batch = BatchRanges((OffsetRange("t", 0, 0, 20), OffsetRange("t", 1, 0, 20)))
         res = sink.commit(BatchContext("p", epoch, batch, 0), df.repartition(3))
         assert (res.skipped, res.row_count) == (False, 40)
+        assert res.rows_written == 4  # one row per key: PostgreSQL's count of the merge
         got = {r["k"]: (r["v"], r["partition"], r["offset"]) for r in inspector_for(sink).rows()}
         # k0 and k2 only ever come from partition 0, k1 and k3 from partition 1
         assert got == {

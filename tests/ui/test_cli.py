@@ -6,8 +6,16 @@ Serving, and errors shown on the page, are tested in a real browser (test_browse
 
 from __future__ import annotations
 
+import json
+import re
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,12 +64,61 @@ def test_a_bad_url_is_bad_input_with_the_password_masked(
     assert SECRET not in err
 
 
-def test_a_missing_sqlite_file_is_bad_input(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, err = _fails(["--sink", f"sqlite:///{tmp_path / 'nope.db'}"], capsys)
-    assert code == EXIT_USAGE
-    assert "nope.db' does not exist" in err
+def _state(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=10) as r:
+        state: dict[str, Any] = json.loads(r.read())
+    return state
+
+
+def test_a_sqlite_file_that_does_not_exist_yet_is_waited_for(tmp_path: Path) -> None:
+    """``ui`` started before the run that creates its SQLite file serves, says it waits
+    for the file, and shows the file's pipelines once it exists."""
+    db = tmp_path / "later.db"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sparkonce",
+            "ui",
+            "--sink",
+            f"sqlite:///{db}",
+            "--port",
+            "0",
+            "--refresh",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        match = re.search(r"serving http://127\.0\.0\.1:(\d+)/", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        port = int(match.group(1))
+        deadline = time.monotonic() + 30
+        store = _state(port)["stores"][0]
+        while store["status"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            store = _state(port)["stores"][0]
+        assert store["status"] == "waiting" and store["waiting_for"] == str(db), store
+        assert not db.exists()  # the page only looked: it did not create the file
+
+        sink = SQLiteSink(f"sqlite:///{db}", "out")
+        sink.acquire("later", None)
+        sink.close()
+        while store["status"] != "ok" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            store = _state(port)["stores"][0]
+        assert store["status"] == "ok", store
+        assert [p["name"] for p in store["pipelines"]] == ["later"]
+        assert store["pipelines"][0]["owner"]["epoch"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert f"waiting for {db}, which does not exist yet" in err
 
 
 def test_no_store_answering_exits_4_without_the_password(

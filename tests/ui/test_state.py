@@ -174,6 +174,24 @@ def test_an_unreachable_store_is_an_error_without_its_password(unreachable_pg: s
     assert view["label"] == unreachable_pg.replace(SECRET, "***")
 
 
+def test_a_sqlite_file_not_created_yet_is_waited_for(tmp_path: Path) -> None:
+    """Before a run creates the SQLite file, the store waits for it (not an error), and
+    reading does not create it; once it exists, its pipelines are read."""
+    path = tmp_path / "later.db"
+    watch = StoreWatch(f"sqlite:///{path}", open_status_sink)
+    watch.probe()  # the CLI's start check: nothing to open yet, nothing raised
+    view = watch.read()
+    assert (view["status"], view["waiting_for"], view["error"]) == ("waiting", str(path), None)
+    assert not path.exists()
+    sink = SQLiteSink(f"sqlite:///{path}", "out")
+    sink.acquire("later")
+    sink.close()
+    view = watch.read()
+    watch.close()
+    assert view["status"] == "ok", view
+    assert [p["name"] for p in view["pipelines"]] == ["later"]
+
+
 def test_a_bad_url_is_an_error_of_its_store() -> None:
     view = StoreWatch("mysql://db.example/x", open_status_sink).read()
     assert (view["status"], view["error_type"]) == ("error", "ConfigError")
@@ -187,8 +205,10 @@ def test_a_store_that_fails_is_read_again_and_recovers(
     url, _, _ = committed
     path = Path(url.removeprefix("sqlite:///"))
     moved = tmp_path / "moved.db"
-    path.rename(moved)
     watch = StoreWatch(url, open_status_sink)
+    assert watch.read()["status"] == "ok"
+    watch.close()  # as after a failure: the next read opens the file again
+    path.rename(moved)
     first = watch.read()
     assert (first["status"], first["error_type"]) == ("error", "ConfigError")
     assert "does not exist" in first["error"]

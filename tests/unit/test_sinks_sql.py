@@ -274,6 +274,9 @@ def test_latest_by_keeps_the_row_with_the_greatest_tuple(store_url: StoreURL) ->
         ]
         res = _commit_cdc(sink, epoch, _b(("t", 0, 0, 13), ("t", 1, 0, 4)), rows)
         assert (res.skipped, res.row_count, res.seq) == (False, 7, 0)
+        # 7 rows received, 3 written (one per key): the result names both counts.
+        assert (res.rows_written, res.written) == (3, 3)
+        assert sink.ledger("p")[0].row_count == 7  # the ledger counts the batch's rows
         assert _latest(sink) == {"k1": "c", "k2": "x", "k3": "p1"}
         # The latest_by columns are output columns: written like any other.
         assert {(r["k"], r["partition"], r["offset"]) for r in inspector_for(sink).rows()} == {
@@ -283,8 +286,12 @@ def test_latest_by_keeps_the_row_with_the_greatest_tuple(store_url: StoreURL) ->
         }
         # The next batch updates by key as before; a repeated key again keeps its latest row.
         rows = [("k1", "d", 0, 14), ("k1", "e", 0, 13)]
-        _commit_cdc(sink, epoch, _b(("t", 0, 13, 15)), rows, batch=1)
+        res = _commit_cdc(sink, epoch, _b(("t", 0, 13, 15)), rows, batch=1)
+        assert (res.row_count, res.written) == (2, 1)
         assert _latest(sink) == {"k1": "d", "k2": "x", "k3": "p1"}
+        # A batch without a repeated key writes each of its rows: nothing apart to report.
+        res = _commit_cdc(sink, epoch, _b(("t", 1, 4, 5)), [("k4", "q", 1, 4)], batch=2)
+        assert (res.row_count, res.rows_written, res.written) == (1, None, 1)
     finally:
         sink.close()
 
@@ -468,15 +475,15 @@ def test_no_data_batches(sink: SQLiteSink) -> None:
     epoch = sink.acquire("p").epoch
     _commit(sink, epoch, _b(("t", 0, 0, 5)), [(1, "a")], batch_id=0)
     at_rest = BatchRanges.at({("t", 0): 5})
-    # no new offsets and no rows: nothing to record
+    # no new offsets and no rows: nothing to record (skipped, and no replay)
     res = _commit(sink, epoch, at_rest, [], batch_id=1)
-    assert (res.skipped, res.seq) == (True, None)
+    assert (res.skipped, res.seq, res.empty, res.replayed) == (True, None, True, False)
     assert len(sink.ledger("p")) == 1
     # no new offsets but rows (a watermark firing, say): recorded by Spark identity
     res = _commit(sink, epoch, at_rest, [(2, "late")], batch_id=2, checkpoint="cp")
     assert (res.skipped, res.row_count, res.seq) == (False, 1, 1)
     again = _commit(sink, epoch, at_rest, [(2, "late")], batch_id=2, checkpoint="cp")
-    assert (again.skipped, again.seq) == (True, 1)
+    assert (again.skipped, again.seq, again.empty, again.replayed) == (True, 1, False, True)
     assert _rows(sink) == [(1, "a"), (2, "late")]
     assert sink.end_offsets("p") == {("t", 0): 5}
     # the next data batch continues from the unchanged end offsets

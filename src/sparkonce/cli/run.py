@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
     from sparkonce.observe import RunObserver
     from sparkonce.observe.metrics import MetricsObserver
+    from sparkonce.pipeline.runner import RunReport
 
 log = logging.getLogger("sparkonce.run")
 PORT_EXPECTED = "a port number in 1..65535"
@@ -83,12 +84,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         finally:
             spark.stop()
-    print(
-        f"pipeline {report.pipeline}: epoch {report.epoch}, resumed from {report.resumed_from}; "
-        f"committed {report.batches_committed} batches ({report.rows_committed} rows), "
-        f"skipped {report.batches_skipped} replayed batches"
-    )
+    print(summary(report))
     return 0
+
+
+def summary(report: RunReport) -> str:
+    """The run's last line: what it committed and skipped, each count named."""
+    rows = f"{report.rows_committed} rows"
+    if report.rows_written != report.rows_committed:
+        # An upsert with latest_by wrote one row per key of a batch.
+        rows += f" received, {report.rows_written} written: one per key"
+    empty = (
+        f", {report.batches_empty} no-data batches with no rows to commit"
+        if report.batches_empty
+        else ""
+    )
+    return (
+        f"pipeline {report.pipeline}: epoch {report.epoch}, resumed from {report.resumed_from}; "
+        f"committed {report.batches_committed} batches ({rows}), "
+        f"skipped {report.batches_skipped} replayed batches{empty}"
+    )
 
 
 def _observers(

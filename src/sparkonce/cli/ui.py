@@ -2,11 +2,12 @@
 
 Checks at start (each a ``bad input``, exit 2, unless said otherwise): the ``ui`` extra
 (Flask, werkzeug, plotly) is installed; every ``--sink``
-URL's form; a SQLite file that does not exist; the ``--verify-report`` (missing, not JSON,
-not a verify report); a ``--port`` already in use. Each store is then opened once: a store
-that does not answer is only a warning (the page shows its error) unless none answers,
-which exits 4. Once serving, nothing a store does stops the page: each store's error is
-shown in its own section. SIGINT and SIGTERM stop the server (exit 130 and 143).
+URL's form; the ``--verify-report`` (missing, not JSON, not a verify report); a ``--port``
+already in use. Each store is then opened once: a store that does not answer is only a
+warning (the page shows its error) unless none answers, which exits 4. A SQLite file that
+does not exist yet is waited for: the page says so, and reads it once a run creates it.
+Once serving, nothing a store does stops the page: each store's error is shown in its own
+section. SIGINT and SIGTERM stop the server (exit 130 and 143).
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
     try:
         for watch in watches:
             try:
-                watch.probe()  # ConfigError (a missing SQLite file, say) stops here: exit 2
+                watch.probe()  # ConfigError stops here: exit 2
             except StoreUnavailableError as exc:  # shown, and logged, as its first reading
                 unreachable.append(exc)
-        if len(unreachable) == len(watches):
+        if unreachable and len(unreachable) == len(watches):
             raise unreachable[0]
+        # A SQLite file that does not exist yet was not opened: the page, and one log line
+        # (sparkonce.ui.state), say that it is waited for.
     except Exception:
         for watch in watches:
             watch.close()
@@ -160,8 +163,9 @@ def add_parser(sub: SubParsers) -> None:
         default=None,
         metavar="URL",
         help=_help(
-            "a store to watch, as a sink URL (sqlite:///PATH.db, postgresql://USER@HOST:PORT/DB "
-            "or kafka://HOST:PORT/TOPIC); give it once per store",
+            "a store to watch, as a sink URL (sqlite:///PATH.db, postgresql://USER@HOST:PORT/DB, "
+            "kafka://HOST:PORT/TOPIC or delta:///ROOT/TABLE, the Delta table's own directory); "
+            "give it once per store; a SQLite file that does not exist yet is waited for",
             "SPARKONCE_SINK, one store",
         ),
     )

@@ -34,12 +34,15 @@ class Staged:
 
     ``rows`` counts the batch's output rows (the ledger entry's row count).
     ``payload`` is the stager's own: collected rows, the ids of pre-committed task
-    attempts, and so on.
+    attempts, and so on. ``written`` counts the rows step 3 wrote into the table when
+    that differs from ``rows`` (an upsert with ``latest_by`` writes one row per key);
+    None: the same as ``rows``.
     """
 
     rows: int
     payload: Any = None
     notes: dict[str, Any] = field(default_factory=dict)
+    written: int | None = None
 
 
 class Stager(ABC):
@@ -92,6 +95,14 @@ class Stager(ABC):
             "The transaction was rolled back; nothing of the batch is visible and the ledger "
             "is unchanged."
         )
+
+    def counted(self, staged: Staged) -> Staged:
+        """``staged`` with its final counts, once its transaction committed (step 5).
+
+        The default returns it as it is; a stager whose store counts the rows only at the
+        commit (a Delta write) sets them on ``staged`` then, and a stager of several
+        outputs sums its parts here."""
+        return staged
 
     def keeps_empty_no_data_batches(self) -> bool:
         """Whether a no-data batch with no rows still commits (complete mode empties)."""

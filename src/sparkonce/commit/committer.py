@@ -212,7 +212,7 @@ class Committer:
             if skipped is not None:
                 if retry and skipped.seq == seq and last is not None and last.epoch == ctx.epoch:
                     # The COMMIT whose connection was lost had gone through: ours.
-                    return CommitResult(False, staged.rows, seq)
+                    return _committed(self.stager.counted(staged), seq)
                 return skipped
             if (0 if last is None else last.seq + 1) != seq:
                 raise LedgerError(
@@ -222,7 +222,7 @@ class Committer:
                 )
             empty = ctx.ranges.empty and staged.rows == 0
             if empty and not self.stager.keeps_empty_no_data_batches():
-                return CommitResult(True, 0, None, "no new offsets and no rows")
+                return CommitResult(True, 0, None, "no new offsets and no rows", empty=True)
 
             # Step 3: make the staged rows visible.
             steps.publish(self, txn, ctx, staged)
@@ -235,7 +235,12 @@ class Committer:
             self.faults.crash_point(CrashPoint.BEFORE_LEDGER_COMMIT)
             # Step 5: commit, on leaving the with-block.
         steps.committed(self, ctx, entry)
-        return CommitResult(False, staged.rows, seq)
+        return _committed(self.stager.counted(staged), seq)
+
+
+def _committed(staged: Staged, seq: int) -> CommitResult:
+    written = None if staged.written is None or staged.written == staged.rows else staged.written
+    return CommitResult(False, staged.rows, seq, rows_written=written)
 
 
 def _entry(ctx: BatchContext, seq: int, staged: Staged, seconds: float) -> LedgerEntry:

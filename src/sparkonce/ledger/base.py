@@ -66,20 +66,38 @@ class BatchContext:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """What a commit did: ``committed`` rows, or ``skipped`` a replay (step 2)."""
+    """What a commit did: ``committed`` rows, or ``skipped`` the batch: a replay (step 2),
+    or a no-data batch with no rows (``empty``: nothing to commit, no ledger entry)."""
 
     skipped: bool
+    # The batch's output rows: what the transform gave the sink (the ledger's row count).
     row_count: int
     seq: int | None  # the ledger entry that covers the batch (None for a no-op no-data batch)
     reason: str = ""
     # Rows committed per output, for a pipeline with several outputs (empty otherwise).
     per_output: Mapping[str, int] = field(default_factory=dict)
+    # Rows the sink wrote into its table, when not ``row_count``: an upsert with
+    # ``latest_by`` writes one row per key of the batch (each inserted or updated).
+    # None: every output row was written.
+    rows_written: int | None = None
+    # A no-data batch (no new offsets) that emitted no rows: skipped, but not a replay.
+    empty: bool = False
     # Where the commit's time went, in seconds, for a committed batch of one sink (empty
     # otherwise): "look" (step 0's reads), "stage" (the rows staged: collected, or written
     # by Spark's tasks), "commit" (steps 1-5, the store's transaction, retries included)
     # and "after" (the stager's clean-up after the commit).
     # Measurements, not what was committed: equal results may differ here.
     timings: Mapping[str, float] = field(default_factory=dict, compare=False)
+
+    @property
+    def replayed(self) -> bool:
+        """Skipped because the ledger already holds the batch (step 2)."""
+        return self.skipped and not self.empty
+
+    @property
+    def written(self) -> int:
+        """Rows the sink wrote into its tables (``row_count`` unless an upsert kept fewer)."""
+        return self.row_count if self.rows_written is None else self.rows_written
 
 
 class LedgerStore(ABC):

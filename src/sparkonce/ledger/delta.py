@@ -217,9 +217,7 @@ class DeltaTable:
             )
         now = jvm.java.lang.Long.valueOf(int(datetime.now(UTC).timestamp() * 1000))
         txn.updateSetTransaction(app, version, jvm.scala.Option.apply(now))
-        op = self._write_op(overwrite=overwrite)
-        with session_conf(self.spark, {USER_METADATA_CONF: metadata}):
-            committed = int(txn.commit(actions, op))
+        committed = int(txn.commit(actions, self._write_op(metadata, overwrite=overwrite)))
         return True, committed
 
     def property(self, key: str) -> str | None:
@@ -237,8 +235,14 @@ class DeltaTable:
     def start_transaction(self) -> Any:
         return self.delta_log.startTransaction()
 
-    def _write_op(self, *, overwrite: bool = False) -> Any:
-        """Delta's ``WRITE`` operation (append or overwrite) for a commit's history."""
+    def _write_op(self, metadata: str, *, overwrite: bool = False) -> Any:
+        """Delta's ``WRITE`` operation (append or overwrite) for a commit's history, with
+        ``metadata`` as the commit's ``userMetadata``.
+
+        In the operation, not in the session's ``spark.databricks.delta.commitInfo.
+        userMetadata``: a batch commits inside ``foreachBatch``, where Delta's transaction
+        reads the conf of the streaming query's own session (a clone), not of the session
+        this table was opened with; the conf set there never reached the batch commits."""
         jvm = self.jvm
         none = jvm.scala.Option.empty()
         save_mode = jvm.org.apache.spark.sql.SaveMode
@@ -246,7 +250,7 @@ class DeltaTable:
             save_mode.Overwrite if overwrite else save_mode.Append,
             none,
             none,
-            none,
+            jvm.scala.Option.apply(metadata),
             none,
             none,
             none,
@@ -268,8 +272,7 @@ class DeltaTable:
         no_actions = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
             jvm.java.util.ArrayList()
         ).toSeq()
-        with session_conf(self.spark, {USER_METADATA_CONF: metadata}):
-            txn.commit(no_actions, self._write_op())
+        txn.commit(no_actions, self._write_op(metadata))
         return True
 
     # -- files beside the table ----------------------------------------------------

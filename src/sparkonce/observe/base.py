@@ -12,12 +12,12 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.offsets import TopicPartition
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.listener import StreamingQueryListener, StreamingQueryProgress
 
     from sparkonce.errors import FencedError
@@ -148,6 +148,7 @@ class RunWatch:
         self._spark: SparkSession | None = None
         self._listener: StreamingQueryListener | None = None
         self._ended = False
+        self.source_reads = 1  # how often the query's plan reads the source (see planned)
 
     # -- the runner's calls -----------------------------------------------------------------
 
@@ -167,6 +168,13 @@ class RunWatch:
         except Exception as exc:  # monitoring only
             self._warn_once("listener", "could not listen to Spark's query progress: %s", exc)
             self._listener = None
+
+    def planned(self, out: DataFrame) -> None:
+        """The DataFrame the query runs, before it starts: how often its plan reads the
+        source. Spark's progress sums the rows of every scan of it, so a query that reads
+        it twice (several outputs, each a branch over the same input; a self-join) reports
+        each record twice; the progress the observers get counts each record once."""
+        self.source_reads = source_reads(out)
 
     def query_started(self, query_id: str) -> None:
         """The run's query started (again); the listener passes on only its progress."""
@@ -236,6 +244,8 @@ class RunWatch:
     def _progress(self, progress: StreamingQueryProgress) -> None:
         if self.query_id is None or str(progress.id) != self.query_id:
             return  # another query of the session, or one of ours not started yet
+        if self.source_reads > 1:
+            progress = per_record(progress, self.source_reads)
         self._call("on_progress", progress)
 
     # -- guarding ------------------------------------------------------------------------------
@@ -257,6 +267,38 @@ class RunWatch:
             return
         self._warned.add(key)
         log.warning("pipeline %s: " + message, self.pipeline, exc)
+
+
+def source_reads(out: DataFrame) -> int:
+    """How many scans of a streaming source the plan of ``out`` holds (at least 1; 1 when
+    the plan cannot be read). A pipeline reads one source; the transform's branches over
+    it (several outputs, a self-join) each scan it again."""
+    try:
+        leaves = out._jdf.queryExecution().analyzed().collectLeaves()
+        names = [leaves.apply(i).getClass().getSimpleName() for i in range(leaves.size())]
+    except Exception as exc:  # monitoring only
+        log.debug("could not read the query's plan: %s", exc)
+        return 1
+    return max(1, sum(1 for n in names if str(n).startswith("StreamingRelation")))
+
+
+def per_record(progress: StreamingQueryProgress, reads: int) -> StreamingQueryProgress:
+    """``progress`` with its input counts and rates divided by ``reads``, the scans of the
+    source in the query's plan (Spark adds up the rows of each)."""
+    from pyspark.sql.streaming.listener import SourceProgress, StreamingQueryProgress
+
+    def once(value: Any) -> Any:
+        if value is None:
+            return None
+        return value // reads if isinstance(value, int) else value / reads
+
+    keys = ("numInputRows", "inputRowsPerSecond", "processedRowsPerSecond")
+    sources = [
+        SourceProgress(**{**dict(s), **{k: once(s[k]) for k in keys if k in s}})
+        for s in progress.sources
+    ]
+    fields = {**dict(progress), **{k: once(progress[k]) for k in keys}, "sources": sources}
+    return StreamingQueryProgress(**fields)
 
 
 def _listener(watch: RunWatch) -> StreamingQueryListener:

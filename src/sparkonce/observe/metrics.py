@@ -171,7 +171,8 @@ class MetricsObserver(RunObserver):
 
     def on_batch(self, report: BatchReport) -> None:
         if report.result.skipped:
-            self._skipped.inc()
+            if report.result.replayed:  # not a no-data batch that had nothing to commit
+                self._skipped.inc()
             return
         self._committed.inc()
         self._rows.inc(report.result.row_count)

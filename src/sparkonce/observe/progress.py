@@ -75,7 +75,7 @@ class LiveProgress(RunObserver):
     def on_batch(self, report: BatchReport) -> None:
         with self._lock:
             if report.result.skipped:
-                self._skipped += 1
+                self._skipped += int(report.result.replayed)
             else:
                 self._committed += 1
                 self._rows += report.result.row_count

@@ -157,6 +157,23 @@ class _GroupStager(Stager):
         for stager, part in zip(self.stagers, staged.payload, strict=True):
             stager.publish(txn, ctx, part)
 
+    def counted(self, staged: Staged) -> Staged:
+        """The group's counts from its outputs' own, once the transaction committed: a
+        Delta output's rows are counted by Delta's write, at the commit (step 5)."""
+        parts = [
+            stager.counted(part) for stager, part in zip(self.stagers, staged.payload, strict=True)
+        ]
+        rows = staged.notes.setdefault("rows", {})
+        for name, part in zip(self.group.names, parts, strict=True):
+            rows[name] = part.rows
+        staged.rows = sum(part.rows for part in parts)
+        written = [part.written for part in parts]
+        if any(w is not None for w in written):
+            staged.written = sum(
+                p.rows if w is None else w for p, w in zip(parts, written, strict=False)
+            )
+        return staged
+
     def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
         parts = staged.payload if staged is not None else [None] * len(self.stagers)
         for stager, part in zip(self.stagers, parts, strict=True):
@@ -385,8 +402,14 @@ class OutputSet(Sink):
                 gctx = dataclasses.replace(ctx, epoch=group.epoch)
                 stager = group.committer.stager
                 assert isinstance(stager, _GroupStager)
-                stage = functools.partial(_staged, stager, gctx, source, rows)
-                results.append(group.committer.commit_with(gctx, stage))
+                staged: list[Staged] = []
+                stage = functools.partial(_staged, stager, gctx, source, staged)
+                result = group.committer.commit_with(gctx, stage)
+                results.append(result)
+                if not result.skipped:
+                    # Counted after the commit (the committer's ``counted``): a Delta
+                    # output's rows are known once Delta's write committed.
+                    rows.update(staged[0].notes.get("rows", {}))
             if ctx.stateful and not source.executed:
                 # Spark commits a batch's state stores only when its DataFrame runs in full.
                 df.write.format("noop").mode("overwrite").save()
@@ -397,13 +420,17 @@ class OutputSet(Sink):
         committed = [r for r in results if not r.skipped]
         if not committed:
             first = results[0]
-            return CommitResult(True, 0, first.seq, first.reason, per_output={})
+            empty = all(r.empty for r in results)
+            return CommitResult(True, 0, first.seq, first.reason, per_output={}, empty=empty)
+        total = sum(r.row_count for r in committed)
+        written = sum(r.written for r in committed)
         return CommitResult(
             False,
-            sum(r.row_count for r in committed),
+            total,
             committed[0].seq,
             "" if len(committed) == len(results) else "committed in the stores that missed it",
             per_output=rows,
+            rows_written=None if written == total else written,
         )
 
     # -- reading ---------------------------------------------------------------------------
@@ -573,11 +600,11 @@ class OutputSet(Sink):
 
 
 def _staged(
-    stager: _GroupStager, ctx: BatchContext, source: _BatchRows, rows: dict[str, int], seq: int
+    stager: _GroupStager, ctx: BatchContext, source: _BatchRows, staged: list[Staged], seq: int
 ) -> Staged:
-    staged = stager.prepare_from(ctx, source, seq)
-    rows.update(staged.notes.get("rows", {}))
-    return staged
+    made = stager.prepare_from(ctx, source, seq)
+    staged[:] = [made]
+    return made
 
 
 class _BatchRows:

@@ -80,8 +80,13 @@ class RunReport:
     epoch: int
     resumed_from: str  # "start", "checkpoint" or "ledger"
     batches_committed: int = 0
-    batches_skipped: int = 0
-    rows_committed: int = 0
+    batches_skipped: int = 0  # replays: batches the ledger already held (step 2)
+    rows_committed: int = 0  # the committed batches' output rows (the ledger's row counts)
+    # Rows the sinks wrote into their tables: fewer than ``rows_committed`` when an upsert
+    # with ``latest_by`` kept one row per key of a batch (each row inserted or updated).
+    rows_written: int = 0
+    # No-data batches (no new offsets) that emitted no rows: nothing to commit, no entry.
+    batches_empty: int = 0
     end_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     batches: list[BatchReport] = field(default_factory=list)
     # Per Spark batch id, what the query's dedup steps did (read from Spark's progress,
@@ -188,15 +193,23 @@ class _BatchHandler:
         r = self.report
         r.batches.append(report)
         if result.skipped:
-            r.batches_skipped += 1
+            if result.empty:
+                r.batches_empty += 1
+            else:
+                r.batches_skipped += 1
             log.info(
                 "pipeline %s batch %d: skipped, %s [%s]", p.name, batch_id, result.reason, ranges
             )
         else:
             r.batches_committed += 1
             r.rows_committed += result.row_count
+            r.rows_written += result.written
             per_output = ", ".join(f"{n} {k}" for n, k in result.per_output.items())
             split = ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items())
+            if result.rows_written is not None:
+                per_output = ", ".join(
+                    x for x in (per_output, f"{result.rows_written} written, one per key") if x
+                )
             log.info(
                 "pipeline %s batch %d: committed %d rows%s as ledger entry %s in %.2f s%s [%s]",
                 p.name,
@@ -430,13 +443,24 @@ def run_pipeline(
     start, each batch, Spark's progress, lag, fencing, end), for metrics or a progress
     display. Whatever it raises is logged and ignored. None watches nothing.
     """
+    from sparkonce.pipeline.spark import quiet_query_errors
+
     plan = NO_FAULTS if faults is None else faults
     watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)
     report: RunReport | None = None
     try:
-        report = _run(
-            pipeline, spark, timeout=timeout, on_batch=on_batch, stop=stop, faults=plan, watch=watch
-        )
+        # The error the query ends with is raised below, as one sparkonce error: Spark's
+        # console log need not print its Java stack first (a session of the user's own).
+        with quiet_query_errors(spark):
+            report = _run(
+                pipeline,
+                spark,
+                timeout=timeout,
+                on_batch=on_batch,
+                stop=stop,
+                faults=plan,
+                watch=watch,
+            )
         return report
     except FencedError as exc:
         plan.fenced(
@@ -527,6 +551,7 @@ def _run(
             resumed,
         )
         if watch is not None:
+            watch.planned(out)  # the scans of the source, which Spark's progress adds up
             watch.start(spark, RunStart(pipeline.name, owner.epoch, resumed, dict(ledger_end)))
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):

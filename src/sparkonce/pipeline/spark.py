@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError
 
@@ -234,3 +235,51 @@ def merge_spark_conf(*confs: Mapping[str, str]) -> dict[str, str]:
                 value = ",".join(dict.fromkeys(out[key].split(",") + value.split(",")))
             out[key] = value
     return out
+
+
+# The loggers under which Spark's streaming query logs "Query ... terminated with error",
+# with the whole Java stack (the class of the query's execution; Spark 4 moved it).
+QUERY_ERROR_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+)
+
+
+@contextmanager
+def quiet_query_errors(spark: SparkSession) -> Iterator[None]:
+    """While the block runs, keep the query's "terminated with error" record, and its Java
+    stack, off a session that logs to the console with Spark's default log4j profile (a
+    session of the user's own, in library use): the run raises the error itself, as one
+    sparkonce error that names the cause (a fenced run: ``FencedError``; a failed batch:
+    an error whose ``__cause__`` is Spark's exception, Java stack included).
+
+    A JVM whose log4j configuration was chosen (``log4j2.configurationFile``: ``sparkonce
+    run``'s log file, or the user's own set-up) is left alone, as is everything else Spark
+    logs. The loggers' levels are restored when the block ends.
+    """
+    try:
+        jvm: Any = spark._jvm
+        chosen = jvm.java.lang.System.getProperty("log4j2.configurationFile")
+    except Exception:  # no JVM to look at: nothing to quiet
+        chosen = "unknown"
+    if chosen:
+        yield
+        return
+    log4j = jvm.org.apache.logging.log4j
+    context = log4j.LogManager.getContext(False)
+    config = context.getConfiguration()
+    before = {}
+    for name in QUERY_ERROR_LOGGERS:
+        own = config.getLoggers().get(name)
+        before[name] = None if own is None else own.getLevel()
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+    try:
+        yield
+    finally:
+        config = context.getConfiguration()
+        for name, level in before.items():
+            if level is None:
+                config.removeLogger(name)
+            else:
+                config.getLoggerConfig(name).setLevel(level)
+        context.updateLoggers()

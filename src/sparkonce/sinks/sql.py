@@ -544,7 +544,7 @@ class SqlSink(Sink, Stager):
             self._create_table(txn, schema)
         if self.output_mode == "complete":
             txn.execute(f"DELETE FROM {qi(self.table)}")
-        self._write_rows(txn, columns, rows, schema)
+        staged.written = self._write_rows(txn, columns, rows, schema)
 
     def after_commit(self, ctx: BatchContext) -> None:
         self._table_checked = True
@@ -559,12 +559,15 @@ class SqlSink(Sink, Stager):
         columns: list[str],
         rows: list[tuple[Any, ...]],
         schema: StructType | None = None,
-    ) -> None:
+    ) -> int:
+        """Write the batch's rows; returns how many were written (an upsert with
+        ``latest_by`` writes one per key)."""
         if not rows:
-            return
+            return 0
         if self.mode == "upsert":
             rows = self._one_row_per_key(columns, rows, schema)
         self._insert(conn, columns, rows)
+        return len(rows)
 
     def _one_row_per_key(
         self, columns: list[str], rows: list[tuple[Any, ...]], schema: StructType | None

@@ -351,7 +351,7 @@ class PostgresTwoPhaseSink(PostgresSink):
                 "committed; restart the run to replay it."
             )
         if self.mode == "upsert" and attempts:
-            self._merge(conn, attempts, columns)
+            staged.written = self._merge(conn, attempts, columns)
 
     def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
         self._collect_after_failure(ctx)
@@ -359,11 +359,12 @@ class PostgresTwoPhaseSink(PostgresSink):
     def after_commit(self, ctx: BatchContext) -> None:
         self.collect(ctx.pipeline, ctx.epoch)
 
-    def _merge(self, conn: Any, attempts: list[int], columns: list[str]) -> None:
+    def _merge(self, conn: Any, attempts: list[int], columns: list[str]) -> int:
         """Upsert: merge the successful attempts' staged rows into the table by key.
 
         With ``latest_by``, each key's row with the greatest ``latest_by`` tuple wins
-        (NULL lowest); without it, a repeated key is refused and named.
+        (NULL lowest); without it, a repeated key is refused and named. Returns the rows
+        inserted or updated (PostgreSQL's row count of the ``INSERT``).
         """
         import psycopg
 
@@ -382,9 +383,11 @@ class PostgresTwoPhaseSink(PostgresSink):
             source = staged
         insert = f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM {source}"
         try:
-            if not self._insert_only(conn, insert, attempts):
+            written = self._insert_only(conn, insert, attempts)
+            if written is None:
                 with conn.transaction():  # a savepoint, so the error below is ours to explain
-                    conn.execute(insert + self._upsert_clause(columns), (attempts,))
+                    merge = conn.execute(insert + self._upsert_clause(columns), (attempts,))
+                    written = int(merge.rowcount)
         except psycopg.errors.CardinalityViolation:
             # Back at the savepoint, in the same transaction: find a repeated key to name.
             row = conn.execute(
@@ -408,8 +411,9 @@ class PostgresTwoPhaseSink(PostgresSink):
             f"DELETE FROM {qi(self.precommit_table)} WHERE {ATTEMPT_COLUMN} = ANY(%s)",
             (attempts,),
         )
+        return int(written)
 
-    def _insert_only(self, conn: Any, insert: str, attempts: list[int]) -> bool:
+    def _insert_only(self, conn: Any, insert: str, attempts: list[int]) -> int | None:
         """Merge the batch with a plain ``INSERT`` if none of its keys is in the table yet.
 
         A plain ``INSERT`` costs about a third less than ``INSERT ... ON CONFLICT``, which
@@ -419,23 +423,24 @@ class PostgresTwoPhaseSink(PostgresSink):
         back, nothing of it stays, and the caller merges with ``ON CONFLICT``. After such a
         fallback the next :data:`INSERT_ONLY_BACKOFF` batches go straight to ``ON CONFLICT``,
         so a pipeline that updates keys does not pay for a failed try every batch.
+        Returns the rows inserted, or None when the caller must merge.
         """
         import psycopg
 
         if self._insert_only_backoff:
             self._insert_only_backoff -= 1
-            return False
+            return None
         try:
             with conn.transaction():
-                conn.execute(insert, (attempts,))
+                inserted = int(conn.execute(insert, (attempts,)).rowcount)
         except psycopg.errors.UniqueViolation:
             self._insert_only_backoff = INSERT_ONLY_BACKOFF
             log.debug(
                 "upsert into %s: a key is in the table already; merging with ON CONFLICT",
                 self.table,
             )
-            return False
-        return True
+            return None
+        return inserted
 
     def _refuse_latest_by_tie(self, conn: Any, attempts: list[int]) -> None:
         """Refuse a key with two staged rows of equal ``latest_by`` values (NULLs equal)."""

@@ -187,17 +187,35 @@ class StoreWatch:
         self._opener = opener
         self._sink: Sink | None = None
         self._failed_probe: Exception | None = None
+        self._opened = False  # the store was opened once
 
     def __repr__(self) -> str:
         return f"StoreWatch({self.label})"
+
+    def waiting_for(self) -> str | None:
+        """The SQLite file this store is, while it does not exist yet (a run creates it
+        when it first opens its sink); None for any other store, or once it existed (a
+        file gone after it was read is an error)."""
+        from sparkonce.config import StoreURL
+
+        if self._opened or not self.url.startswith("sqlite:"):
+            return None
+        try:
+            path = StoreURL.parse(self.url).path
+        except ConfigError:
+            return None
+        return None if path is None or path.exists() else str(path)
 
     def probe(self) -> None:
         """Open the store now; raises what the opener raises (the CLI's start check).
 
         A failure is also kept as the first reading's result, so the page shows it at once
         instead of trying the store again (a PostgreSQL server that does not answer takes
-        seconds of retries).
+        seconds of retries). A SQLite file that does not exist yet is not opened: it is
+        waited for (:meth:`waiting_for`).
         """
+        if self.waiting_for() is not None:
+            return
         try:
             self._open()
         except Exception as exc:
@@ -207,13 +225,26 @@ class StoreWatch:
     def _open(self) -> Sink:
         if self._sink is None:
             self._sink, self.label = self._opener(self.url)
+            self._opened = True
         return self._sink
 
     def read(self) -> dict[str, Any]:
-        """This store's pipelines (``status`` "ok"), none ("empty"), or what went wrong
+        """This store's pipelines (``status`` "ok"), none ("empty"), a SQLite file that does
+        not exist yet ("waiting", with ``waiting_for`` its path), or what went wrong
         ("error", with ``error`` the message and ``error_type`` the exception's class)."""
         started = time.monotonic()
         base: dict[str, Any] = {"label": self.label, "read_at": _iso(datetime.now(UTC))}
+        waiting = self.waiting_for()
+        if waiting is not None:
+            return {
+                **base,
+                "status": "waiting",
+                "waiting_for": waiting,
+                "error": None,
+                "error_type": None,
+                "pipelines": [],
+                "read_s": round(time.monotonic() - started, 3),
+            }
         try:
             failed, self._failed_probe = self._failed_probe, None
             if failed is not None:
@@ -310,6 +341,14 @@ def _log_change(before: str | None, view: dict[str, Any]) -> None:
         log.warning("%s: %s: %s", view["label"], view["error_type"], view["error"])
     elif before == "error" and view["status"] != "error":
         log.warning("%s: readable again", view["label"])
+    elif view["status"] == "waiting" and before != "waiting":
+        log.warning(
+            "%s: waiting for %s, which does not exist yet (a run creates it)",
+            view["label"],
+            view["waiting_for"],
+        )
+    elif before == "waiting" and view["status"] != "waiting":
+        log.warning("%s: the file exists now; reading it", view["label"])
 
 
 # -- the whole page ------------------------------------------------------------------------------

@@ -290,6 +290,16 @@
           text: "no pipelines in this store: no run has taken an epoch here yet",
         })
       );
+    } else if (s.status === "waiting") {
+      section.appendChild(
+        el("p", {
+          class: "warn store-waiting",
+          text:
+            "waiting for " +
+            s.waiting_for +
+            ": the file does not exist yet; it is read once a run creates it",
+        })
+      );
     } else if (s.status === "loading") {
       section.appendChild(el("p", { class: "meta", text: "reading\u2026" }));
     }
