@@ -74,3 +74,63 @@ def test_a_sparkonce_error_raised_in_a_task_keeps_its_class_and_exit_code(
     assert _report(info.value) == EXIT_UNAVAILABLE
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("sparkonce:")]
     assert len(err) == 1 and err[0].startswith("sparkonce: unavailable: cannot connect")
+
+
+_CAST_PIPELINE = """
+from pyspark.sql import functions as F
+
+from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+
+
+def cast(df):
+    return df.select(F.col("value").cast("string").cast("long").alias("v"))
+
+
+pipeline = Pipeline(
+    name="fails",
+    source=EmbeddedLogSource({log!r}, "events"),
+    sink=sink_from_url({url!r}, "out"),
+    checkpoint={checkpoint!r},
+    transform=cast,
+)
+"""
+
+
+def test_a_failed_run_prints_one_line_and_keeps_spark_stacks_in_its_log_file(
+    tmp_path: Path,
+) -> None:
+    """``sparkonce run`` as a user starts it: Spark's error records (PySpark's query-context
+    logger in JSON with a Java stack, py4j's callback error) go to the log file only."""
+    import os
+    import subprocess
+    import sys
+
+    pipeline_file = tmp_path / "pipeline.py"
+    pipeline_file.write_text(
+        _CAST_PIPELINE.format(
+            log=str(_log_with_a_bad_value(tmp_path / "log")),
+            url=f"sqlite:///{tmp_path / 'out.db'}",
+            checkpoint=str(tmp_path / "chk"),
+        )
+    )
+    log_file = tmp_path / "run.log"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file)]
+    done = subprocess.run(
+        [*cmd, "--log-file", str(log_file), "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    err = done.stderr.strip().splitlines()
+    assert err[-1].startswith("sparkonce: PipelineError: pipeline 'fails': batch 0"), err
+    assert "[CAST_INVALID_INPUT]" in err[-1] and f"(full log: {log_file})" in err[-1]
+    # Above the summary, only sparkonce's own progress (and the JVM launcher's one warning).
+    for line in err[:-1]:
+        assert " INFO sparkonce." in line or line.startswith("WARNING: Using incubator"), err
+    assert len(done.stderr) < 3000, done.stderr
+    kept = log_file.read_text()
+    assert "DataFrameQueryContextLogger" in kept and "at org.apache.spark" in kept
+    assert "There was an exception while executing the Python Proxy" in kept
