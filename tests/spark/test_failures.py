@@ -134,3 +134,86 @@ def test_a_failed_run_prints_one_line_and_keeps_spark_stacks_in_its_log_file(
     kept = log_file.read_text()
     assert "DataFrameQueryContextLogger" in kept and "at org.apache.spark" in kept
     assert "There was an exception while executing the Python Proxy" in kept
+
+
+@pytest.mark.postgres
+@pytest.mark.crash_lane  # about 35 s: a server of its own, and the driver's reconnects
+def test_postgresql_killed_while_a_task_holds_its_pre_commit_is_unavailable_exit_4(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The two-phase sink's write task has registered its attempt and waits, inside its
+    pre-commit transaction, for a lock this test holds on the pre-commit table; the server is
+    killed (immediate shutdown, as a crash) right then. The task's psycopg error must reach
+    the user as SinkUnavailableError (exit 4), as the same outage does between batches."""
+    import contextlib
+    import threading
+    import time
+
+    import psycopg
+    from tests.services import postgres
+
+    from sparkonce.sinks.twophase import DATA_SUFFIX
+
+    server = postgres.start(tmp_path / "pg")
+    url = server.create_database("kill_in_task")
+
+    def slow_start(df: DataFrame) -> DataFrame:
+        @F.udf("string")
+        def late(v):  # no type hints: a plain Python UDF
+            import time as _time
+
+            if v == b"0":
+                _time.sleep(4)  # the write task's first rows come late: the lock is in place
+            return v.decode()
+
+        return df.select(late("value").alias("v"))
+
+    pipeline = Pipeline(
+        name="killed",
+        source=EmbeddedLogSource(_log_with_a_bad_value(tmp_path / "log"), "events"),
+        sink=sink_from_url(url, "out", two_phase=True),
+        checkpoint=tmp_path / "chk",
+        transform=slow_start,
+    )
+    killed: list[str] = []
+
+    def kill_while_a_task_waits_in_its_transaction() -> None:
+        deadline = time.monotonic() + 180
+        lock = psycopg.connect(url)
+        try:
+            while time.monotonic() < deadline:  # made by the driver just before the tasks
+                with psycopg.connect(url, autocommit=True) as look:
+                    made = look.execute(
+                        f"SELECT to_regclass('out{DATA_SUFFIX}') IS NOT NULL"
+                    ).fetchone()
+                if made and made[0]:
+                    break
+                time.sleep(0.05)
+            lock.execute(f'LOCK TABLE "out{DATA_SUFFIX}" IN ACCESS EXCLUSIVE MODE')
+            while time.monotonic() < deadline:
+                with psycopg.connect(url, autocommit=True) as look:
+                    waiting = look.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE 'COPY%'"
+                    ).fetchone()
+                if waiting and waiting[0]:
+                    postgres.kill(tmp_path / "pg")
+                    killed.append("killed")
+                    return
+                time.sleep(0.1)
+        finally:
+            with contextlib.suppress(psycopg.OperationalError):  # the server is gone
+                lock.close()
+
+    killer = threading.Thread(target=kill_while_a_task_waits_in_its_transaction, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(SinkUnavailableError) as info:
+            pipeline.run(spark, timeout=180)
+    finally:
+        killer.join(30)
+        postgres.stop(tmp_path / "pg")
+    assert killed, "the server was not killed while a task held its transaction"
+    message = str(info.value)
+    assert "batch 0 [events[0]:0..10]" in message, message
+    assert _report(info.value) == EXIT_UNAVAILABLE
