@@ -6,7 +6,9 @@ inside a Spark task (as the two-phase sink's pre-commit raises when PostgreSQL i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -217,3 +219,31 @@ def test_postgresql_killed_while_a_task_holds_its_pre_commit_is_unavailable_exit
     message = str(info.value)
     assert "batch 0 [events[0]:0..10]" in message, message
     assert _report(info.value) == EXIT_UNAVAILABLE
+
+
+@pytest.mark.postgres
+def test_a_commit_failing_on_the_driver_names_the_batch_and_its_ranges(
+    spark: SparkSession, tmp_path: Path, pg_server: Any
+) -> None:
+    """The sink's database is dropped after batch 0 (its sessions cut off): batch 1's commit,
+    on the driver, cannot reach it. The one line names the batch and its ranges, as a
+    task's failure does."""
+    url = pg_server.create_database(f"gone_{os.getpid()}")
+
+    def drop_after_batch_0(report: object) -> None:
+        pg_server.drop_database(f"gone_{os.getpid()}")
+
+    pipeline = Pipeline(
+        name="gone",
+        source=EmbeddedLogSource(
+            _log_with_a_bad_value(tmp_path / "log"), "events", max_records_per_partition=5
+        ),
+        sink=sink_from_url(url, "out"),
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: df.select(F.col("value").cast("string").alias("v")),
+    )
+    with pytest.raises(SinkUnavailableError) as info:
+        pipeline.run(spark, timeout=120, on_batch=drop_after_batch_0)
+    message = str(info.value)
+    assert message.startswith("cannot connect to PostgreSQL"), message
+    assert message.endswith("(pipeline 'gone', batch 1 [events[0]:5..10])"), message
