@@ -22,6 +22,7 @@ with ``/``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlparse
@@ -35,6 +36,14 @@ if TYPE_CHECKING:  # pragma: no cover
 # the session itself (pipeline/spark.py: hadoop_fs_conf); any other needs its jars in
 # spark.jars (or on the cluster's classpath) as Spark itself does.
 FETCHED_SCHEMES = {"s3a": "s3"}
+# S3A's settings for the check of a checkpoint at the start (HadoopFiles._probe): one
+# attempt per request and one retry, instead of S3A's 7 retries with backoff (a minute).
+PROBE_SETTINGS = {
+    "fs.s3a.attempts.maximum": "1",
+    "fs.s3a.retry.limit": "1",
+    "fs.s3a.retry.interval": "200ms",
+    "fs.s3a.retry.throttle.limit": "1",
+}
 
 
 def scheme(loc: str | Path) -> str:
@@ -215,6 +224,18 @@ class HadoopFiles:
             self._fs[key] = fs
         return fs, jpath
 
+    def _probe(self, jpath: Any) -> Any:
+        """A new S3A filesystem for the start's check, with S3A's retries cut down
+        (:data:`PROBE_SETTINGS`): missing credentials or an unreachable endpoint then fail
+        in seconds, not after a minute of backoff. The session's own stays as configured."""
+        conf = self.jvm.org.apache.hadoop.conf.Configuration(self.conf)
+        for key, value in PROBE_SETTINGS.items():
+            conf.set(key, value)
+        try:
+            return self.jvm.org.apache.hadoop.fs.FileSystem.newInstance(jpath.toUri(), conf)
+        except Exception as exc:
+            raise filesystem_error(str(jpath), exc) from None
+
     def exists(self, path: str) -> bool:
         fs, p = self._path(path)
         return bool(fs.exists(p))
@@ -278,6 +299,9 @@ class HadoopFiles:
 
     def check_writable_dir(self, path: str, what: str) -> None:
         fs, p = self._path(path)  # raises for a scheme without a FileSystem
+        probe = scheme(path) == "s3a"
+        if probe:
+            fs = self._probe(p)
         try:
             if fs.exists(p) and not fs.getFileStatus(p).isDirectory():
                 raise ConfigError(
@@ -288,12 +312,54 @@ class HadoopFiles:
             raise
         except Exception as exc:
             raise filesystem_error(path, exc) from None
+        finally:
+            if probe:
+                fs.close()
+
+
+def java_causes(exc: BaseException) -> list[str]:
+    """The Java exception behind ``exc`` (a ``Py4JJavaError``) and each of its causes, as
+    ``class: message``, outermost first; from the text (``: ...`` and ``Caused by: ...``
+    lines) when there is no Java object to ask. Empty when ``exc`` names none."""
+    found: list[str] = []
+    java = getattr(exc, "java_exception", None)
+    try:
+        while java is not None and len(found) < 10:
+            found.append(" ".join(str(java.toString()).split()))
+            java = java.getCause()
+    except Exception:  # the JVM went away: what the text says will do
+        pass
+    if found:
+        return found
+    return _JAVA_CAUSE_LINE.findall(str(exc))
+
+
+# In a Py4JJavaError's text: ": java.io.X: message" (the exception), "Caused by: ..." (causes).
+_JAVA_CAUSE_LINE = re.compile(
+    r"^(?::|Caused by:) ((?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)(?:: [^\n]*)?)$", re.MULTILINE
+)
+
+
+def _cause_text(exc: BaseException) -> str:
+    """One line for ``exc``: its first line, and the innermost cause a Java exception names
+    (``An error occurred while calling o47.exists.`` alone says nothing)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    causes = java_causes(exc)
+    if not causes:
+        return first[:300]
+    outer, inner = causes[0], causes[-1]
+    line = outer if len(outer) <= 400 else outer[:397] + "..."
+    if inner != outer and inner.split(": ", 1)[-1] not in outer:
+        line += f"; caused by {inner[:300]}"
+    return line
 
 
 def filesystem_error(path: str, exc: BaseException) -> ConfigError:
-    """A clear error for a location Spark's Hadoop cannot reach."""
+    """A clear error for a location Spark's Hadoop cannot reach: names the innermost
+    cause of a Java exception (such as missing credentials)."""
     text = str(exc)
-    first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+    first = _cause_text(exc)
     s = scheme(path)
     if "No FileSystem for scheme" in text or "UnsupportedFileSystemException" in text:
         fetched = FETCHED_SCHEMES.get(s)

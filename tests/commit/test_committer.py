@@ -20,7 +20,7 @@ import pytest
 from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.config import StoreURL
 from sparkonce.db import dialect_for
-from sparkonce.errors import FencedError, LedgerError, SinkError
+from sparkonce.errors import FencedError, LedgerError, SinkError, SinkUnavailableError
 from sparkonce.faults import FaultPlan
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.ledger.base import BatchContext, LedgerStore
@@ -365,6 +365,33 @@ def test_a_lost_commit_that_went_through_is_reported_as_committed(
     assert (result.skipped, result.row_count, result.seq) == (False, 5, 0)  # ours, not a replay
     assert stager.calls == ["prepare:0", "publish", "after_commit"]  # published once
     assert len(SqlLedgerStore(url, dialect_for(url)).entries(pipeline)) == 1
+    store.close()
+
+
+def test_a_connection_lost_at_every_attempt_is_sink_unavailable(pg_url: str, pipeline: str) -> None:
+    """The store's connection is cut at each try of the commit: SinkUnavailableError (exit 4,
+    as when the store cannot be reached at all), naming the batch."""
+    import psycopg
+
+    from sparkonce.cli import EXIT_UNAVAILABLE, _report
+
+    url = StoreURL.parse(pg_url)
+
+    class AlwaysLost(SqlLedgerStore):
+        @contextmanager
+        def transaction(self) -> Iterator[Any]:
+            with super().transaction() as txn:
+                yield txn
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    store = AlwaysLost(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    with pytest.raises(SinkUnavailableError) as info:
+        Committer(store, RecordingStager(rows=5), faults=FaultPlan()).commit(
+            ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+        )
+    assert "events[0]:0..5" in str(info.value) and "server closed" in str(info.value)
+    assert _report(info.value) == EXIT_UNAVAILABLE
     store.close()
 
 

@@ -54,3 +54,37 @@ def test_a_signal_stops_the_run_cleanly_and_the_next_run_resumes(
     assert run_driver(again) == 0, again.log_tail()
     got = Counter(r["record_id"] for r in rows())
     assert len(got) == 800 and set(got.values()) == {1}, "lost or duplicated records"
+
+
+@pytest.mark.crash_lane
+def test_sigterm_to_the_whole_process_group_stops_with_one_line(
+    tmp_path: Path, make_log: Callable[..., Path], drivers: list[Driver]
+) -> None:
+    """``timeout``, ``kill -- -PGID`` and systemd signal the whole group: Spark's JVM and its
+    Python workers get SIGTERM too, and may go away before the driver's Python process
+    handles it. The stop is the same: exit 143, one line, no traceback, data exact."""
+    pipeline_file, url = write_live_pipeline(tmp_path, make_log(400, partitions=2))
+
+    def rows() -> list[dict]:
+        return read_sink(url, "live_out").rows
+
+    live = Driver(pipeline_file, tmp_path / "live.log")  # a session (process group) of its own
+    drivers.append(live.start())
+    _wait_for("the first 400 rows", lambda: len(rows()) == 400, live)
+    make_log(400, partitions=2, start=401)
+    time.sleep(0.5)
+    live.signal_group(signal.SIGTERM)  # the driver, its JVM and its Python workers
+    code = run_driver(live, timeout=120)
+    log = live.log_path.read_text(errors="replace")
+    assert code == 128 + signal.SIGTERM, log
+    lines = [ln for ln in log.strip().splitlines() if not ln.startswith("WARNING: Using incubator")]
+    last = lines[-1]
+    assert last.startswith("sparkonce: stopped: ") and "SIGTERM" in last, log
+    assert "Traceback" not in log and "unexpected" not in log, log
+    assert [ln for ln in lines if ln.startswith("sparkonce:")] == [last], log
+
+    again = Driver(pipeline_file, tmp_path / "again.log", extra_args=("--timeout", "25"))
+    drivers.append(again.start())
+    assert run_driver(again) == 0, again.log_tail()
+    got = Counter(r["record_id"] for r in rows())
+    assert len(got) == 800 and set(got.values()) == {1}, "lost or duplicated records"

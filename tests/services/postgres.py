@@ -365,6 +365,16 @@ def stop(datadir: pathlib.Path) -> None:
     _run([str(bindir / "pg_ctl"), "stop", "-D", str(cluster), "-m", "fast", "-w"], cwd=cluster)
 
 
+def kill(datadir: pathlib.Path) -> None:
+    """Crash the cluster in ``datadir``: immediate shutdown, no checkpoint, every session cut
+    off at once (as a killed server; the next start recovers from the WAL)."""
+    # create=True makes the path reachable for the postgres user again: another pytest
+    # session may have reset its temp root's mode to 0700 since the server started.
+    cluster = _cluster_dir(pathlib.Path(datadir), create=True)
+    bindir = _bindir()
+    _run([str(bindir / "pg_ctl"), "stop", "-D", str(cluster), "-m", "immediate", "-w"], cwd=cluster)
+
+
 def session_server(tmp_root: pathlib.Path) -> Iterator[PostgresServer]:
     """Generator for a session fixture: a server with its cluster in ``tmp_root/pgdata``.
 

@@ -86,3 +86,34 @@ def test_kafka_connector_data_loss_is_an_offset_out_of_range_error() -> None:
         "(offset 20 of ev-0 is gone). Records this run still needed were deleted from Kafka"
     ), cause.message
     assert "Nothing was skipped" in cause.message
+
+
+def test_a_store_connection_lost_in_a_task_is_sink_unavailable() -> None:
+    """PostgreSQL killed while a two-phase task held its pre-commit (the text PySpark 4.2
+    gives), and a Kafka client's transport error: exit 4, as on the driver."""
+    inner = (
+        "pyspark.errors.exceptions.captured.PythonException: An exception was thrown from "
+        "the Python worker:\nTraceback (most recent call last):\n"
+        '  File "/x/sparkonce/sinks/twophase.py", line 649, in _copy_batch\n'
+        "psycopg.OperationalError: consuming input failed: server closed the connection "
+        "unexpectedly\n\tThis probably means the server terminated abnormally\n"
+    )
+    cause = find_cause(_WRAPPED.format(inner=inner))
+    assert cause.error is SinkUnavailableError
+    assert cause.message.startswith(
+        "psycopg OperationalError: consuming input failed: server closed the connection "
+        "unexpectedly. A Spark task lost its connection to the store."
+    ), cause.message
+    kafka = find_cause(
+        _WRAPPED.format(
+            inner='cimpl.KafkaException: KafkaError{code=_TRANSPORT,val=-195,str="Connection '
+            'refused"}'
+        )
+    )
+    assert kafka.error is SinkUnavailableError
+    # A SQL error of the store's is not an outage, nor is a Kafka error that is not transport.
+    for inner in (
+        'psycopg.errors.UniqueViolation: duplicate key value violates unique constraint "k"',
+        'cimpl.KafkaException: KafkaError{code=TOPIC_AUTHORIZATION_FAILED,val=29,str="x"}',
+    ):
+        assert find_cause(_WRAPPED.format(inner=inner)).error is None

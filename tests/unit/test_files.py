@@ -125,3 +125,24 @@ def test_the_jars_of_spark_defaults_are_kept_beside_the_pipelines(tmp_path: Path
     (home / "conf").mkdir(parents=True)
     (home / "conf" / "spark-defaults.conf").write_text("spark.jars /h.jar\n")
     assert defaults_jars({"SPARK_HOME": str(home)}) == ["/h.jar"]
+
+
+def test_a_hadoop_error_names_its_innermost_java_cause() -> None:
+    """A Py4JJavaError's first line names only the call (``o47.exists``); the cause is in
+    the Java exception and its ``Caused by`` chain (here as text, with no JVM to ask)."""
+    from sparkonce.files import filesystem_error
+
+    text = (
+        "An error occurred while calling o47.exists.\n"
+        ": java.nio.file.AccessDeniedException: s3a://b/chk: getFileStatus on s3a://b/chk: "
+        "org.apache.hadoop.fs.s3a.auth.NoAuthWithAWSException: No AWS Credentials provided\n"
+        "\tat org.apache.hadoop.fs.s3a.S3AUtils.translateException(S3AUtils.java:215)\n"
+        "Caused by: software.amazon.awssdk.core.exception.SdkClientException: Unable to load "
+        "credentials from any of the providers\n"
+        "\tat software.amazon.awssdk.core.X(X.java:1)\n"
+    )
+    message = str(filesystem_error("s3a://b/chk", RuntimeError(text)))
+    assert "o47.exists" not in message
+    assert "AccessDeniedException: s3a://b/chk" in message
+    assert "No AWS Credentials provided" in message
+    assert "caused by software.amazon.awssdk.core.exception.SdkClientException" in message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import (
@@ -45,7 +46,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a pipeline file. SIGTERM and SIGINT stop it cleanly between commits (exit
     143 and 130); Spark's and py4j's logs, with their stacks, go to the run's log file."""
     import signal
-    import threading
 
     from sparkonce.faults import FaultPlan
     from sparkonce.pipeline.loader import load_pipeline
@@ -75,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             log_file=log_file,
             conf=pipeline.spark_conf(),
         )
+        _quiet_accumulator_server(spark)
         # After the session: PySpark's SparkContext installs a SIGINT handler of its own.
         for signum in (signal.SIGTERM, signal.SIGINT):
             stack.callback(signal.signal, signum, signal.signal(signum, request_stop))
@@ -83,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spark, timeout=args.timeout, stop=stop, faults=faults, observer=observer
             )
         finally:
-            spark.stop()
+            _stop_spark(spark, stop)
     print(summary(report))
     return 0
 
@@ -104,6 +105,33 @@ def summary(report: RunReport) -> str:
         f"committed {report.batches_committed} batches ({rows}), "
         f"skipped {report.batches_skipped} replayed batches{empty}"
     )
+
+
+def _stop_spark(spark: object, stop: threading.Event) -> None:
+    """Stop the session. A signal sent to the run's whole process group (``timeout``,
+    ``kill -- -PGID``, systemd) stopped Spark's JVM too: then there is nothing left to stop,
+    and the run's own outcome (stopped, exit 128 + the signal) is what counts."""
+    try:
+        spark.stop()  # type: ignore[attr-defined]
+    except Exception as exc:
+        if not stop.is_set():
+            raise
+        log.debug("Spark's JVM had already gone on the signal: %s", exc)
+
+
+def _quiet_accumulator_server(spark: object) -> None:
+    """PySpark's accumulator server prints a traceback on stderr when Spark's JVM goes
+    away mid-connection (an ``EOFError``, as when the run's process group gets SIGTERM,
+    often after the run's log file is closed): keep it for ``-vv`` (debug) instead."""
+    server = getattr(getattr(spark, "sparkContext", None), "_accumulatorServer", None)
+    if server is None:
+        return
+    spark_log = logging.getLogger("pyspark.accumulators")
+
+    def handle_error(_request: object, client_address: object) -> None:
+        spark_log.debug("accumulator update connection %s ended", client_address, exc_info=True)
+
+    server.handle_error = handle_error
 
 
 def _observers(

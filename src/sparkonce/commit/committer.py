@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.commit.steps import CORRECT_STEPS, CommitSteps
-from sparkonce.errors import FencedError, LedgerError, SinkError, SparkOnceError
+from sparkonce.errors import (
+    FencedError,
+    LedgerError,
+    SinkError,
+    SinkUnavailableError,
+    SparkOnceError,
+)
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, LedgerStore
 from sparkonce.protocol import CrashPoint
@@ -182,8 +188,9 @@ class Committer:
             except SparkOnceError:
                 raise  # explains itself: fenced, ledger conflict, bad rows...
             except Exception as exc:
-                if not self.store.is_connection_error(exc) or attempt == self.attempts:
-                    raise _write_error(ctx, self.store, self.stager, exc) from exc
+                lost = self.store.is_connection_error(exc)
+                if not lost or attempt == self.attempts:
+                    raise _write_error(ctx, self.store, self.stager, exc, lost) from exc
                 log.warning(
                     "pipeline %r batch %s: connection to %s lost %s (%s); "
                     "retrying on a new connection (attempt %d/%d)",
@@ -261,9 +268,11 @@ def _entry(ctx: BatchContext, seq: int, staged: Staged, seconds: float) -> Ledge
 
 
 def _write_error(
-    ctx: BatchContext, store: LedgerStore, stager: Stager, exc: Exception
+    ctx: BatchContext, store: LedgerStore, stager: Stager, exc: Exception, lost: bool = False
 ) -> SinkError:
-    return SinkError(
+    """The batch's commit failed; ``lost``: on a store connection lost at every attempt
+    (SinkUnavailableError, exit 4, as when it cannot connect at all)."""
+    return (SinkUnavailableError if lost else SinkError)(
         f"pipeline {ctx.pipeline!r}: committing batch {ctx.ranges} to {store.describe()} "
         f"failed: {exc}. {stager.after_failed_commit()} Fix the cause and restart the run; "
         "the batch will be replayed."

@@ -173,13 +173,30 @@ class KafkaReader:
                 ck.KafkaError.UNKNOWN_TOPIC_OR_PART,
                 ck.KafkaError._UNKNOWN_TOPIC,
                 ck.KafkaError._UNKNOWN_PARTITION,
-            ):
+            ) and not self._partition_listed(topic, partition):
                 raise TopicNotFoundError(
                     f"Kafka topic {topic!r} partition {partition} does not exist at "
                     f"{self.conn.bootstrap} (was the topic deleted?)"
                 ) from None
             raise self.conn.unavailable(f"querying offsets of {topic}[{partition}]", exc) from None
         return int(low), int(high)
+
+    def _partition_listed(self, topic: str, partition: int) -> bool:
+        """Whether the cluster's metadata, read now, lists ``topic[partition]``.
+
+        librdkafka also says "unknown partition" when it has lost its brokers (its
+        metadata cache is gone): a topic is missing only if the cluster answered without
+        it. Raises KafkaUnavailableError when the metadata cannot be read.
+        """
+        ck = require_confluent_kafka()
+        try:
+            meta = self.consumer.list_topics(topic, timeout=self.timeout)
+        except ck.KafkaException as exc:
+            raise self.conn.unavailable(f"reading the metadata of {topic}", exc) from None
+        found = meta.topics.get(topic)
+        if not meta.brokers:
+            raise self.conn.unavailable(f"reading the metadata of {topic} (no broker listed)")
+        return found is not None and found.error is None and partition in found.partitions
 
     def read(
         self, topic: str, partition: int, start: int, end: int, *, timeout: float | None = None

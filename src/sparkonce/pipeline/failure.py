@@ -9,10 +9,13 @@ recent call last):``). :func:`find_cause` digs out what the user needs:
 1. a sparkonce error raised in a task (for example ``SinkUnavailableError`` from a
    two-phase pre-commit, or a source's retention error), rebuilt as the same class
    so that it keeps its exit code;
-2. otherwise Spark's own error class and message, such as
+2. otherwise a store's client that lost its connection in a task (psycopg's
+   ``OperationalError``, a Kafka client's transport error): ``SinkUnavailableError``,
+   exit 4, as the same outage gets on the driver;
+3. otherwise Spark's own error class and message, such as
    ``[CAST_INVALID_INPUT] The value 'abc' ... cannot be cast to "BIGINT" ...``;
-3. otherwise the last Python exception line of the traceback;
-4. otherwise the first line of the text.
+4. otherwise the last Python exception line of the traceback;
+5. otherwise the first line of the text.
 
 Pure string work over the exception's text: no pyspark import.
 """
@@ -23,7 +26,7 @@ import importlib
 import re
 from dataclasses import dataclass
 
-from sparkonce.errors import OffsetOutOfRangeError, SparkOnceError
+from sparkonce.errors import OffsetOutOfRangeError, SinkUnavailableError, SparkOnceError
 
 # Spark error classes that only wrap the real cause.
 _WRAPPERS = frozenset(
@@ -55,6 +58,23 @@ _SPARKONCE_LINE = re.compile(r"^\s*(sparkonce(?:\.\w+)+)\.(\w+): (.+)$", re.MULT
 _SPARK_CLASS = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\] ([^\n]*)")
 _PYTHON_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.+)$", re.MULTILINE)
 _MAX = 600
+# A store's client whose connection failed or was cut off inside a task: psycopg's base
+# OperationalError (its subclasses for SQL errors are named psycopg.errors.*, and only the
+# server's shutdown ones count here), and a Kafka client's transport errors.
+_CONNECTION_LOST = re.compile(
+    r"^\s*((?:psycopg2?\.OperationalError|psycopg\.errors\.(?:AdminShutdown|CrashShutdown|"
+    r"CannotConnectNow|ConnectionException|ConnectionFailure))"
+    r"|(?:cimpl|confluent_kafka)\.KafkaException): ([^\n]*)$",
+    re.MULTILINE,
+)
+_KAFKA_TRANSPORT = re.compile(
+    r"_TRANSPORT|_ALL_BROKERS_DOWN|_TIMED_OUT|_MSG_TIMED_OUT|_RESOLVE|NOT_COORDINATOR"
+)
+_UNAVAILABLE_HINT = (
+    " A Spark task lost its connection to the store. The batch's commit did not complete; "
+    "committed batches are safe in the sink. Check that the store is running and reachable "
+    "from every executor, then run again: the batch is replayed."
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,16 @@ def find_cause(text: str) -> Cause:
         cls = _error_class(module, name)
         if cls is not None:
             return Cause(_clip(message), cls)
+    for client, message in _CONNECTION_LOST.findall(text):
+        if "KafkaException" in client and not _KAFKA_TRANSPORT.search(message):
+            continue
+        name = client.rsplit(".", 1)[-1]
+        return Cause(
+            _clip(f"{client.split('.')[0]} {name}: {message}").rstrip(".")
+            + "."
+            + _UNAVAILABLE_HINT,
+            SinkUnavailableError,
+        )
     for spark_class, message in _SPARK_CLASS.findall(text):
         if spark_class.split(".")[0] not in _WRAPPERS:
             return Cause(_clip(f"[{spark_class}] {message}"), spark_class=spark_class)

@@ -168,6 +168,8 @@ class _BatchHandler:
             try:
                 self._commit(df, batch_id)
             except BaseException as exc:
+                if isinstance(exc, SparkOnceError) and self.current is not None:
+                    _name_batch(exc, self.pipeline.name, *self.current)
                 self.error = exc
                 raise
 
@@ -230,6 +232,15 @@ class _BatchHandler:
             self.watch.batch(report)  # guarded: an observer never fails the run
         if self.on_batch is not None:
             self.on_batch(report)
+
+
+def _name_batch(exc: SparkOnceError, pipeline: str, batch_id: int, ranges: BatchRanges) -> None:
+    """Make ``exc``'s message name the batch whose commit failed on the driver and its
+    ranges, as a failure in a Spark task does (its class, and so its exit code, stay)."""
+    text = str(exc)
+    if f"batch {batch_id} [" in text or len(exc.args) != 1 or not isinstance(exc.args[0], str):
+        return
+    exc.args = (f"{text} (pipeline {pipeline!r}, batch {batch_id} [{ranges}])",)
 
 
 def _resume_point(
