@@ -44,7 +44,9 @@ def _state(p: Pipeline) -> tuple[int, int, int | None]:
         p.sink.close()
 
 
-def _wait(what: str, check: Callable[[], bool], live: threading.Thread, timeout: float = 180) -> None:
+def _wait(
+    what: str, check: Callable[[], bool], live: threading.Thread, timeout: float = 180
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
