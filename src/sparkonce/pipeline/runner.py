@@ -3,15 +3,23 @@
 Order at start (every check that can fail on configuration runs *before* the epoch
 is taken, so a misconfigured run never fences a healthy one):
 
-1. Checks: the checkpoint path, the transform's output (a streaming DataFrame), the
-   sink's tables, topics and schema, and the checkpoint against the ledger (an
-   empty checkpoint of a stateful pipeline stops with ``CheckpointLostError``; a
-   checkpoint *ahead* of the ledger stops with ``CheckpointError``).
+1. Checks: the checkpoint path; the transform's output (a streaming DataFrame whose
+   analyzed plan reads the pipeline's own streaming source and no other); Spark's
+   checks of the query for its output mode (which Spark would otherwise make only when
+   the query starts); ``stateful=False`` against the plan's state operators; the
+   sink's tables, topics and schema; and the checkpoint against the ledger (an empty
+   checkpoint of a stateful pipeline stops with ``CheckpointLostError``; a checkpoint
+   of another query, by Spark's query id, or *ahead* of the ledger stops with
+   ``CheckpointError``). The checkpoint's last committed batch is listed *before* the
+   ledger is read: a live run writes the ledger first and Spark's commit log after, so
+   a live run's progress never looks like a checkpoint ahead of the ledger.
 2. ``sink.acquire`` takes a new epoch; any older run is fenced from now on.
-3. ``sink.end_offsets`` reads the ledger's resume point again (take over by writing
-   before reading); if it moved since the checks, they run again on the new point.
+3. The checkpoint, then the ledger's resume point, are read again (take over by
+   writing before reading); if either moved since the checks, they run again.
 4. The query starts; each micro-batch's ranges come from Spark's offset log and
-   ``sink.commit`` runs the commit protocol inside ``foreachBatch``.
+   ``sink.commit`` runs the commit protocol inside ``foreachBatch``. A query that
+   fails after a newer run took the epoch (a paused run continued, whose Spark then
+   trips over the checkpoint the newer run wrote) is reported as ``FencedError``.
 
 A run given an observer (:mod:`sparkonce.observe`: metrics, a progress display) calls
 its hooks from step 4 on, through a :class:`~sparkonce.observe.base.RunWatch`: after each
