@@ -28,6 +28,9 @@ from sparkonce import CheckpointError, ConfigError, EmbeddedLogSource, Pipeline,
 from sparkonce.errors import RunStopped
 from sparkonce.sinks.inspect import inspector_for
 
+# Each test runs queries for 30-60 s on the shared session: outside `make test`'s budget.
+pytestmark = pytest.mark.crash_lane
+
 
 def _values(df: DataFrame) -> DataFrame:
     return df.select("record_id", F.col("value").cast("string").alias("value"))
