@@ -10,6 +10,7 @@ taken (a refused run fences nobody).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,13 @@ from pyspark.sql import functions as F
 from tests.conftest import FAMILY_SINKS
 from tests.spark.test_no_data_batches import make_event_log
 
-from sparkonce import CheckpointLostError, EmbeddedLogSource, Pipeline, sink_from_url
+from sparkonce import (
+    CheckpointLostError,
+    ConfigError,
+    EmbeddedLogSource,
+    Pipeline,
+    sink_from_url,
+)
 from sparkonce.sinks.inspect import inspector_for
 
 RECORDS = 300
@@ -160,8 +167,11 @@ def _lose_checkpoint_and_expect_refusal(spark: SparkSession, p: Pipeline) -> Non
     assert entries, "the first run committed nothing"
     assert all(e.stateful is True for e in entries), [e.stateful for e in entries]
     shutil.rmtree(p.checkpoint_path)
-    with pytest.raises(CheckpointLostError, match="records that the query kept state"):
+    with pytest.raises(CheckpointLostError, match="records that the query kept state") as err:
         p.run(spark, timeout=300)
+    # stateful=False would be refused for this plan: the advice is to restore the checkpoint.
+    assert "stateful=False" not in str(err.value)
+    assert "restore the checkpoint" in str(err.value)
     after, owner_after = _ledger_and_owner(p)
     assert owner_after.epoch == owner.epoch, "a refused run must not take an epoch"
     assert after == entries
@@ -179,6 +189,80 @@ def test_every_stateful_api_refuses_a_lost_checkpoint(
     p = _pipeline(tmp_path, transform, mode, sink)
     p.run(spark, timeout=300)
     _lose_checkpoint_and_expect_refusal(spark, p)
+
+
+@pytest.mark.parametrize(("transform", "mode"), STATEFUL, ids=[t.__name__ for t, _ in STATEFUL])
+def test_stateful_false_is_refused_on_every_stateful_api(
+    spark: SparkSession,
+    tmp_path: Path,
+    transform: Callable[[DataFrame], DataFrame],
+    mode: str,
+) -> None:
+    """stateful=False on a plan that keeps state would start that state empty after a lost
+    checkpoint (a dedupe then lets duplicates through): refused from the plan alone,
+    before the epoch. Nothing runs: the refusal comes while the query is being built."""
+    make_event_log(tmp_path / "log", 10, keys=3)
+    sink = sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out")
+    p = dataclasses.replace(_pipeline(tmp_path, transform, mode, sink), stateful=False)
+    with pytest.raises(ConfigError, match="stateful=False, but the query keeps state") as err:
+        p.run(spark, timeout=60)
+    assert "restore it" in str(err.value) and "no epoch was taken" in str(err.value)
+    entries, owner = _ledger_and_owner(p)
+    assert owner is None and entries == []
+    assert not (tmp_path / "chk" / "offsets").exists(), "the query was started"
+
+
+def test_dedupe_with_stateful_false_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    """The reported case: a dedupe pipeline told stateful=False let re-sent ids through."""
+    from sparkonce.outputs import dedupe
+
+    make_event_log(tmp_path / "log", 10, keys=3)
+    sink = sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out")
+
+    def deduped(df: DataFrame) -> DataFrame:
+        return dedupe(_events(df), "record_id", within="10 minutes", event_time="ts")
+
+    p = dataclasses.replace(_pipeline(tmp_path, deduped, "append", sink), stateful=False)
+    with pytest.raises(ConfigError, match=r"DeduplicateWithinWatermark"):
+        p.run(spark, timeout=60)
+    assert _ledger_and_owner(p) == ([], None)
+
+
+def test_lost_checkpoint_advice_names_every_output_and_the_flag_only_for_old_ledgers(
+    tmp_path: Path,
+) -> None:
+    """CheckpointLostError names the outputs to delete when there are several, and suggests
+    stateful=False only when the ledger does not record whether the query keeps state."""
+    from datetime import UTC, datetime
+
+    from sparkonce.ledger.base import LedgerEntry
+    from sparkonce.offsets import BatchRanges, TopicPartition
+    from sparkonce.pipeline.checkpoint import Checkpoint
+    from sparkonce.pipeline.runner import _resume_point
+
+    make_event_log(tmp_path / "log", 10)
+    db = f"sqlite:///{tmp_path / 'sink.db'}"
+    p = Pipeline(
+        name="three",
+        source=EmbeddedLogSource(tmp_path / "log", "events"),
+        outputs={n: sink_from_url(db, n) for n in ("orders", "late", "rejects")},
+        checkpoint=tmp_path / "chk",
+    )
+    end: dict[TopicPartition, int] = {("events", 0): 10}
+    ranges = BatchRanges.from_json('{"events": {"0": [0, 10]}}')
+    now = datetime.now(UTC)
+    checkpoint = Checkpoint.open(p.checkpoint_location)
+    p.sink.open()
+    try:
+        for recorded, flag in ((True, False), (None, True)):
+            last = LedgerEntry("three", 0, ranges, 1, 10, now, 0, "q", recorded)
+            with pytest.raises(CheckpointLostError) as err:
+                _resume_point(p, checkpoint, end, last, None)
+            text = str(err.value)
+            assert ("stateful=False" in text) is flag, text
+            assert all(f"{n}: " in text for n in ("orders", "late", "rejects")), text
+    finally:
+        p.sink.close()
 
 
 def test_a_stateless_pipeline_resumes_from_the_ledger(spark: SparkSession, tmp_path: Path) -> None:

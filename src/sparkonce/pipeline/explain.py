@@ -310,6 +310,56 @@ def _seq(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.size())]
 
 
+# Options of a streaming relation that may be named in a message: where it reads, never
+# how it connects (Kafka's ``kafka.*`` options can carry credentials).
+_SAFE_OPTIONS = ("path", "topic", "subscribe", "subscribePattern", "assign")
+
+
+@dataclass(frozen=True)
+class StreamingSource:
+    """A streaming leaf of Spark's analyzed plan: its format and options. Two reads of
+    one source with the same options (a self-join) are equal."""
+
+    format: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        shown = [f"{k}={v}" for k, v in self.options if k in _SAFE_OPTIONS]
+        return f"format {self.format!r}" + (f" ({', '.join(shown)})" if shown else "")
+
+
+def streaming_sources(df: DataFrame) -> list[StreamingSource]:
+    """The streaming relations the analyzed plan of ``df`` reads, one per leaf."""
+    found: list[StreamingSource] = []
+
+    def node(n: Any) -> None:
+        kids = _seq(n.children())
+        if not kids and n.isStreaming():
+            found.append(_streaming_source(n))
+        for c in kids:
+            node(c)
+
+    node(df._jdf.queryExecution().analyzed())
+    return found
+
+
+def _streaming_source(leaf: Any) -> StreamingSource:
+    try:
+        fmt = str(leaf.sourceName())
+    except Exception:  # a streaming leaf of another kind: known by its node's name only
+        return StreamingSource(str(leaf.nodeName()))
+    try:
+        options = dict(leaf.extraOptions().asCaseSensitiveMap())
+    except Exception:  # Spark's v1 StreamingRelation keeps its options elsewhere
+        options = {}
+    return StreamingSource(fmt, tuple(sorted((str(k), str(v)) for k, v in options.items())))
+
+
+def stateful_operators(facts: PlanFacts) -> str:
+    """The stateful operators of ``facts``, named for a message."""
+    return ", ".join(f"{_STATEFUL.get(o, o)} ({o})" for o in facts.stateful)
+
+
 # -- checkpoint storage --------------------------------------------------------------------
 def checkpoint_storage(path: str | Path, mounts: str | None = None) -> dict[str, str]:
     """Where ``path`` lives: ``{"path", "mount", "fstype", "storage"}``, storage being
@@ -443,7 +493,7 @@ def _state_part(pipeline: Pipeline, spark: SparkSession, facts: PlanFacts) -> Pa
     provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", "") or ""
     short = provider.rsplit(".", 1)[-1]
     where = _STATE_STORES.get(short, f"the state store {short or 'default'}")
-    ops = ", ".join(f"{_STATEFUL.get(o, o)} ({o})" for o in facts.stateful)
+    ops = stateful_operators(facts)
     return Part(
         "state",
         f"{ops}; state in {where}",

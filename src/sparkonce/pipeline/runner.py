@@ -3,15 +3,23 @@
 Order at start (every check that can fail on configuration runs *before* the epoch
 is taken, so a misconfigured run never fences a healthy one):
 
-1. Checks: the checkpoint path, the transform's output (a streaming DataFrame), the
-   sink's tables, topics and schema, and the checkpoint against the ledger (an
-   empty checkpoint of a stateful pipeline stops with ``CheckpointLostError``; a
-   checkpoint *ahead* of the ledger stops with ``CheckpointError``).
+1. Checks: the checkpoint path; the transform's output (a streaming DataFrame whose
+   analyzed plan reads the pipeline's own streaming source and no other); Spark's
+   checks of the query for its output mode (which Spark would otherwise make only when
+   the query starts); ``stateful=False`` against the plan's state operators; the
+   sink's tables, topics and schema; and the checkpoint against the ledger (an empty
+   checkpoint of a stateful pipeline stops with ``CheckpointLostError``; a checkpoint
+   of another query, by Spark's query id, or *ahead* of the ledger stops with
+   ``CheckpointError``). The checkpoint's last committed batch is listed *before* the
+   ledger is read: a live run writes the ledger first and Spark's commit log after, so
+   a live run's progress never looks like a checkpoint ahead of the ledger.
 2. ``sink.acquire`` takes a new epoch; any older run is fenced from now on.
-3. ``sink.end_offsets`` reads the ledger's resume point again (take over by writing
-   before reading); if it moved since the checks, they run again on the new point.
+3. The checkpoint, then the ledger's resume point, are read again (take over by
+   writing before reading); if either moved since the checks, they run again.
 4. The query starts; each micro-batch's ranges come from Spark's offset log and
-   ``sink.commit`` runs the commit protocol inside ``foreachBatch``.
+   ``sink.commit`` runs the commit protocol inside ``foreachBatch``. A query that
+   fails after a newer run took the epoch (a paused run continued, whose Spark then
+   trips over the checkpoint the newer run wrote) is reported as ``FencedError``.
 
 A run given an observer (:mod:`sparkonce.observe`: metrics, a progress display) calls
 its hooks from step 4 on, through a :class:`~sparkonce.observe.base.RunWatch`: after each
@@ -248,8 +256,14 @@ def _resume_point(
     checkpoint: Checkpoint,
     ledger_end: dict[TopicPartition, int],
     last: LedgerEntry | None,
+    last_done: int | None,
 ) -> str:
-    """Where the query resumes: "start", "checkpoint" or "ledger"; raises when it must not."""
+    """Where the query resumes: "start", "checkpoint" or "ledger"; raises when it must not.
+
+    ``last_done`` is the checkpoint's last committed batch, listed *before* ``ledger_end``
+    was read: a live run commits a batch to the ledger before Spark records it in the
+    checkpoint, so read in this order the checkpoint is never seen ahead of the ledger
+    because of a live run's progress."""
     sink = pipeline.sink
     if checkpoint.is_new:
         if isinstance(sink, OutputSet):
@@ -268,6 +282,14 @@ def _resume_point(
                 else "The ledger was written by an older sparkonce that did not record whether "
                 "the query keeps state, so it is treated as stateful"
             )
+            # stateful=False is only for ledgers that do not say: a recorded stateful
+            # query is refused stateful=False by its plan (see _check_query).
+            flag = (
+                ""
+                if recorded
+                else " If the transform keeps no state (no aggregation, deduplication, join, "
+                "limit or state API), pass stateful=False to the Pipeline."
+            )
             raise CheckpointLostError(
                 f"pipeline {pipeline.name!r}: the checkpoint {checkpoint.path} is empty, but the "
                 f"ledger in {sink.describe()} already covers offsets up to "
@@ -275,12 +297,11 @@ def _resume_point(
                 "checkpoint: resuming from the ledger would silently restart every aggregate. "
                 "Nothing was changed (no epoch was taken). "
                 "Operator action: restore the checkpoint directory; or, to recompute from "
-                "scratch, delete the output table and this pipeline's rows in sparkonce_ledger "
-                "and sparkonce_owner. If the transform no longer keeps state, pass "
-                "stateful=False to the Pipeline."
+                f"scratch, delete {_outputs_named(pipeline)} and this pipeline's rows in "
+                f"sparkonce_ledger and sparkonce_owner.{flag}"
             )
         return "ledger"
-    last_done = checkpoint.last_committed_batch()
+    _check_identity(pipeline, checkpoint, last)
     if last_done is not None:
         raw = checkpoint.source_offset(last_done)
         if raw is not None:
@@ -293,10 +314,49 @@ def _resume_point(
                     f"{sink.describe()} ({BatchRanges.at(ledger_end) if ledger_end else 'empty'}). "
                     "Those batches never reached this sink, so resuming would lose them. "
                     "Nothing was changed (no epoch was taken). "
-                    "Operator action: use the checkpoint that belongs to this sink, or delete "
-                    "the checkpoint directory of a stateless pipeline to resume from the ledger."
+                    "Operator action: use the checkpoint that belongs to this pipeline and "
+                    "sink. Never delete a checkpoint a run is using (the owner's holder: "
+                    f"sparkonce status --pipeline {pipeline.name} --sink <SINK_URL>); only a "
+                    "stateless pipeline's checkpoint that no run uses may be deleted, to "
+                    "resume from the ledger."
                 )
     return "checkpoint"
+
+
+def _outputs_named(pipeline: Pipeline) -> str:
+    outputs = pipeline.output_set
+    if outputs is None:
+        return f"the output ({pipeline.sink.describe()})"
+    named = ", ".join(f"{n}: {s.describe()}" for n, s in outputs.outputs.items())
+    return f"the rows of every output ({named})"
+
+
+def _check_identity(pipeline: Pipeline, checkpoint: Checkpoint, last: LedgerEntry | None) -> None:
+    """Refuse another query's checkpoint: Spark's query id (the checkpoint's ``metadata``,
+    recorded in every ledger entry as ``checkpoint_id``) must be one this pipeline's ledger
+    knows, whatever the positions. Passes a checkpoint started from the ledger that has
+    committed no batch yet, and ledgers written before the id was recorded."""
+    if last is None or last.checkpoint_id is None:
+        return
+    query_id = checkpoint.query_id()
+    if query_id is None or query_id == last.checkpoint_id:
+        return
+    last_done = checkpoint.last_committed_batch()
+    if last_done is None:
+        return  # started from the ledger, nothing committed through it yet
+    ledger = pipeline.sink.ledger(pipeline.name)
+    if any(e.checkpoint_id == query_id for e in ledger):
+        return  # an older checkpoint of this pipeline, restored: its batches replay
+    raise CheckpointError(
+        f"pipeline {pipeline.name!r}: the checkpoint {checkpoint.path} belongs to another "
+        f"query (Spark query id {query_id}, with batches finished up to {last_done}), and no "
+        f"entry of this pipeline's ledger in {pipeline.sink.describe()} was written through it "
+        f"(its last entry came from query {last.checkpoint_id}). It is probably another "
+        "pipeline's checkpoint; running on it would advance that pipeline's checkpoint past "
+        "its own ledger. Nothing was changed (no epoch was taken). Operator action: pass this "
+        "pipeline's own checkpoint (--checkpoint), or a new empty directory for a stateless "
+        "pipeline (it then resumes from the ledger)."
+    )
 
 
 def _output(pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition, int]) -> DataFrame:
@@ -382,6 +442,7 @@ def _transform_over(
                 f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
                 f"derived from its input, got {type(out).__name__}"
             )
+        _check_sources(pipeline, stream, {SINGLE_OUTPUT: out})
         return {SINGLE_OUTPUT: out}
     if outputs.single and isinstance(out, DataFrame):
         out = {outputs.names[0]: out}
@@ -407,7 +468,73 @@ def _transform_over(
                 f"pipeline {pipeline.name!r}: output {name!r} must be a streaming DataFrame "
                 f"derived from the transform's input, got {type(df).__name__}"
             )
-    return {name: out[name] for name in outputs.names}
+    frames = {name: out[name] for name in outputs.names}
+    _check_sources(pipeline, stream, frames)
+    return frames
+
+
+def _check_sources(pipeline: Pipeline, stream: DataFrame, frames: Mapping[str, DataFrame]) -> None:
+    """Refuse a transform whose query reads another streaming source than the pipeline's:
+    each batch must be one set of the source's offset ranges, recorded in the ledger."""
+    from sparkonce.pipeline.explain import streaming_sources
+
+    own = set(streaming_sources(stream))
+    for name, df in frames.items():
+        found = streaming_sources(df)
+        extra = list(dict.fromkeys(s for s in found if s not in own))
+        if not extra and found:
+            continue
+        where = "" if name == SINGLE_OUTPUT else f" (output {name!r})"
+        mine = ", ".join(s.describe() for s in own) or pipeline.source.describe()
+        if extra:
+            what = (
+                f"reads {len(extra)} streaming source(s) besides the pipeline's own "
+                f"({mine}): {'; '.join(s.describe() for s in extra)}"
+            )
+        else:
+            what = f"does not read the pipeline's source ({mine})"
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform's query{where} {what}. A sparkonce "
+            "pipeline reads exactly one streaming source, its own, so that each batch is one "
+            "set of that source's offset ranges, recorded in the ledger. Operator action: "
+            "join other data as a static table (spark.read instead of spark.readStream), or "
+            "give the other stream a pipeline of its own. Nothing was changed (no epoch was "
+            "taken)."
+        )
+
+
+def _check_query(pipeline: Pipeline, spark: SparkSession, out: DataFrame) -> None:
+    """Spark's checks of the query that would otherwise run only when it starts (after the
+    epoch), and ``stateful=False`` against the plan's state operators."""
+    from sparkonce.pipeline.explain import plan_facts, stateful_operators
+
+    if str(spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true")) != "false":
+        jvm = spark._jvm
+        assert jvm is not None
+        modes = jvm.org.apache.spark.sql.streaming.OutputMode
+        mode = {"append": modes.Append, "update": modes.Update, "complete": modes.Complete}
+        checker = jvm.org.apache.spark.sql.catalyst.analysis.UnsupportedOperationChecker
+        try:
+            checker.checkForStreaming(
+                out._jdf.queryExecution().analyzed(), mode[pipeline.output_mode]()
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: Spark does not support this query with "
+                f"output_mode={pipeline.output_mode!r}: {_short(exc)}. Fix the transform or "
+                "the output mode; nothing was changed (no epoch was taken)."
+            ) from None
+    if pipeline.stateful is False:
+        facts = plan_facts(out)
+        if facts.stateful:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: stateful=False, but the query keeps state across "
+                f"batches in Spark's checkpoint: {stateful_operators(facts)}. Started without "
+                "that state (an empty checkpoint), it would silently restart it: "
+                "deduplication would let duplicates through and aggregates would start again "
+                "from zero. Operator action: remove stateful=False; if the checkpoint was "
+                "lost, restore it. Nothing was changed (no epoch was taken)."
+            )
 
 
 def _combined(outputs: OutputSet, out: Mapping[str, DataFrame]) -> DataFrame:
@@ -514,20 +641,27 @@ def _run(
     sink.open()
     try:
         # 1. Checks, before any epoch is taken: reading the ledger changes nothing.
+        # The checkpoint is read before the ledger: a live run records a batch in the
+        # ledger first, in Spark's checkpoint after, so the two are read consistently.
         checkpoint = Checkpoint.open(pipeline.checkpoint_location, spark)
         checkpoint.check_usable()
+        seen_done = checkpoint.last_committed_batch()
         seen_end = sink.end_offsets(pipeline.name)
         out = _output(pipeline, spark, seen_end)
+        _check_query(pipeline, spark, out)
         sink.validate(out.schema, pipeline.output_mode)
-        resumed = _resume_point(pipeline, checkpoint, seen_end, sink.last_entry(pipeline.name))
+        resumed = _resume_point(
+            pipeline, checkpoint, seen_end, sink.last_entry(pipeline.name), seen_done
+        )
 
         # 2-3. Take over (write before read), then read the resume point again.
         owner = sink.acquire(pipeline.name, pipeline.source.uri())
+        last_done = checkpoint.last_committed_batch()
         ledger_end = sink.end_offsets(pipeline.name)
-        if ledger_end != seen_end:  # an older run committed meanwhile
+        if ledger_end != seen_end or last_done != seen_done:  # an older run went on meanwhile
             out = _output(pipeline, spark, ledger_end)
             resumed = _resume_point(
-                pipeline, checkpoint, ledger_end, sink.last_entry(pipeline.name)
+                pipeline, checkpoint, ledger_end, sink.last_entry(pipeline.name), last_done
             )
 
         stray = checkpoint.clear_unplanned_debris()
@@ -706,11 +840,30 @@ def _failure(
     rebuilt = rebuild(cause, f"(pipeline {pipeline.name!r}, {batch})")
     if rebuilt is not None:
         return rebuilt
+    fenced = _fenced(pipeline, handler)
+    if fenced is not None:
+        # A newer run took the pipeline over (a paused run woke up, say): Spark then often
+        # fails on the checkpoint both queries write (CONCURRENT_STREAM_LOG_UPDATE) before
+        # this run's next commit would have been fenced. It is fencing all the same.
+        log.info("pipeline %s: the query failed after the run was fenced: %s", pipeline.name, text)
+        return fenced
     return PipelineError(
         f"pipeline {pipeline.name!r}: {batch} failed: {cause.message}. The batch's commit did "
         "not complete; committed batches are safe in the sink, and a new run starts again "
         "from this batch once the cause is fixed."
     )
+
+
+def _fenced(pipeline: Pipeline, handler: _BatchHandler) -> FencedError | None:
+    """A FencedError when the sink's owner epoch is newer than this run's, else None."""
+    try:
+        owner = pipeline.sink.owner(pipeline.name)
+    except Exception as exc:  # the store may be down: the failure is reported as it is
+        log.debug("pipeline %s: could not read the owner: %s", pipeline.name, exc)
+        return None
+    if owner is None or owner.epoch <= handler.epoch:
+        return None
+    return FencedError(pipeline.name, handler.epoch, owner.epoch, holder=owner.holder)
 
 
 def _failed_batch(pipeline: Pipeline, checkpoint: Checkpoint, handler: _BatchHandler) -> str:
