@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-crash setup lint unit bench jars pg-start pg-stop kafka-start kafka-stop clean
+.PHONY: demo test test-crash setup lint unit bench jars pg-start pg-stop kafka-start kafka-stop clean docs-serve
 
 setup: $(STAMP)
 
@@ -23,10 +23,17 @@ $(STAMP): pyproject.toml
 demo: setup
 	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/sparkonce demo
 
+# The docs site is built with --strict (a broken link, a missing page or API object fails),
+# into a temp directory, never into the repository.
 lint: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(TMPDIR),/tmp)/sparkonce-site
+
+# Preview the docs site at http://127.0.0.1:8000/, rebuilt on every change.
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The tests start a throwaway PostgreSQL cluster, a single-node KRaft Kafka broker and an
 # S3-compatible server (moto, from the dev extras) on 127.0.0.1 themselves (tests/services/);

@@ -12,7 +12,7 @@ What it starts, all throwaway and on 127.0.0.1 (tests/services):
   two trials run at a time (each on its own SQLite store), each with room for a zombie
   driver beside its successor;
 * the executors' Python, packed by ``scripts/pack-executor-env.sh`` and shipped by every
-  driver through ``spark.archives``, as the README's "Running on a cluster" describes.
+  driver through ``spark.archives``, as docs/guides/cluster.md ("Running on a cluster") describes.
 
 The pipeline is ``scripts/verify-campaign.sh``'s: per-key sums (a stateful aggregation)
 from an embedded log (one file, which every node here sees at the same path) into SQLite,

@@ -1,8 +1,12 @@
-"""Every ```python and ```bash block of README.md, run as written.
+"""Every ```python and ```bash block of README.md and of every docs/**/*.md page, run as
+written.
 
-Blocks are identified by their first line (:data:`RUN` and :data:`EXEMPT`); the guard
-:func:`test_every_block_is_run_or_exempt` fails when README.md gains a block neither lists,
-so a new example cannot go untested. The text that runs is always README.md's current text.
+Blocks are identified by their first line (:data:`RUN` and :data:`EXEMPT`), whichever page
+holds them; the guard :func:`test_every_block_is_run_or_exempt` fails when a page gains a
+block neither lists, so a new example cannot go untested. A block may appear on several
+pages (the quick start is in README.md and on its docs page) only as identical copies, which
+the guard checks, so the copy that runs is every copy. The text that runs is always the
+pages' current text.
 
 Each run uses a fresh temp directory as its working directory, with ``.venv/bin`` (the
 installed ``sparkonce`` CLI) first on ``PATH`` and no ``SPARKONCE_*`` variables, so the
@@ -13,14 +17,18 @@ Substitutions, the only ones made:
 - ``broker:9092`` becomes the test broker's bootstrap address (``kafka_broker.bootstrap``);
 - ``/var/lib/orders-copy/checkpoint`` becomes a directory under the test's ``tmp_path``.
 
-The multi-output example (``examples/orders.py``, shown whole in README.md) reads its
+The multi-output example (``examples/orders.py``, shown whole in docs/guides/outputs.md) reads its
 PostgreSQL URL and data directory from ``ORDERS_PG`` and ``ORDERS_DATA``; its test sets
 them to a database of the test server and the test's directory. No other block holds a
 PostgreSQL URL.
 
+README.md's relative links must resolve to files of the repository
+(:func:`test_readme_links_resolve`); the docs pages' links are checked by ``mkdocs build
+--strict`` (``make lint``).
+
 Topics: the quick start's embedded-log topic ``events`` and the Kafka CLI block's topic
 ``events`` are created by the blocks themselves (``sparkonce log create``, ``sparkonce kafka
-create``). The README says the ``KafkaProducer`` block needs an existing topic and the Kafka
+create``). The Kafka guide says the ``KafkaProducer`` block needs an existing topic and the Kafka
 pipeline needs existing topics, so the test creates ``events`` (if missing), ``orders`` and
 ``orders-clean`` for those.
 """
@@ -49,10 +57,11 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 VENV_BIN = REPO / ".venv" / "bin"
 TIMEOUT_S = 300
 
-# The first lines that identify README.md's blocks.
+# The first lines that identify the pages' blocks.
 QUICK_PY = "# pipeline.py"
 QUICK_SH = "sparkonce log create data/log events --partitions 4"
 KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
@@ -105,14 +114,24 @@ EXEMPT = {
 }
 
 RUNNABLE = ("python", "bash")
-NOT_RUNNABLE = ("text",)  # the Layout tree
+NOT_RUNNABLE = ("text",)  # the Layout tree, configuration snippets, a metrics scrape
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every Markdown page of the docs site."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
 
 
 @dataclass(frozen=True)
 class Block:
+    path: str  # the page, relative to the repository
     lang: str
     line: int  # 1-based line of the opening fence
     text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
 
     @property
     def first_line(self) -> str:
@@ -123,10 +142,11 @@ class Block:
         return hashlib.sha1(self.text.encode()).hexdigest()[:8]
 
 
-def readme_blocks() -> list[Block]:
-    """Every fenced block of README.md, in order."""
+def page_blocks(page: Path) -> list[Block]:
+    """Every fenced block of one page, in order."""
+    rel = page.relative_to(REPO).as_posix()
     blocks: list[Block] = []
-    lines = README.read_text().splitlines()
+    lines = page.read_text().splitlines()
     i = 0
     while i < len(lines):
         m = re.match(r"^(\s*)(```+|~~~+)\s*([\w+-]*)", lines[i])
@@ -139,15 +159,25 @@ def readme_blocks() -> list[Block]:
         while i < len(lines) and not lines[i].strip().startswith(fence):
             body.append(lines[i])
             i += 1
-        assert i < len(lines), f"README.md:{start + 1}: unclosed code fence"
-        blocks.append(Block(m.group(3).lower(), start + 1, "\n".join(body) + "\n"))
+        assert i < len(lines), f"{rel}:{start + 1}: unclosed code fence"
+        blocks.append(Block(rel, m.group(3).lower(), start + 1, "\n".join(body) + "\n"))
         i += 1
     return blocks
 
 
+def doc_blocks() -> list[Block]:
+    """Every fenced block of every page (:func:`doc_pages`), page by page, in order."""
+    return [b for page in doc_pages() for b in page_blocks(page)]
+
+
 def block(first_line: str) -> Block:
-    found = [b for b in readme_blocks() if b.lang in RUNNABLE and b.first_line == first_line]
-    assert len(found) == 1, f"README.md has {len(found)} blocks starting {first_line!r}"
+    """The block that starts with ``first_line``: its copies on every page are identical
+    (the guard checks it), so running one runs them all."""
+    found = [b for b in doc_blocks() if b.lang in RUNNABLE and b.first_line == first_line]
+    assert found, f"no page has a block starting {first_line!r}"
+    assert len({b.text for b in found}) == 1, (
+        f"the copies of {first_line!r} differ: {[b.where for b in found]}"
+    )
     return found[0]
 
 
@@ -183,11 +213,11 @@ def run_bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def exec_block(b: Block, text: str, cwd: Path) -> dict[str, object]:
-    namespace: dict[str, object] = {"__name__": f"readme_line_{b.line}"}
+    namespace: dict[str, object] = {"__name__": f"doc_block_line_{b.line}"}
     old = Path.cwd()
     os.chdir(cwd)
     try:
-        exec(compile(text, f"README.md:{b.line + 1}", "exec"), namespace)
+        exec(compile(text, f"{b.path}:{b.line + 1}", "exec"), namespace)
     finally:
         os.chdir(old)
     return namespace
@@ -197,25 +227,66 @@ def exec_block(b: Block, text: str, cwd: Path) -> dict[str, object]:
 
 
 def test_every_block_is_run_or_exempt() -> None:
-    blocks = readme_blocks()
-    other = [(b.line, b.lang) for b in blocks if b.lang not in RUNNABLE + NOT_RUNNABLE]
-    assert not other, f"README.md blocks in an unexpected language (test or tag them): {other}"
+    """The guard, over README.md and every docs page."""
+    pages = doc_pages()
+    assert len(pages) > 10, f"the docs pages are missing: {pages}"
+    blocks = doc_blocks()
+    other = [b.where for b in blocks if b.lang not in RUNNABLE + NOT_RUNNABLE]
+    assert not other, f"blocks in an unexpected language (test or tag them): {other}"
     runnable = [b for b in blocks if b.lang in RUNNABLE]
-    firsts = Counter(b.first_line for b in runnable)
-    assert all(n == 1 for n in firsts.values()), f"two blocks share a first line: {firsts}"
+    copies: dict[str, set[str]] = {}
+    for b in runnable:
+        copies.setdefault(b.first_line, set()).add(b.text)
+    differ = {
+        first: [b.where for b in runnable if b.first_line == first]
+        for first, texts in copies.items()
+        if len(texts) > 1
+    }
+    assert not differ, f"blocks that share a first line but differ (make them one): {differ}"
     assert not set(RUN) & set(EXEMPT)
     unlisted = [
-        f"README.md:{b.line} ({b.lang}, {b.digest}): {b.first_line!r}"
+        f"{b.where} ({b.lang}, {b.digest}): {b.first_line!r}"
         for b in runnable
         if b.first_line not in RUN and b.first_line not in EXEMPT
     ]
-    assert not unlisted, "README.md blocks no test runs (add a test, or an exemption):\n" + (
+    assert not unlisted, "blocks no test runs (add a test, or an exemption):\n" + (
         "\n".join(unlisted)
     )
-    stale = (set(RUN) | set(EXEMPT)) - set(firsts)
-    assert not stale, f"listed blocks no longer in README.md: {sorted(stale)}"
+    stale = (set(RUN) | set(EXEMPT)) - set(copies)
+    assert not stale, f"listed blocks no longer on any page: {sorted(stale)}"
     missing = {name for name in RUN.values() if not callable(globals().get(name))}
     assert not missing, f"RUN names tests that do not exist: {missing}"
+
+
+def test_readme_links_resolve() -> None:
+    """Every relative link and image of README.md names a file of the repository (they
+    resolve on GitHub); an anchor after it must be a heading of that Markdown page."""
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links, "README.md has no links into the docs"
+    broken = []
+    for link in links:
+        if re.match(r"^[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        path = (REPO / target).resolve() if target else README
+        if not path.is_file():
+            broken.append(link)
+        elif anchor and path.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-") for h in headings}
+            if anchor not in slugs:
+                broken.append(link)
+    assert not broken, f"README.md links that do not resolve: {broken}"
+    docs = {link.partition("#")[0] for link in links if link.startswith("docs/")}
+    assert "docs/index.md" in docs and "docs/getting-started/quick-start.md" in docs, docs
+
+
+def test_readme_is_short() -> None:
+    """Issue 43: the README stays a front page (at most about 150 lines); the rest is in
+    docs/."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines; move detail into docs/"
 
 
 def test_exempt_synopsis_is_a_synopsis() -> None:
@@ -246,11 +317,16 @@ def test_setup_block_dry_run() -> None:
 
 
 def test_quick_start(tmp_path: Path) -> None:
-    """ "Using it": pipeline.py saved as is, then the bash block after it, in that directory."""
+    """The quick start (README.md and its docs page): pipeline.py saved as is, then the bash
+    block after it, in that directory."""
     py = block(QUICK_PY)
     sh = block(QUICK_SH)
-    blocks = readme_blocks()
-    assert blocks.index(sh) == blocks.index(py) + 1, "the bash block must follow pipeline.py"
+    holders = [p for p in doc_pages() if any(b.first_line == QUICK_PY for b in page_blocks(p))]
+    assert README in holders, "README.md must hold the quick start"
+    for page in holders:
+        firsts = [b.first_line for b in page_blocks(page)]
+        at = firsts.index(QUICK_PY)
+        assert firsts[at + 1 : at + 2] == [QUICK_SH], f"{page}: the bash block must follow"
     (tmp_path / "pipeline.py").write_text(py.text)
 
     proc = run_bash(sh.text, tmp_path)
@@ -370,7 +446,8 @@ def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: Sp
 def test_orders_example(
     tmp_path: Path, spark: SparkSession, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """README's multi-output example is examples/orders.py, and it writes what it says."""
+    """The multi-output example (docs/guides/outputs.md) is examples/orders.py, and it
+    writes what it says."""
     import json
     import random
     from decimal import Decimal
@@ -380,7 +457,7 @@ def test_orders_example(
     from sparkonce.log import IdempotentProducer, Topic
 
     b = block(ORDERS)
-    assert b.text == (REPO / "examples" / "orders.py").read_text(), "README and examples differ"
+    assert b.text == (REPO / "examples" / "orders.py").read_text(), "docs and examples differ"
     monkeypatch.setenv("ORDERS_PG", pg_url)
     monkeypatch.setenv("ORDERS_DATA", str(tmp_path / "data"))
 

@@ -1,4 +1,5 @@
-"""README.md's metrics table and example scrape match what MetricsObserver exposes."""
+"""The metrics table and example scrape (docs/guides/ui-and-metrics.md) match what
+MetricsObserver exposes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkonce.observe.metrics import MetricsObserver
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "ui-and-metrics.md"
 
 
 def exposition() -> str:
@@ -19,7 +20,7 @@ def exposition() -> str:
 
 
 def exposed() -> dict[str, str]:
-    """Each metric as the README names it (a counter with ``_total``) -> its type; not the
+    """Each metric as the docs page names it (a counter with ``_total``) -> its type; not the
     ``*_created`` series, which ``sparkonce run`` turns off."""
     families = {}
     for family in text_string_to_metric_families(exposition()):
@@ -31,13 +32,13 @@ def exposed() -> dict[str, str]:
 
 
 def test_the_metrics_table_lists_every_metric_with_its_type() -> None:
-    rows = re.findall(r"^\| `(sparkonce_\w+)` \| (\w+) \|", README.read_text(), re.M)
+    rows = re.findall(r"^\| `(sparkonce_\w+)` \| (\w+) \|", PAGE.read_text(), re.M)
     assert len(rows) == len(dict(rows))
     assert dict(rows) == exposed()
 
 
 def test_the_example_scrape_shows_every_metric_and_only_real_series() -> None:
-    text = README.read_text()
+    text = PAGE.read_text()
     block = text.split("```text\nsparkonce_batches_committed_total", 1)[1].split("```", 1)[0]
     names = {"sparkonce_batches_committed_total"} | {
         line.split("{", 1)[0] for line in block.splitlines()[1:] if line.strip()

@@ -292,7 +292,7 @@ def test_the_hint_names_dedupe_for_resend_trials_that_counted_copies_again() -> 
     hint = failure_hint([dup, agg, broken, kill])
     assert hint is not None and hint.startswith("resend trials [3, 4]: ")
     assert "sparkonce.outputs.dedupe" in hint
-    assert 'README: "Removing duplicates a producer re-sent"' in hint
+    assert 'docs/guides/dedupe.md: "Removing duplicates a producer re-sent"' in hint
     assert failure_hint([broken, kill]) is None
 
 

@@ -246,7 +246,7 @@ def test_kafka_without_dedupe_the_command_reports_duplicates_and_points_at_dedup
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The whole command (reference run included): exit 1, the duplicates in verify.json
-    and the table, and the line that names dedupe and the README section."""
+    and the table, and the line that names dedupe and the docs page."""
     from sparkonce.cli import main
 
     topic = kafka_topic("resend-raw", partitions=3)
@@ -267,5 +267,6 @@ def test_kafka_without_dedupe_the_command_reports_duplicates_and_points_at_dedup
     sink = sink_rows(tmp_path)
     assert sum(sink.values()) == RECORDS + window and len(sink) == RECORDS
     assert "sparkonce.outputs.dedupe" in printed
-    assert 'README: "Removing duplicates a producer re-sent"' in " ".join(printed.split())
+    hint = 'docs/guides/dedupe.md: "Removing duplicates a producer re-sent"'
+    assert hint in " ".join(printed.split())
     assert_trial_topic_deleted(kafka_broker.bootstrap, topic, trial["resend"]["source"], 0)

@@ -69,8 +69,9 @@ Records without an id
     a bare ``dropDuplicatesWithinWatermark`` it ran at 0.5x to 0.7x of the bare operator's
     throughput in ``benchmarks/dedup.py``. On 10 million records with 1% copies, a pipeline
     with :func:`dedupe` runs at 0.28x of the same pipeline without it (0.37x with the tuned
-    RocksDB settings in the README): the cost is Spark's state operator (its lookups, and a
-    scan of the whole state per batch to remove expired ids), not the shuffle (0.86x).
+    RocksDB settings in docs/performance.md): the cost is Spark's state operator (its
+    lookups, and a scan of the whole state per batch to remove expired ids), not the shuffle
+    (0.86x).
 
 The guarantee, in DESIGN.md's words
     With an effectively-once sink, a logical record re-sent under the same id takes effect

@@ -193,8 +193,8 @@ KNOWN_KINDS = FAULT_KINDS + OPT_IN_KINDS
 RESEND_PROGRESS_EVERY = (3, 40)  # M: the producer persists its progress every M records
 RESEND_HINT = (
     "records the producer re-sent under the same record ids took effect again: remove them "
-    'by record id with sparkonce.outputs.dedupe (README: "Removing duplicates a producer '
-    're-sent")'
+    'by record id with sparkonce.outputs.dedupe (docs/guides/dedupe.md: "Removing '
+    'duplicates a producer re-sent")'
 )
 EXIT_FENCED = 3  # sparkonce.cli.EXIT_FENCED; the CLI is above this layer
 RETRY_MASTER = "local[2,4]"  # local mode with up to 4 attempts per task
