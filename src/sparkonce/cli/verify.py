@@ -538,7 +538,8 @@ def add_parser(sub: SubParsers) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="how often the live readers read each store during a trial (default 0.25); every observation is checked for aborted reads, "
+        help="how often the live readers read each store during a trial (default 0.25); "
+        "every observation is checked for aborted reads, "
         "duplicates, torn batches and rows that disappear",
     )
     p.add_argument(
