@@ -906,7 +906,7 @@ class Campaign:
         if more:
             return None, "a store with several outputs is read live only in SQL"
         if isinstance(sink, KafkaSink):
-            return KafkaLiveReader(name, self._inspectors[name].fresh(), self.pipeline.name), None
+            return KafkaLiveReader(name, self._inspectors[name].fresh, self.pipeline.name), None
         if isinstance(sink, DeltaSink):
             if "://" in sink.path and not sink.path.startswith("file:"):
                 return None, f"the live Delta reader reads local tables only, not {sink.path}"

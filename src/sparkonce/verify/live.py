@@ -68,7 +68,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -373,10 +373,19 @@ class KafkaLiveReader(StoreReader):
 
     kind = "kafka read_committed"
 
-    def __init__(self, name: str, sink: Any, pipeline: str) -> None:
+    def __init__(self, name: str, fresh: Callable[[], Any], pipeline: str) -> None:
+        """``fresh()``: a new copy of the sink, with connections of its own (the reader
+        takes a new one after a reset, so no cached ledger outlives the records)."""
         self.name = name
-        self.sink = sink  # a fresh copy, the reader's own
+        self.fresh = fresh
+        self._sink: Any = None
         self.pipeline = pipeline
+
+    @property
+    def sink(self) -> Any:
+        if self._sink is None:
+            self._sink = self.fresh()
+        return self._sink
 
     def read(self) -> Observation:
         from sparkonce.kafka.consumer import KafkaReader
@@ -395,8 +404,10 @@ class KafkaLiveReader(StoreReader):
         return Observation({self.name: out}, before, after)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.sink.close()
+        if self._sink is not None:
+            with contextlib.suppress(Exception):
+                self._sink.close()
+            self._sink = None
 
 
 class DeltaLogReader(StoreReader):
@@ -534,6 +545,8 @@ class LiveReader:
             yield
             for s in self.stores:
                 s.check.forget()
+                if s.reader is not None:
+                    s.reader.close()  # reconnects on its next read
 
     def poll(self) -> None:
         with self._lock:
