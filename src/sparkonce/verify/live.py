@@ -423,9 +423,8 @@ class DeltaLogReader(StoreReader):
         versions = sorted(int(p.stem) for p in log.glob("*.json")) if log.is_dir() else []
         files: dict[str, dict[str, str | None]] = {}
         entries: list[LedgerEntry] = []
-        committed = 0
         for v in versions:
-            meta: dict[str, Any] | None = None
+            txn: int | None = None
             rows_written = -1
             for line in (log / f"{v:020d}.json").read_text().splitlines():
                 if not line.strip():
@@ -436,22 +435,18 @@ class DeltaLogReader(StoreReader):
                 elif "remove" in action:
                     files.pop(action["remove"]["path"], None)
                 elif "txn" in action and action["txn"].get("appId") == self.app:
-                    committed = int(action["txn"]["version"]) & 0xFFFFFFFF
+                    txn = int(action["txn"]["version"])
                 elif "commitInfo" in action:
-                    info = action["commitInfo"]
-                    metrics = info.get("operationMetrics") or {}
+                    metrics = action["commitInfo"].get("operationMetrics") or {}
                     count = metrics.get("numOutputRows", metrics.get("numSourceRows"))
                     rows_written = int(count) if count is not None else -1
-                    with contextlib.suppress(ValueError, TypeError):
-                        meta = json.loads(info.get("userMetadata") or "null")
-            if (
-                isinstance(meta, dict)
-                and meta.get("sparkonce") == "batch"
-                and meta.get("pipeline") == self.pipeline
-            ):
-                entries = [e for e in entries if e.seq < int(meta["seq"])]
-                entries.append(_delta_entry(meta, rows_written))
-        entries = [e for e in entries if e.seq < committed]
+            if txn is None:
+                continue
+            # version = epoch << 32 | entries committed (sparkonce.ledger.delta): a commit
+            # that counts one more entry is that batch's; an acquire keeps the count.
+            epoch, committed = txn >> 32, txn & 0xFFFFFFFF
+            if committed > len(entries):
+                entries.append(self._entry(committed - 1, epoch, rows_written))
         out: list[dict[str, Any]] = []
         for path, parts in files.items():
             table = pq.read_table(self.root / unquote(path))
@@ -459,21 +454,23 @@ class DeltaLogReader(StoreReader):
                 out.append({**row, **dict(parts)})
         return Observation({self.name: out}, entries)
 
+    def _entry(self, seq: int, epoch: int, rows: int) -> LedgerEntry:
+        """Entry ``seq``, committed by ``epoch``: its offsets from the entry file written
+        before the commit (``_sparkonce/<pipeline>/entries/<seq>/<epoch>.json``)."""
+        from datetime import UTC, datetime
 
-def _delta_entry(meta: Mapping[str, Any], rows: int) -> LedgerEntry:
-    """A ledger entry from a batch commit's ``userMetadata`` (see sparkonce.ledger.delta)."""
-    from datetime import UTC, datetime
+        from sparkonce.offsets import BatchRanges
 
-    from sparkonce.offsets import BatchRanges
-
-    return LedgerEntry(
-        pipeline=str(meta["pipeline"]),
-        seq=int(meta["seq"]),
-        ranges=BatchRanges.from_json_obj(meta["ranges"]),
-        epoch=int(meta.get("epoch", 0)),
-        row_count=rows,
-        committed_at=datetime.now(UTC),
-    )
+        entry = self.root / "_sparkonce" / self.pipeline / "entries" / str(seq) / f"{epoch}.json"
+        data = json.loads(entry.read_text())
+        return LedgerEntry(
+            pipeline=self.pipeline,
+            seq=seq,
+            ranges=BatchRanges.from_json_obj(data["ranges"]),
+            epoch=epoch,
+            row_count=rows,
+            committed_at=datetime.now(UTC),
+        )
 
 
 # -- the reader thread ---------------------------------------------------------------------
