@@ -24,8 +24,10 @@ no state with it: it sees only what any reader of the store sees.
   ledger again. It is not a snapshot: partitions are read one after another.
 * Delta: a snapshot of the table's ``_delta_log`` (JSON commits read directly, the
   data files with pyarrow; no Spark), at its newest version: the rows of that version
-  and the ledger it holds (Delta's ``txn`` version for ``sparkonce:<pipeline>``, with
-  each commit's entry and row count). Local tables only.
+  and the ledger it holds: Delta's ``txn`` version for ``sparkonce:<pipeline>`` counts the
+  committed batches (a commit that raises the count is that batch's, with its row count
+  in the commit's metrics), and each batch's offsets come from its entry file (see
+  :mod:`sparkonce.ledger.delta`). Local tables only.
 
 **The checks** (rows compared as in :mod:`.compare`, declared non-deterministic
 columns left out; an output with upsert keys is *keyed*, matched by its keys):
