@@ -129,6 +129,17 @@ def test_kafka_observations_between_two_ledger_reads() -> None:
     assert check.anomalies["torn-batch"] == 1
 
 
+def test_a_sink_whose_tasks_commit_first_needs_only_the_ledger_s_batches_whole() -> None:
+    check = LiveCheck([OutputSpec("output", ORACLE)], tasks_commit=True)
+    # a task of batch 1 committed before the batch's ledger entry: documented, no anomaly
+    check.observe(Observation({"output": _rows(0, 1)["output"][:4]}, [_entry(0)], [_entry(0)]))
+    check.observe(Observation(_rows(0, 1), [_entry(0)], [_entry(0)]))
+    assert sum(check.anomalies.values()) == 0
+    # ...but a batch the ledger holds must be all there
+    check.observe(Observation(_rows(0, 1), [_entry(0), _entry(1), _entry(2)], None))
+    assert check.anomalies["torn-batch"] == 1
+
+
 # -- a real store, a real reader, the planted sink --------------------------------------------
 
 

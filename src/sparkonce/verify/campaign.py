@@ -890,7 +890,10 @@ class Campaign:
                 for n in names
             ]
             reader, why = self._store_reader(names)
-            stores.append(LiveStore(where, reader, LiveCheck(specs), why))
+            tasks_commit = isinstance(reader, KafkaLiveReader)  # documented: per partition
+            stores.append(
+                LiveStore(where, reader, LiveCheck(specs, tasks_commit=tasks_commit), why)
+            )
         return LiveReader(stores, self.live_interval_s)
 
     def _store_reader(self, names: Sequence[str]) -> tuple[StoreReader | None, str | None]:
