@@ -106,6 +106,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         summarize,
         write_json,
     )
+    from sparkonce.verify.live import DEFAULT_INTERVAL_S as LIVE_INTERVAL_S
     from sparkonce.verify.planning import (
         VerifyRequest,
         check_request,
@@ -145,6 +146,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             nondeterministic=tuple(args.nondeterministic or ()),
             master=args.master,
             checkpoint_root=args.checkpoint,
+            live_interval_s=None if args.no_live else (args.live_interval or LIVE_INTERVAL_S),
         )
         for url, workdir in zip(sink_urls, workdirs, strict=True)
     ]
@@ -243,6 +245,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "duplicated rows",
         "value mismatches",
         *(["inconsistent"] if checks_pairs else []),
+        "live observations",
+        "live anomalies",
         "recovery mean (s)",
         "recovery p95 (s)",
     ):
@@ -257,10 +261,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             str(s.duplicated_rows),
             str(s.value_mismatches),
             *([str(s.inconsistent)] if checks_pairs else []),
+            str(s.live_observations),
+            str(s.live_anomalies),
             "-" if s.recovery_mean_s is None else f"{s.recovery_mean_s:.1f}",
             "-" if s.recovery_p95_s is None else f"{s.recovery_p95_s:.1f}",
         )
     console.print(table)
+    _print_live(console, outcomes)
     _print_recovery(console, outcomes, campaign.oracle, max(1, len(stores)))
     if campaign.multi:
         console.print(_outputs_table(campaign, outcomes))
@@ -311,11 +318,34 @@ def _trial_detail(outcome: TrialOutcome) -> str:
     ]
     if bad:
         text += f" ({'; '.join(bad)})"
+    if outcome.live:
+        seen = sum(s.get("observations", 0) for s in outcome.live)
+        text += f"; live: {seen} observations, {outcome.live_anomalies} anomalies"
     if outcome.inconsistent:
         text += f"; inconsistent across outputs {outcome.inconsistent}"
         if outcome.inconsistencies:  # examples are in verify.json
             text += f" ({outcome.inconsistencies[0].split(', e.g. ')[0]})"
     return text
+
+
+def _print_live(console: Any, outcomes: Sequence[TrialOutcome]) -> None:
+    """Per store: the live readers' observations and anomalies by kind, first examples."""
+    from sparkonce.verify.campaign import live_totals
+
+    for store in live_totals(outcomes):
+        found = ", ".join(f"{k} {n}" for k, n in store["anomalies"].items())
+        line = (
+            f"live reader ({store['reader'] or 'none'}) of {store['store']}: "
+            f"{store['observations']} observations in {store['trials']} trials; anomalies: {found}"
+        )
+        if store.get("read_errors"):
+            line += f"; {store['read_errors']} reads failed (retried)"
+        if store.get("not_read"):
+            line += f"; not read: {store['not_read']}"
+        console.print(line, markup=False, highlight=False)
+        for kind, examples in store["examples"].items():
+            for e in examples:
+                console.print(f"  {kind}: {e}", markup=False, highlight=False)
 
 
 def _outputs_table(campaign: Campaign, outcomes: Sequence[TrialOutcome]) -> Table:
@@ -502,6 +532,20 @@ def add_parser(sub: SubParsers) -> None:
         help="columns the transform computes non-deterministically (uuid(), rand(), a "
         "clock, a lookup): not compared by value but by count and across outputs (see "
         "below). COLUMN applies to every output having it; OUTPUT.COLUMN to one output",
+    )
+    p.add_argument(
+        "--live-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how often the live readers read each store during a trial (default 0.25); "
+        "every observation is checked for aborted reads, "
+        "duplicates, torn batches and rows that disappear",
+    )
+    p.add_argument(
+        "--no-live",
+        action="store_true",
+        help="no live readers: check only each trial's final state",
     )
     p.set_defaults(func=cmd_verify)
 

@@ -132,6 +132,7 @@ events each driver run writes (:meth:`Driver.events`, schema in
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import queue
@@ -176,6 +177,17 @@ from sparkonce.verify.checks import (
 )
 from sparkonce.verify.compare import diff_rows
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from sparkonce.verify.live import (
+    DEFAULT_INTERVAL_S,
+    DeltaLogReader,
+    KafkaLiveReader,
+    LiveCheck,
+    LiveReader,
+    LiveStore,
+    OutputSpec,
+    SqlReader,
+    StoreReader,
+)
 from sparkonce.verify.reference import ENTRY as REFERENCE_ENTRY
 from sparkonce.verify.reference import (
     ReferenceCheck,
@@ -260,6 +272,10 @@ class TrialOutcome:
     # Per output (pipelines with named outputs only): lost_rows, duplicated_rows,
     # value_mismatches (null_values included), null_values.
     outputs: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The live readers' findings during the trial, one dict per store (see
+    # sparkonce.verify.live): observations, anomalies by kind, examples, read errors.
+    live: list[dict[str, Any]] = field(default_factory=list)
+    live_anomalies: int = 0  # every anomaly of every store; any fails the trial
     # resend trials only: the trial source (``source``, its URI), ``records`` copied,
     # ``killed_after`` (acknowledged when killed), ``resumed_from`` (the progress the
     # restart read) and ``resent`` (the window sent twice); see sparkonce.verify.resend.
@@ -385,10 +401,13 @@ class Campaign:
         nondeterministic: Sequence[str] = (),
         master: str | None = None,
         checkpoint_root: str | None = None,
+        live_interval_s: float | None = DEFAULT_INTERVAL_S,
     ) -> None:
         """``master``: the Spark master of every trial driver (default: ``sparkonce run``'s).
         ``checkpoint_root``: a directory or URL under which every run gets a fresh checkpoint
-        of its own, left in place (default: ``workdir/checkpoint``, removed between runs)."""
+        of its own, left in place (default: ``workdir/checkpoint``, removed between runs).
+        ``live_interval_s``: how often the live readers poll each store during a trial
+        (:mod:`.live`); None: no live reader."""
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
         self.seed = seed
@@ -408,6 +427,8 @@ class Campaign:
             check_source(base.source, base.name)
         self.pipeline_name = base.name
         self.master = master
+        self.live_interval_s = live_interval_s
+        self._live: LiveReader | None = None  # the running trial's live reader
         self.checkpoint_root = (
             None if checkpoint_root is None else location(checkpoint_root, "checkpoint root")
         )
@@ -546,10 +567,13 @@ class Campaign:
     def clean(self, run: str = "run") -> None:
         """Empty outputs (for this pipeline), no owner or ledger in any store, and no
         checkpoint: the local one removed, or, under a checkpoint root, a fresh location
-        for the next ``run`` (a label in its name)."""
-        for inspector in self._inspectors.values():
-            inspector.open()
-            inspector.reset(self.pipeline.name)
+        for the next ``run`` (a label in its name). A live reader, if one runs, reads nothing
+        meanwhile and starts its checks afresh."""
+        live = self._live
+        with live.paused() if live is not None else contextlib.nullcontext():
+            for inspector in self._inspectors.values():
+                inspector.open()
+                inspector.reset(self.pipeline.name)
         if self.checkpoint_root is None:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
         else:
@@ -812,6 +836,9 @@ class Campaign:
         logs.mkdir(parents=True)
         try:
             self.clean(f"trial-{trial:05d}")
+            self._live = self._live_reader()
+            if self._live is not None:
+                self._live.__enter__()
             finished = self._inject(fault, out, logs)
             restarts = 0
             while not finished:
@@ -830,16 +857,79 @@ class Campaign:
                     out.error = f"restart {restarts} exited with {code}: {d.log_tail(5)}"
                     continue
                 finished = True
+            self._end_live(out)
             self._check(out)
         except VerificationError as exc:
             out.error = str(exc)
             out.passed = False
         finally:
+            self._end_live(out)
             self._end_trial_source(out)
         out.seconds = time.monotonic() - started
         if out.passed and not self.keep_logs:
             shutil.rmtree(logs, ignore_errors=True)  # a failed trial keeps its driver logs
         return out
+
+    def _live_reader(self) -> LiveReader | None:
+        """A live reader of every store for this trial (None: live reading is off)."""
+        if self.live_interval_s is None:
+            return None
+        assert self.oracle is not None
+        oracle = self.oracle.output_rows()
+        complete = self.pipeline.output_mode == "complete"
+        stores = []
+        for names, where in zip(self.stores, self.store_names(), strict=True):
+            specs = [
+                OutputSpec(
+                    n,
+                    oracle.get(n, []),
+                    _upsert_keys(self.sinks[n]),
+                    complete,
+                    self.nondeterministic.get(n, ()),
+                )
+                for n in names
+            ]
+            reader, why = self._store_reader(names)
+            tasks_commit = isinstance(reader, KafkaLiveReader)  # documented: per partition
+            stores.append(
+                LiveStore(where, reader, LiveCheck(specs, tasks_commit=tasks_commit), why)
+            )
+        return LiveReader(stores, self.live_interval_s)
+
+    def _store_reader(self, names: Sequence[str]) -> tuple[StoreReader | None, str | None]:
+        """The live reader of the store holding ``names`` (None and why, if there is none)."""
+        from sparkonce.sinks.delta import DeltaSink
+        from sparkonce.sinks.kafka import KafkaSink
+        from sparkonce.sinks.sql import SqlSink
+
+        sinks = {n: self.sinks[n] for n in names}
+        if all(isinstance(s, SqlSink) for s in sinks.values()):
+            return SqlReader(sinks, self.pipeline.name), None
+        (name, sink), *more = sinks.items()
+        if more:
+            return None, "a store with several outputs is read live only in SQL"
+        if isinstance(sink, KafkaSink):
+            return KafkaLiveReader(name, self._inspectors[name].fresh, self.pipeline.name), None
+        if isinstance(sink, DeltaSink):
+            if "://" in sink.path and not sink.path.startswith("file:"):
+                return None, f"the live Delta reader reads local tables only, not {sink.path}"
+            return DeltaLogReader(name, sink.path, self.pipeline.name), None
+        return None, f"no live reader for {type(sink).__name__}"
+
+    def _end_live(self, out: TrialOutcome) -> None:
+        """Stop the trial's live reader, if one runs, and record what it found."""
+        live, self._live = self._live, None
+        if live is None:
+            return
+        live.stop()
+        out.live = live.report()
+        out.live_anomalies = live.anomalies()
+        if out.live_anomalies:
+            kinds = sorted({k for s in out.live for k, n in s["anomalies"].items() if n})
+            first = next(e[0] for s in out.live for e in s["examples"].values() if e)
+            found = f"live readers saw {out.live_anomalies} anomalies ({', '.join(kinds)}): {first}"
+            out.error = found if out.error is None else f"{out.error}; {found}"
+            out.passed = False
 
     def _wait_first_commit(self, d: Driver, before: int) -> float | None:
         """Seconds from the restart until its first new ledger entry (or its exit)."""
@@ -1083,6 +1173,7 @@ class Campaign:
             and not problems
             and out.zombie_fenced is not False
             and out.error is None
+            and out.live_anomalies == 0
         )
 
     def _stores_apart(self, ledgers: Sequence[Sequence[LedgerEntry]]) -> list[str]:
@@ -1132,6 +1223,13 @@ def _store_name(names: Sequence[str], sinks: Sequence[Sink]) -> str:
     url = getattr(sinks[0], "url", None)
     where = str(url) if url is not None else sinks[0].describe()
     return f"store {where} ({', '.join(names)})"
+
+
+def _upsert_keys(sink: Sink) -> tuple[str, ...]:
+    """The sink's upsert keys (none for an append sink)."""
+    if getattr(sink, "mode", None) != "upsert":
+        return ()
+    return tuple(getattr(sink, "keys", ()) or ())
 
 
 def _check_one_store(pipeline: Pipeline) -> None:
@@ -1253,6 +1351,8 @@ class KindSummary:
     inconsistent: int = 0
     # Means of the recoveries' split (recovery_split), over the trials that recorded it.
     recovery_phases_mean_s: dict[str, float] | None = None
+    live_observations: int = 0  # the live readers' observations, every store
+    live_anomalies: int = 0
 
 
 def failure_hint(outcomes: Sequence[TrialOutcome]) -> str | None:
@@ -1289,9 +1389,44 @@ def summarize(outcomes: Sequence[TrialOutcome], kinds: Sequence[str]) -> list[Ki
                 p95,
                 sum(o.inconsistent for o in mine),
                 _mean_phases([o.recovery_phases for o in mine if o.recovery_phases]),
+                sum(s.get("observations", 0) for o in mine for s in o.live),
+                sum(o.live_anomalies for o in mine),
             )
         )
     return out
+
+
+def live_totals(outcomes: Sequence[TrialOutcome]) -> list[dict[str, Any]]:
+    """The live readers' findings per store over all trials: observations, anomalies by
+    kind with the first few examples (each naming its trial), read errors."""
+    from sparkonce.verify.live import ANOMALY_KINDS, EXAMPLES
+
+    stores: dict[str, dict[str, Any]] = {}
+    for o in sorted(outcomes, key=lambda o: o.trial):
+        for found in o.live:
+            doc = stores.setdefault(
+                found["store"],
+                {
+                    "store": found["store"],
+                    "reader": found.get("reader"),
+                    "trials": 0,
+                    "observations": 0,
+                    "anomalies": dict.fromkeys(ANOMALY_KINDS, 0),
+                    "examples": {},
+                    "read_errors": 0,
+                },
+            )
+            doc["trials"] += 1
+            doc["observations"] += found.get("observations", 0)
+            doc["read_errors"] += found.get("read_errors", 0)
+            if found.get("not_read"):
+                doc["not_read"] = found["not_read"]
+            for kind, n in found.get("anomalies", {}).items():
+                doc["anomalies"][kind] = doc["anomalies"].get(kind, 0) + n
+            for kind, examples in found.get("examples", {}).items():
+                shown = doc["examples"].setdefault(kind, [])
+                shown += [f"trial {o.trial}, {e}" for e in examples][: EXAMPLES - len(shown)]
+    return list(stores.values())
 
 
 RECOVERY_PHASES = ("start_s", "plan_s", "first_batch_s")
@@ -1446,6 +1581,10 @@ def write_json(
         "trial_seconds": round(sum(o.seconds for o in outcomes), 1),
         "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
         "recovery_goal": recovery_goal(outcomes, oracle, max(1, len(stores))),
+        "live": {
+            "interval_s": getattr(campaign, "live_interval_s", None),
+            "stores": live_totals(outcomes),
+        },
         "trials": [_trial_json(o) for o in sorted(outcomes, key=lambda o: o.trial)],
     }
     doc.update(_outputs_section(campaign, outcomes))
