@@ -247,3 +247,79 @@ def test_a_commit_failing_on_the_driver_names_the_batch_and_its_ranges(
     message = str(info.value)
     assert message.startswith("cannot connect to PostgreSQL"), message
     assert message.endswith("(pipeline 'gone', batch 1 [events[0]:5..10])"), message
+
+
+@pytest.mark.kafka
+@pytest.mark.crash_lane  # about 40 s: a broker of its own, killed and started again
+def test_kafka_killed_while_a_write_task_produces_is_unavailable_exit_4(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """KafkaSink's write task has started its transactional producer (``init_transactions``,
+    the ledger read) and waits for its first rows, which a UDF holds back; the broker is
+    killed with SIGKILL right then, so the task produces into a dead cluster. Its client's
+    error must reach the user as SinkUnavailableError (exit 4), never a PipelineError, and
+    once the broker is back no record of the batch is visible to a read_committed reader."""
+    import threading
+    import time
+
+    from tests.services import kafka as kafka_service
+
+    from sparkonce.sinks.inspect import inspector_for
+    from sparkonce.sinks.kafka import KafkaSink
+
+    broker = kafka_service.start(tmp_path / "broker")
+    started = tmp_path / "task-started"
+
+    def slow_start(df: DataFrame) -> DataFrame:
+        @F.udf("string")
+        def late(v):  # no type hints: a plain Python UDF
+            import pathlib
+            import time as _time
+
+            if v == b"0":
+                pathlib.Path(str(started)).touch()
+                _time.sleep(6)  # the write task's producer starts meanwhile; then the kill
+            return v.decode()
+
+        return df.select(late("value").alias("value"))
+
+    killed: list[float] = []
+
+    def kill_once_the_task_waits() -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not started.exists():
+            time.sleep(0.05)
+        if started.exists():
+            time.sleep(3)  # init_transactions and the ledger read take well under 1 s
+            broker.kill()
+            killed.append(time.monotonic())
+
+    try:
+        broker.create_topic("out", 1)
+        sink = KafkaSink(broker.bootstrap, "out", transaction_timeout_ms=10_000)
+        pipeline = Pipeline(
+            name="killed",
+            source=EmbeddedLogSource(_log_with_a_bad_value(tmp_path / "log"), "events"),
+            sink=sink,
+            checkpoint=tmp_path / "chk",
+            transform=slow_start,
+        )
+        killer = threading.Thread(target=kill_once_the_task_waits, daemon=True)
+        killer.start()
+        begun = time.monotonic()
+        with pytest.raises(SinkUnavailableError) as info:
+            pipeline.run(spark, timeout=180)
+        ended = time.monotonic()
+        killer.join(30)
+        assert killed, "the broker was not killed while a write task waited"
+        assert not isinstance(info.value, PipelineError)
+        message = str(info.value)
+        assert "batch 0 [events[0]:0..10]" in message, message
+        assert _report(info.value) == EXIT_UNAVAILABLE
+        print(f"run failed {ended - killed[0]:.1f} s after the kill ({ended - begun:.1f} s)")
+
+        broker.restart()  # the same data: the task's transaction never committed
+        assert inspector_for(sink, fresh=True).rows() == []
+        assert inspector_for(sink).fresh().ledger("killed") == []
+    finally:
+        kafka_service.stop(tmp_path / "broker", timeout=0.0)

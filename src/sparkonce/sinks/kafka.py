@@ -92,7 +92,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
-from sparkonce.errors import ConfigError, LedgerError, SinkError, TopicNotFoundError
+from sparkonce.errors import (
+    ConfigError,
+    LedgerError,
+    SinkError,
+    SinkUnavailableError,
+    TopicNotFoundError,
+)
 from sparkonce.faults import FaultPlan, worker_faults
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
@@ -420,12 +426,7 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     )
     producer.flush(TIMEOUT_S)
     if errors:
-        producer.abort_transaction(TIMEOUT_S)
-        raise SinkError(
-            f"pipeline {plan.pipeline!r}: task {key} could not write {len(errors)} record(s) to "
-            f"Kafka topic {plan.topic!r} ({_cause(errors)}); its transaction was aborted and "
-            "Spark retries the task"
-        )
+        raise _delivery_failed(plan, key, producer, errors)
     faults = worker_faults()  # this worker's plan, parsed once
     fault_key = f"{plan.pipeline}:{plan.seq}:{key}"
     if rows and faults.fail_task("write", fault_key, attempt):
@@ -441,14 +442,63 @@ def _write_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     )
 
 
-def _cause(errors: list[Any]) -> str:
-    """The delivery error that says why a task's records failed. A refused record fails the
-    transaction, and librdkafka then purges the records still queued: their reports
-    (``_PURGE_QUEUE``, ``_PURGE_INFLIGHT``) can come first and say nothing of the cause."""
+def _delivery_failed(plan: _TaskPlan, key: str, producer: Any, errors: list[Any]) -> SinkError:
+    """The error for a task whose records failed: its transaction is aborted first.
+
+    When every cause says the cluster could not be reached (a record that timed out in the
+    local queue, a lost connection), it is :class:`SinkUnavailableError`, exit 4, as the same
+    outage is on the driver; a record the cluster refused is a :class:`SinkError`.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    unreachable = {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+    }
+    causes = _causes(errors)
+    down = bool(causes) and all(_code(e) in unreachable for e in causes)
+    try:
+        producer.abort_transaction(TIMEOUT_S)
+    except KafkaException:
+        if not down:
+            raise
+        # The abort cannot reach the cluster either; the transaction is aborted by the
+        # coordinator when it times out, or by the retry's init_transactions.
+    if down:
+        return SinkUnavailableError(
+            f"pipeline {plan.pipeline!r}: task {key} could not reach Kafka at "
+            f"{plan.conn.bootstrap} to write {len(errors)} record(s) to topic {plan.topic!r} "
+            f"({_cause(errors)}); its transaction was not committed, so read_committed readers "
+            "see none of them. Check that the brokers are running and reachable from every "
+            "executor, then run again: the batch is replayed"
+        )
+    return SinkError(
+        f"pipeline {plan.pipeline!r}: task {key} could not write {len(errors)} record(s) to "
+        f"Kafka topic {plan.topic!r} ({_cause(errors)}); its transaction was aborted and "
+        "Spark retries the task"
+    )
+
+
+def _code(err: Any) -> Any:
+    return getattr(err, "code", lambda: None)()
+
+
+def _causes(errors: list[Any]) -> list[Any]:
+    """The delivery errors other than purged records. A refused record fails the transaction,
+    and librdkafka then purges the records still queued: their reports (``_PURGE_QUEUE``,
+    ``_PURGE_INFLIGHT``) can come first and say nothing of the cause."""
     from confluent_kafka import KafkaError
 
     purged = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
-    causes = [e for e in errors if getattr(e, "code", lambda: None)() not in purged]
+    return [e for e in errors if _code(e) not in purged]
+
+
+def _cause(errors: list[Any]) -> str:
+    """The delivery error that says why a task's records failed (see :func:`_causes`)."""
+    causes = _causes(errors)
     first = (causes or errors)[0]
     note = "" if causes else "; every report was of a purged record"
     return f"first cause: {first}{note}"
