@@ -25,7 +25,7 @@ from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
 
 EQUIVALENT = Path("tests/mutation-equivalent.json")
-NOT_KILLED = ("survived", "no tests", "suspicious", "not checked", "skipped", "segfault")
+NOT_KILLED = ("survived", "no tests", "suspicious", "skipped", "segfault")
 
 
 def main() -> int:
@@ -50,8 +50,14 @@ def main() -> int:
         if not codes:
             continue
         statuses = {name: status_by_exit_code[code] for name, code in sorted(codes.items())}
+        unchecked = [n for n, s in statuses.items() if s == "not checked"]  # an unfinished run
+        totals["not checked"] += len(unchecked)
+        statuses = {n: s for n, s in statuses.items() if s != "not checked"}
+        if not statuses:
+            continue
         count = Counter(statuses.values())
         totals.update(count)
+        count["not checked"] = len(unchecked)
         killed = count["killed"]
         modules[source] = {
             "mutants": len(statuses),
@@ -74,6 +80,7 @@ def main() -> int:
                         "diff": get_diff_for_mutant(name, path=source),
                     }
                 )
+    unchecked_total = totals.pop("not checked", 0)
     total = sum(totals.values())
     unexplained = [s["mutant"] for s in survivors if s["reason"] == "unexplained"]
     report = {
@@ -81,6 +88,7 @@ def main() -> int:
         "tool": "mutmut 3 (make mutation)",
         "run_seconds": args.seconds,
         "mutants": total,
+        "not_checked": unchecked_total,
         "killed": totals["killed"],
         "timeouts": totals["timeout"],
         "score": round(totals["killed"] / total, 4) if total else None,
@@ -104,7 +112,9 @@ def main() -> int:
         f"all: {totals['killed']}/{total} killed ({report['score']:.1%}), "
         f"{len(survivors)} survivors ({len(unexplained)} unexplained); wrote {out}"
     )
-    if not total or totals["killed"] / total < args.goal or unexplained:
+    if unchecked_total:
+        print(f"warning: {unchecked_total} mutants not checked (the run did not finish)")
+    if not total or unchecked_total or totals["killed"] / total < args.goal or unexplained:
         return 1
     return 0
 
