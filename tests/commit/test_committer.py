@@ -377,6 +377,17 @@ def test_a_no_data_batch_of_another_query_with_the_same_batch_id_is_no_replay(
     assert (result.skipped, result.seq) == (False, 2)
 
 
+def test_the_entry_records_that_the_query_is_stateful(new_store, pipeline) -> None:
+    # The stateful flag in the ledger is what refuses a lost checkpoint of a stateful query.
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    stateful = BatchContext(pipeline, epoch, ranges(0, 5), 0, checkpoint_id="q1", stateful=True)
+    Committer(store, RecordingStager(), faults=FaultPlan()).commit_with(
+        stateful, lambda seq: Staged(rows=3)
+    )
+    assert [e.stateful for e in new_store().entries(pipeline)] == [True]
+
+
 def test_a_no_data_batch_before_any_entry_commits_nothing(new_store, pipeline) -> None:
     # A query whose first batch is a no-data batch (a timer fired before any input):
     # the ledger is empty, so there is no last entry to compare it with.
