@@ -139,6 +139,22 @@ soak: setup
 	$(PY) -m sparkonce.verify.sim --progress --schedules $(SOAK_SCHEDULES) \
 		--workers $(SOAK_WORKERS) --seed $(SOAK_SEED) $(SOAK_ARGS)
 
+# Mutation testing of the commit protocol (CI rotation, not make test): mutmut mutates
+# src/sparkonce/commit/, offsets.py and protocol.py ([tool.mutmut] in pyproject.toml) and
+# runs the fast tests against each mutant (unit, the committer on SQLite, 300 simulation
+# schedules on SQLite, one process), niced, one mutant at a time (the machine is shared).
+# Results, with every surviving mutant and the reason it is equivalent
+# (tests/mutation-equivalent.json): benchmarks/results/mutation.json. Fails below 95%
+# killed or on an unexplained survivor. mutmut keeps results in mutants/ and re-runs only
+# what changed; `rm -rf mutants` for a full run (about MUTATION_MINUTES below).
+.PHONY: mutation
+mutation: setup
+	rm -rf mutants
+	start=$$(date +%s); \
+	SPARKONCE_NO_CLASS_DATA=1 SPARKONCE_SIM_SCHEDULES=300 SPARKONCE_SIM_WORKERS=1 \
+		nice -n 15 $(VENV)/bin/mutmut run --max-children 1; \
+	$(PY) scripts/mutation-report.py --seconds $$(( $$(date +%s) - start ))
+
 # Start / stop a PostgreSQL server by hand (same helper the tests use).
 pg-start: setup
 	bash scripts/ensure-postgres.sh

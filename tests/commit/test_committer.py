@@ -395,6 +395,46 @@ def test_a_connection_lost_at_every_attempt_is_sink_unavailable(pg_url: str, pip
     store.close()
 
 
+def test_a_no_data_batch_of_another_query_with_the_same_batch_id_is_no_replay(
+    new_store, pipeline
+) -> None:
+    # The query restarted on a new checkpoint (its batch ids start again): its no-data
+    # batch 2 is not the old query's no-data batch 2, and its rows must be committed.
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    committer = Committer(store, RecordingStager(rows=2), faults=FaultPlan())
+    committer.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME)
+    at_end = ranges(5, 5)
+    assert committer.commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME).seq == 1
+    other = BatchContext(pipeline, epoch, at_end, 2, checkpoint_id="q2")
+    result = Committer(store, RecordingStager(rows=2), faults=FaultPlan()).commit(other, NO_FRAME)
+    assert (result.skipped, result.seq) == (False, 2)
+
+
+def test_the_entry_records_that_the_query_is_stateful(new_store, pipeline) -> None:
+    # The stateful flag in the ledger is what refuses a lost checkpoint of a stateful query.
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    stateful = BatchContext(pipeline, epoch, ranges(0, 5), 0, checkpoint_id="q1", stateful=True)
+    Committer(store, RecordingStager(), faults=FaultPlan()).commit_with(
+        stateful, lambda seq: Staged(rows=3)
+    )
+    assert [e.stateful for e in new_store().entries(pipeline)] == [True]
+
+
+def test_a_no_data_batch_before_any_entry_commits_nothing(new_store, pipeline) -> None:
+    # A query whose first batch is a no-data batch (a timer fired before any input):
+    # the ledger is empty, so there is no last entry to compare it with.
+    store = new_store()
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager(rows=0)
+    result = Committer(store, stager, faults=FaultPlan()).commit(
+        ctx(pipeline, epoch, BatchRanges.at({("events", 0): 0})), NO_FRAME
+    )
+    assert (result.skipped, result.seq) == (True, None)
+    assert new_store().entries(pipeline) == []
+
+
 def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
     new_store, pipeline
 ) -> None:
@@ -407,7 +447,11 @@ def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
         )
     text = str(info.value)
     assert "disk full" in text and "events[0]:0..5" in text
-    assert "nothing of the batch is visible" in text  # the default stager's own words
+    assert (  # the default stager's own words
+        "The transaction was rolled back; nothing of the batch is visible and the ledger "
+        "is unchanged." in text
+    )
+    assert "Fix the cause and restart the run; the batch will be replayed." in text
     assert stager.calls == ["prepare:0", "publish", "abort"]
     assert new_store().entries(pipeline) == []
 

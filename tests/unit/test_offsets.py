@@ -324,6 +324,15 @@ def test_classify_gap_raises() -> None:
         classify(_b(("t", 0, 7, 7)), {("t", 0): 5})  # an empty range past the end is a gap too
 
 
+def test_the_gap_error_says_nothing_was_committed_and_what_to_do() -> None:
+    with pytest.raises(LedgerError) as info:
+        classify(_b(("t", 0, 7, 9)), {("t", 0): 5})
+    msg = str(info.value)
+    assert "Nothing was committed." in msg
+    assert "Start the query from the ledger (delete the checkpoint of a stateless pipeline)" in msg
+    assert "or check the source's starting offsets." in msg
+
+
 def test_classify_partial_overlap_raises() -> None:
     with pytest.raises(LedgerError, match="only in part"):
         classify(_b(("t", 0, 3, 9)), {("t", 0): 5})
@@ -332,6 +341,19 @@ def test_classify_partial_overlap_raises() -> None:
 def test_classify_mixed_new_and_old_raises() -> None:
     with pytest.raises(LedgerError, match="mixes"):
         classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6)), {("t", 0): 5, ("t", 1): 4})
+
+
+def test_advance_never_moves_an_end_back() -> None:
+    # A replayed batch lies behind the ledger's end: advancing by it must keep the end,
+    # or the next batch would start behind it and re-deliver committed records.
+    assert advance({("t", 0): 10}, _b(("t", 0, 3, 5))) == {("t", 0): 10}
+
+
+def test_advance_starts_a_new_partition_at_its_range_end() -> None:
+    # A partition the ledger has never seen, at rest at offset 0: its end is 0, not past
+    # it (an end of 1 would skip record 0 when it arrives).
+    assert advance({}, _b(("t", 0, 0, 0))) == {("t", 0): 0}
+    assert advance({}, _b(("t", 0, 0, 3))) == {("t", 0): 3}
 
 
 def test_advance_keeps_partitions_absent_from_the_batch() -> None:

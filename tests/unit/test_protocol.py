@@ -31,6 +31,7 @@ def test_parse_crash_spec_unknown_name_lists_the_valid_names() -> None:
     assert CRASH_ENV in msg
     for p in CrashPoint:
         assert p.value in msg
+    assert "choose one of: " + ", ".join(p.value for p in CrashPoint) in msg
 
 
 @pytest.mark.parametrize(
