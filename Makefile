@@ -146,7 +146,8 @@ soak: setup
 # Results, with every surviving mutant and the reason it is equivalent
 # (tests/mutation-equivalent.json): benchmarks/results/mutation.json. Fails below 95%
 # killed or on an unexplained survivor. mutmut keeps results in mutants/ and re-runs only
-# what changed; `rm -rf mutants` for a full run (about MUTATION_MINUTES below).
+# what changed, but this target always starts afresh: 703 mutants, about 25 minutes here
+# (470 took 16 min 41 s on the shared 2-core machine).
 .PHONY: mutation
 mutation: setup
 	rm -rf mutants

@@ -251,7 +251,7 @@ def test_a_ledger_moved_by_another_writer_while_staging_is_refused(new_store, pi
         return Staged(3)
 
     # Our batch is still new, but the entry this run expected to write was taken.
-    with pytest.raises(LedgerError, match="moved"):
+    with pytest.raises(LedgerError, match=r"moved.*Nothing of the batch was committed\.$"):
         committer.commit_with(
             ctx(pipeline, epoch, ranges(5, 9), 2), stage_while_another_writer_commits_next
         )
@@ -431,7 +431,8 @@ def test_a_no_data_batch_before_any_entry_commits_nothing(new_store, pipeline) -
     result = Committer(store, stager, faults=FaultPlan()).commit(
         ctx(pipeline, epoch, BatchRanges.at({("events", 0): 0})), NO_FRAME
     )
-    assert (result.skipped, result.seq) == (True, None)
+    assert (result.skipped, result.seq, result.row_count) == (True, None, 0)
+    assert result.reason == "no new offsets and no rows"
     assert new_store().entries(pipeline) == []
 
 
