@@ -1,5 +1,6 @@
 """The campaign's report: ``verify.json`` (written by :func:`write_json`, read back by
-``--resume`` and ``--replay`` through :func:`load_report`) and the recovery chart."""
+``--resume`` and ``--replay`` through :func:`load_report`, and by ``sparkonce ui``) and
+the recovery chart. :class:`VerifyReport` is the report's one codec."""
 
 from __future__ import annotations
 
@@ -9,13 +10,81 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import ConfigError
+from sparkonce.errors import ConfigError, RecordVersionError
+from sparkonce.records import VERSION_KEY, record_version
 from sparkonce.verify.model import Fault, TrialOutcome
 from sparkonce.verify.summary import live_totals, recovery_goal, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.verify.campaign import Campaign
     from sparkonce.verify.reference import ReferenceCheck
+
+
+REPORT_VERSION = 1
+NEWER_REPORT = (
+    "read it with the sparkonce that wrote it, or move it away (or give another --out) "
+    "to start a new campaign"
+)
+# The report's keys this codec types; every other key is kept as written (``sections``).
+_TYPED = ("pipeline_file", "pipeline", "sink", "stores", "seed", "faults", "oracle")
+
+
+@dataclass
+class VerifyReport:
+    """``verify.json``: the campaign (pipeline, stores, seed and fault kinds), the oracle's
+    numbers, the per-kind ``summary`` and every ``trial``; ``sections`` holds the rest as
+    written (reference, this_run, trial_seconds, recovery_goal, live, and the sections
+    about outputs: see :func:`write_json`).
+
+    It carries :data:`REPORT_VERSION` under ``version``; a report without one (written
+    before it) is version 1, and a newer one raises
+    :class:`~sparkonce.errors.RecordVersionError`."""
+
+    seed: int | None
+    faults: list[str]
+    trials: list[TrialOutcome] = field(default_factory=list)
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    oracle: dict[str, Any] | None = None
+    pipeline_file: str | None = None
+    pipeline: str | None = None
+    sink: str | None = None
+    stores: list[str] | None = None
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {VERSION_KEY: REPORT_VERSION}
+        doc.update({k: getattr(self, k) for k in _TYPED})
+        doc.update(self.sections)
+        doc["summary"] = self.summary
+        doc["trials"] = [_trial_json(o) for o in self.trials]
+        return doc
+
+    @classmethod
+    def decode(cls, doc: Any, where: str) -> VerifyReport:
+        """The report in the decoded JSON ``doc`` read from ``where``. Raises
+        :class:`RecordVersionError` for a newer report, and KeyError, TypeError or
+        ValueError for one that is not a verify report."""
+        if not isinstance(doc, dict):
+            raise TypeError(f"a verify report is a JSON object, not {type(doc).__name__}")
+        record_version(doc, REPORT_VERSION, f"verify report {where}", NEWER_REPORT)
+        trials = []
+        for t in doc.get("trials", []):
+            t = dict(t)
+            fault = Fault(**t.pop("fault"))
+            trials.append(TrialOutcome(fault=fault, **t))
+        skip = {VERSION_KEY, "summary", "trials", *_TYPED}
+        return cls(
+            seed=doc.get("seed"),
+            faults=list(doc.get("faults", [])),
+            trials=trials,
+            summary=list(doc.get("summary", [])),
+            oracle=doc.get("oracle"),
+            pipeline_file=doc.get("pipeline_file"),
+            pipeline=doc.get("pipeline"),
+            sink=doc.get("sink"),
+            stores=doc.get("stores"),
+            sections={k: v for k, v in doc.items() if k not in skip},
+        )
 
 
 @dataclass
@@ -45,18 +114,14 @@ def load_report(path: Path, seed: int, kinds: Sequence[str]) -> Recorded:
     if not path.exists():
         return Recorded()
     try:
-        doc = json.loads(path.read_text())
-        if doc.get("seed") != seed or list(doc.get("faults", [])) != list(kinds):
+        report = VerifyReport.decode(json.loads(path.read_text()), str(path))
+        if report.seed != seed or report.faults != list(kinds):
             raise ConfigError(
-                f"{path} holds a campaign with seed {doc.get('seed')} and faults "
-                f"{doc.get('faults')}; --resume and --replay need the same --seed and "
+                f"{path} holds a campaign with seed {report.seed} and faults "
+                f"{report.faults}; --resume and --replay need the same --seed and "
                 "--faults (or another --out)"
             )
-        out = []
-        for t in doc.get("trials", []):
-            fault = Fault(**t.pop("fault"))
-            out.append(TrialOutcome(fault=fault, **t))
-        oracle = doc.get("oracle") or {}
+        oracle = report.oracle or {}
         seconds = oracle.get("seconds")
 
         def number(name: str) -> float | None:
@@ -64,10 +129,12 @@ def load_report(path: Path, seed: int, kinds: Sequence[str]) -> Recorded:
             return float(v) if v is not None else None
 
         return Recorded(
-            out,
+            report.trials,
             float(seconds) if seconds is not None else None,
             (number("first_commit_s"), number("batch_interval_s")),
         )
+    except RecordVersionError:
+        raise
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(
             f"{path} is not a verify report this version can read ({exc}); "
@@ -89,14 +156,14 @@ def write_json(
     the test stores of parallel trials."""
     oracle = campaign.oracle
     reference: ReferenceCheck | None = getattr(campaign, "reference", None)
-    doc: dict[str, Any] = {
-        "pipeline_file": str(campaign.pipeline_file),
-        "pipeline": campaign.pipeline.name,
-        "sink": campaign.pipeline.sink.describe(),
-        "stores": list(stores) or [campaign.pipeline.sink.describe()],
-        "seed": campaign.seed,
-        "faults": list(campaign.kinds),
-        "oracle": None
+    report = VerifyReport(
+        pipeline_file=str(campaign.pipeline_file),
+        pipeline=campaign.pipeline.name,
+        sink=campaign.pipeline.sink.describe(),
+        stores=list(stores) or [campaign.pipeline.sink.describe()],
+        seed=campaign.seed,
+        faults=list(campaign.kinds),
+        oracle=None
         if oracle is None
         else {
             "rows": len(oracle.rows),
@@ -106,21 +173,24 @@ def write_json(
             "batch_interval_s": oracle.batch_interval_s,
             "phases": oracle.phases,
         },
-        "reference": None if reference is None else reference.to_json(),
-        "this_run": {
-            "trials": len(outcomes) if ran is None else ran,
-            "elapsed_s": round(elapsed_s, 1),
+        sections={
+            "reference": None if reference is None else reference.to_json(),
+            "this_run": {
+                "trials": len(outcomes) if ran is None else ran,
+                "elapsed_s": round(elapsed_s, 1),
+            },
+            "trial_seconds": round(sum(o.seconds for o in outcomes), 1),
+            "recovery_goal": recovery_goal(outcomes, oracle, max(1, len(stores))),
+            "live": {
+                "interval_s": getattr(campaign, "live_interval_s", None),
+                "stores": live_totals(outcomes),
+            },
+            **_outputs_section(campaign, outcomes),
         },
-        "trial_seconds": round(sum(o.seconds for o in outcomes), 1),
-        "summary": [asdict(s) for s in summarize(outcomes, campaign.kinds)],
-        "recovery_goal": recovery_goal(outcomes, oracle, max(1, len(stores))),
-        "live": {
-            "interval_s": getattr(campaign, "live_interval_s", None),
-            "stores": live_totals(outcomes),
-        },
-        "trials": [_trial_json(o) for o in sorted(outcomes, key=lambda o: o.trial)],
-    }
-    doc.update(_outputs_section(campaign, outcomes))
+        summary=[asdict(s) for s in summarize(outcomes, campaign.kinds)],
+        trials=sorted(outcomes, key=lambda o: o.trial),
+    )
+    doc = report.encode()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2, default=str))
     tmp.replace(path)
