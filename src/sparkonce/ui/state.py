@@ -37,15 +37,15 @@ from sparkonce.config import mask_url
 from sparkonce.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sparkonce.ledger.base import LedgerEntry
-    from sparkonce.sinks.base import Sink
+    from sparkonce.ledger.base import LedgerEntry, LedgerReader
 
 log = logging.getLogger(__name__)
 
 RECENT = 50  # ledger entries in the timeline and the charts
 
-# Opens a store from its URL: (the opened sink, its label with the password masked).
-Opener = Callable[[str], "tuple[Sink, str]"]
+# Opens a store's ledger from its URL: (the opened ledger, its label with the password
+# masked); sparkonce.pipeline.status.open_status_sink.
+Opener = Callable[[str], "tuple[LedgerReader, str]"]
 
 # The keys of one fault kind's line in verify.json's "summary" (verify/summary.py
 # KindSummary); the ones the page shows.
@@ -105,7 +105,7 @@ def timeline(entries: Sequence[LedgerEntry], recent: int = RECENT) -> list[dict[
     return out
 
 
-def pipeline_view(sink: Sink, pipeline: str, recent: int = RECENT) -> dict[str, Any]:
+def pipeline_view(sink: LedgerReader, pipeline: str, recent: int = RECENT) -> dict[str, Any]:
     """One pipeline in ``sink``'s store: owner, last batch, rows, lag, recent entries."""
     from sparkonce.pipeline.status import pipeline_status
 
@@ -185,7 +185,7 @@ class StoreWatch:
         self.label = mask_url(url)
         self.recent = recent
         self._opener = opener
-        self._sink: Sink | None = None
+        self._sink: LedgerReader | None = None
         self._failed_probe: Exception | None = None
         self._opened = False  # the store was opened once
 
@@ -222,7 +222,7 @@ class StoreWatch:
             self._failed_probe = exc
             raise
 
-    def _open(self) -> Sink:
+    def _open(self) -> LedgerReader:
         if self._sink is None:
             self._sink, self.label = self._opener(self.url)
             self._opened = True
