@@ -28,6 +28,16 @@ class ConfigError(SparkOnceError, ValueError):
     """
 
 
+class RecordVersionError(ConfigError):
+    """A stored record carries a format version newer than this sparkonce reads.
+
+    Ledger entries, fault events and ``verify.json`` each record the version of their
+    format (:mod:`sparkonce.records`); a newer sparkonce wrote this one. The message names
+    the record (its file, table or topic) and what to do: read or run it with a sparkonce
+    at least as new as the one that wrote it. Nothing was changed.
+    """
+
+
 class SourceError(SparkOnceError):
     """A source could not be read as configured (missing topic, bad offsets)."""
 

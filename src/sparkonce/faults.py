@@ -25,7 +25,12 @@ Fault events
 A fault that fires is written as one JSON line to the file named by
 ``SPARKONCE_FAULT_EVENTS`` (when set), *before* it takes effect. So is a run
 that ends fenced, which is how a zombie run's end is recognised. Every line is
-one object with these keys:
+one object (:class:`FaultEvent`, its codec) with these keys:
+
+``version``
+    The format's version (:data:`EVENT_VERSION`; lines written before it have none and
+    read as version 1). A line of a newer version stops :func:`read_events` with a
+    :class:`~sparkonce.errors.RecordVersionError` (see :mod:`sparkonce.records`).
 
 ``event``
     ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"``, ``"fenced"``,
@@ -53,7 +58,8 @@ one object with these keys:
 
 For example::
 
-    {"event": "crash", "point": "after-rows", "hit": 2, "pid": 4242, "at": 1795367650.4}
+    {"version": 1, "event": "crash", "point": "after-rows", "hit": 2, "pid": 4242,
+     "at": 1795367650.4}
     {"event": "task-failure", "stage": "read", "task": "events:1:0:200", "attempt": 0, ...}
     {"event": "fenced", "pipeline": "sums", "epoch": 1, "owner_epoch": 2, ...}
 
@@ -86,6 +92,7 @@ from sparkonce.protocol import (
     kill_self,
     parse_crash_spec,
 )
+from sparkonce.records import VERSION_KEY, record_version
 
 EVENTS_ENV = "SPARKONCE_FAULT_EVENTS"
 EVENT_KINDS = (
@@ -100,6 +107,51 @@ EVENT_KINDS = (
 _TASK_STAGES = ("read", "write")
 
 Spec = tuple[CrashPoint, int]
+
+
+EVENT_VERSION = 1
+NEWER_EVENT = (
+    "read the events with the sparkonce that wrote them (the driver's), or run the "
+    "campaign and its drivers with one sparkonce"
+)
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One line of the events file (the module docstring lists the keys of each kind):
+    ``event`` (its kind), the kind's own ``fields``, and the writer's ``pid`` and time
+    ``at`` (None in a line that lacks them)."""
+
+    event: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    pid: int | None = None
+    at: float | None = None
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            VERSION_KEY: EVENT_VERSION,
+            "event": self.event,
+            **self.fields,
+            "pid": self.pid,
+            "at": self.at,
+        }
+
+    @classmethod
+    def decode(cls, data: Mapping[str, Any], where: str) -> FaultEvent:
+        """The event of one decoded line; ``where`` names it (file and line)."""
+        record_version(data, EVENT_VERSION, f"fault event {where}", NEWER_EVENT)
+        own = {k: v for k, v in data.items() if k not in (VERSION_KEY, "event", "pid", "at")}
+        return cls(str(data["event"]), own, data.get("pid"), data.get("at"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The event as :func:`read_events` returns it: ``event``, its fields, and ``pid``
+        and ``at`` when the line had them."""
+        out: dict[str, Any] = {"event": self.event, **self.fields}
+        if self.pid is not None:
+            out["pid"] = self.pid
+        if self.at is not None:
+            out["at"] = self.at
+        return out
 
 
 class InjectedTaskFailure(RuntimeError):
@@ -206,7 +258,7 @@ class FaultPlan:
         """Append one event line to the events file (nothing when there is none)."""
         if self.events is None:
             return
-        line = {"event": event, **fields, "pid": os.getpid(), "at": time.time()}
+        line = FaultEvent(event, fields, os.getpid(), time.time()).encode()
         data = (json.dumps(line) + "\n").encode()
         fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -262,20 +314,23 @@ def reset_worker_faults() -> None:
 def read_events(path: str | Path, event: str | None = None) -> list[dict[str, Any]]:
     """The events in ``path``, oldest first (none if the file does not exist);
     with ``event``, only those of that kind, and without it every kind but ``phase``
-    (progress marks, not faults). A torn last line is skipped."""
+    (progress marks, not faults). A torn last line is skipped; a line of a newer format
+    version raises :class:`~sparkonce.errors.RecordVersionError`."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
     out = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # only a writer killed mid-write leaves one; it recorded nothing
-        kind = record.get("event") if isinstance(record, dict) else None
-        if kind is not None and (kind == event or (event is None and kind != "phase")):
-            out.append(record)
+        if not isinstance(record, dict) or record.get("event") is None:
+            continue
+        found = FaultEvent.decode(record, f"{path} line {number}")
+        if found.event == event or (event is None and found.event != "phase"):
+            out.append(found.as_dict())
     return out

@@ -36,8 +36,8 @@ import pytest
 
 from sparkonce.cli import EXIT_FENCED
 from sparkonce.protocol import DROP_CONNECTION_ENV, FAIL_TASKS_ENV, PAUSE_ENV, CrashPoint
-from sparkonce.verify.campaign import RETRY_MASTER
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from sparkonce.verify.injection import RETRY_MASTER
 from tests.crash.conftest import (
     KEYS,
     PARTITIONS,

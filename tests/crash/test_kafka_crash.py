@@ -36,8 +36,8 @@ from sparkonce.offsets import check_chain
 from sparkonce.protocol import FAIL_TASKS_ENV, PAUSE_ENV, CrashPoint
 from sparkonce.sinks import sink_from_url
 from sparkonce.sinks.inspect import inspector_for
-from sparkonce.verify.campaign import RETRY_MASTER
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from sparkonce.verify.injection import RETRY_MASTER
 from tests.crash.conftest import run_driver, wait_until_stopped
 
 RECORDS = 1200

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 
 from sparkonce.protocol import FAIL_TASKS_ENV, CrashPoint
-from sparkonce.verify.campaign import RETRY_MASTER
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+from sparkonce.verify.injection import RETRY_MASTER
 from tests.crash.conftest import (
     KEYS,
     PARTITIONS,

@@ -442,14 +442,8 @@ def test_each_driver_run_has_its_own_events_file(tmp_path: Path) -> None:
 
 
 def test_a_recovery_is_split_by_the_run_s_marks_and_checked_against_its_goal() -> None:
-    from sparkonce.verify.campaign import (
-        Fault,
-        Oracle,
-        TrialOutcome,
-        recovery_goal,
-        recovery_split,
-        summarize,
-    )
+    from sparkonce.verify.model import Fault, Oracle, TrialOutcome
+    from sparkonce.verify.summary import recovery_goal, recovery_split, summarize
 
     marks = {"run-started": 9.0, "query-started": 13.5}
     split = recovery_split(marks, 20.25)

@@ -11,19 +11,17 @@ from typing import Any
 import pytest
 
 from sparkonce.errors import ConfigError
-from sparkonce.verify.campaign import (
+from sparkonce.verify.model import (
     Fault,
     Oracle,
-    Recorded,
     TrialOutcome,
     compare_rows,
-    load_report,
     parse_fault_kinds,
     plan_fault,
-    run_trials,
-    summarize,
-    write_json,
 )
+from sparkonce.verify.parallel import run_trials
+from sparkonce.verify.report import Recorded, load_report, write_json
+from sparkonce.verify.summary import summarize
 
 ORACLE = [{"id": "a", "v": 1}, {"id": "b", "v": 2}, {"id": "c", "v": 3}]
 
@@ -504,7 +502,7 @@ def test_kills_are_planned_on_progress_when_the_oracle_timing_is_known() -> None
 def test_the_oracle_timing_goes_into_the_report_and_back(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from sparkonce.verify.campaign import write_json
+    from sparkonce.verify.report import write_json
 
     split = {"start_s": 8.0, "plan_s": 2.5, "first_batch_s": 1.0}
     oracle = Oracle([], 20.0, 2, first_commit_s=11.5, batch_interval_s=1.25, phases=split)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkonce.errors import ConfigError
-from sparkonce.verify.campaign import Fault, Recorded, TrialOutcome
+from sparkonce.verify.model import Fault, TrialOutcome
 from sparkonce.verify.planning import (
     TrialPlan,
     VerifyRequest,
@@ -21,6 +21,7 @@ from sparkonce.verify.planning import (
     plan_trials,
     store_workdirs,
 )
+from sparkonce.verify.report import Recorded
 
 KILL = Fault("kill", delay_s=4.2)
 CRASH = Fault("crash-point", point="after-rows", hit=2)

@@ -18,18 +18,17 @@ from typing import Any
 import pytest
 
 from sparkonce.errors import ConfigError, VerificationError
-from sparkonce.verify.campaign import (
+from sparkonce.verify.model import (
     FAULT_KINDS,
     Fault,
     Oracle,
     TrialOutcome,
-    failure_hint,
-    load_report,
     parse_fault_kinds,
     plan_fault,
-    write_json,
 )
+from sparkonce.verify.report import load_report, write_json
 from sparkonce.verify.resend import Progress, Record, copy
+from sparkonce.verify.summary import failure_hint
 
 
 class _Killed(Exception):
@@ -154,8 +153,8 @@ def test_the_producer_process_resends_the_window_under_a_new_producer_id(
     key, value, timestamp and id, appended by two producer ids."""
     from sparkonce.log import IdempotentProducer, Topic
     from sparkonce.sources import EmbeddedLogSource
-    from sparkonce.verify.campaign import _wait_stopped
     from sparkonce.verify.driver import SIGKILL_EXIT, Driver
+    from sparkonce.verify.injection import _wait_stopped
     from sparkonce.verify.resend import DONE_EVENT, ENTRY, PAUSE_EVENT, trial_source, window
 
     n, k, every = 60, 26, 8

@@ -19,7 +19,8 @@ import pytest
 
 from sparkonce.cli import main
 from sparkonce.errors import ConfigError
-from sparkonce.verify.campaign import Campaign, Fault, Oracle, plan_fault
+from sparkonce.verify.campaign import Campaign
+from sparkonce.verify.model import Fault, Oracle, plan_fault
 from tests.explain import explain_file
 from tests.outputs import multi_pipeline as mp
 

@@ -277,7 +277,7 @@ def test_a_kill_planned_on_progress_fires_after_its_ledger_entry(
     recorded run time, would come after the run ends: it is planned again on that run."""
     import random
 
-    from sparkonce.verify.campaign import Oracle, plan_fault
+    from sparkonce.verify.model import Oracle, plan_fault
 
     shape = Oracle([], 60.0, 2, first_commit_s=20.0, batch_interval_s=2.0)
     seed = next(

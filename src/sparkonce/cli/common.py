@@ -273,7 +273,7 @@ def _add_env_switch(p: argparse.ArgumentParser, flag: str, *, env: str, help: st
 SINK_URL_EXPECTED = (
     "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME, "
     "kafka://HOST:PORT[,HOST:PORT]/TOPIC or delta:///PATH"
-)
+)  # sparkonce.sinks.registry.STORE_FORMS
 SOURCE_URI_EXPECTED = (
     "a source URI of the pipeline's kind: sparkonce-log://PATH?topic=TOPIC or "
     "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
@@ -305,27 +305,11 @@ def _add_partitions(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_sink_url(text: str) -> None:
-    """Only the form of the URL: whether the store answers is the command's business."""
-    from urllib.parse import urlsplit
+    """Only the form of the URL (:func:`sparkonce.sinks.registry.check_url`): whether the
+    store answers is the command's business."""
+    from sparkonce.sinks.registry import check_url
 
-    from sparkonce.config import StoreURL
-    from sparkonce.kafka.client import parse_bootstrap
-
-    if text.startswith("delta:"):
-        from sparkonce.sinks.delta import delta_path
-
-        delta_path(text)
-        return
-    if not text.startswith("kafka://"):
-        StoreURL.parse(text)
-        return
-    parts = urlsplit(text)
-    if not parts.netloc or not parts.path.lstrip("/"):
-        raise ConfigError("a Kafka sink URL names its brokers and its topic")
-    try:
-        parse_bootstrap(parts.netloc)
-    except ConfigError:
-        raise ConfigError("its brokers are not host:port[,host:port...]") from None
+    check_url(text)
 
 
 def _check_source_uri(text: str) -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.cli.common import SubParsers
     from sparkonce.verify import Campaign, TrialOutcome
-    from sparkonce.verify.campaign import Oracle
+    from sparkonce.verify.model import Oracle
 
 
 CHECKS_HELP = """\
@@ -330,7 +330,7 @@ def _trial_detail(outcome: TrialOutcome) -> str:
 
 def _print_live(console: Any, outcomes: Sequence[TrialOutcome]) -> None:
     """Per store: the live readers' observations and anomalies by kind, first examples."""
-    from sparkonce.verify.campaign import live_totals
+    from sparkonce.verify.summary import live_totals
 
     for store in live_totals(outcomes):
         found = ", ".join(f"{k} {n}" for k, n in store["anomalies"].items())
@@ -556,7 +556,7 @@ def _print_recovery(
     """The recoveries' split (means over every kind) and the recovery goal, when known."""
     import statistics
 
-    from sparkonce.verify.campaign import RECOVERY_GOAL, RECOVERY_PHASES, recovery_goal
+    from sparkonce.verify.summary import RECOVERY_GOAL, RECOVERY_PHASES, recovery_goal
 
     split = [o.recovery_phases for o in outcomes if o.recovery_phases]
     if split:

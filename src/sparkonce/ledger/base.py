@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sparkonce.offsets import BatchRanges, TopicPartition
 
@@ -98,6 +98,21 @@ class CommitResult:
     def written(self) -> int:
         """Rows the sink wrote into its tables (``row_count`` unless an upsert kept fewer)."""
         return self.row_count if self.rows_written is None else self.rows_written
+
+
+class LedgerReader(Protocol):
+    """What reads a store's ledger (``sparkonce status``, ``sparkonce ui``): a sink, or
+    the ledger opened from a store URL (:func:`sparkonce.sinks.registry.open_ledger`)."""
+
+    def owner(self, pipeline: str) -> Owner | None: ...
+
+    def ledger(self, pipeline: str) -> list[LedgerEntry]: ...
+
+    def pipelines(self) -> list[str]: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
 
 
 class LedgerStore(ABC):

@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError, SparkOnceError
 from sparkonce.files import HadoopFiles
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
-from sparkonce.offsets import BatchRanges
+from sparkonce.ledger.records import DELTA_ENTRY
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -432,7 +432,7 @@ class DeltaLedgerStore(LedgerStore):
             rows = int(fields[0])
         else:
             rows = self._rows_from_history(pipeline, epoch, seq)
-        entry = _entry_from_json(pipeline, data, rows)
+        entry = DELTA_ENTRY.decode(pipeline, data, where=base + ".json", rows=rows)
         if len(fields) > 1:
             with contextlib.suppress(ValueError):  # else the entry file's seconds stay
                 entry = replace(entry, commit_seconds=float(fields[1]))
@@ -585,7 +585,7 @@ class DeltaLedgerStore(LedgerStore):
         """Step 4: the entry file, written before the Delta write that commits it."""
         self.table.write_text(
             self._dir(entry.pipeline, "entries", str(entry.seq), f"{entry.epoch}.json"),
-            json.dumps(_entry_to_json(entry)),
+            json.dumps(DELTA_ENTRY.encode(entry)),
             overwrite=False,
         )
         txn.entry = entry
@@ -599,7 +599,7 @@ class DeltaLedgerStore(LedgerStore):
         app = app_id(entry.pipeline)
         version = pack(entry.epoch, entry.seq + 1)
         before = t.version()
-        metadata = json.dumps({"sparkonce": "batch", **_entry_to_json(entry)})
+        metadata = json.dumps({"sparkonce": "batch", **DELTA_ENTRY.encode(entry)})
         try:
             outcome = txn.publish(app, version, metadata)
         except Exception as exc:
@@ -706,35 +706,6 @@ def _rows_of(actions: list[dict[str, Any]]) -> int:
                 return int(metrics[key])
             return 0
     return -1
-
-
-def _entry_to_json(entry: LedgerEntry) -> dict[str, Any]:
-    return {
-        "pipeline": entry.pipeline,
-        "seq": entry.seq,
-        "epoch": entry.epoch,
-        "ranges": entry.ranges.to_json_obj(),
-        "committed_at": entry.committed_at.isoformat(),
-        "spark_batch_id": entry.spark_batch_id,
-        "checkpoint_id": entry.checkpoint_id,
-        "stateful": entry.stateful,
-        "commit_seconds": entry.commit_seconds,
-    }
-
-
-def _entry_from_json(pipeline: str, data: dict[str, Any], rows: int) -> LedgerEntry:
-    return LedgerEntry(
-        pipeline=pipeline,
-        seq=int(data["seq"]),
-        ranges=BatchRanges.from_json_obj(data["ranges"]),
-        epoch=int(data["epoch"]),
-        row_count=rows,
-        committed_at=datetime.fromisoformat(data["committed_at"]),
-        spark_batch_id=data.get("spark_batch_id"),
-        checkpoint_id=data.get("checkpoint_id"),
-        stateful=data.get("stateful"),
-        commit_seconds=data.get("commit_seconds"),
-    )
 
 
 def check_table_properties(table: DeltaTable) -> None:

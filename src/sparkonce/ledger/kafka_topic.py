@@ -5,8 +5,9 @@ one partition, kept forever, created when missing) holds JSON records, read with
 ``read_committed`` and folded per pipeline (:class:`LedgerTopic`)::
 
     {"type": "owner",  "pipeline", "epoch", "holder", "source", "at"}
-    {"type": "batch",  "pipeline", "seq", "ranges", "epoch", "rows", "spark_batch_id",
-                       "checkpoint_id", "stateful", "commit_seconds", "at", ...}
+    {"type": "batch",  "version", "pipeline", "seq", "ranges", "epoch", "rows",
+                       "spark_batch_id", "checkpoint_id", "stateful", "commit_seconds", "at",
+                       ...}                          (the codec: sparkonce.ledger.records)
     {"type": "marker", "pipeline", "partition", "seq", "ranges", ...}   (written by tasks)
     {"type": "snapshot", "pipeline", "v": 1, "through", "owner", "entries", "after_last_entry",
                        "pending", "at"}                                 (written by the driver)
@@ -83,7 +84,7 @@ from sparkonce.errors import FencedError, SparkOnceError
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
-from sparkonce.offsets import BatchRanges
+from sparkonce.ledger.records import KAFKA_ENTRY
 
 TIMEOUT_S = 30.0  # seconds: reading the ledger topic, initializing and committing transactions
 _FENCED_CODES = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
@@ -337,35 +338,15 @@ def _owner(pipeline: str, r: dict[str, Any]) -> Owner:
 
 
 def _entry(pipeline: str, r: dict[str, Any]) -> LedgerEntry:
-    return LedgerEntry(
-        pipeline,
-        int(r["seq"]),
-        BatchRanges.from_json_obj(r["ranges"]),
-        int(r["epoch"]),
-        int(r["rows"]),
-        datetime.fromisoformat(r["at"]),
-        r.get("spark_batch_id"),
-        r.get("checkpoint_id"),
-        r.get("stateful"),
-        r.get("commit_seconds"),
+    offset = r.get("_offset")
+    return KAFKA_ENTRY.decode(
+        pipeline, r, where="" if offset is None else f"batch record at offset {offset}"
     )
 
 
 def _entry_record(entry: LedgerEntry) -> dict[str, Any]:
-    """A batch record's fields of ``entry`` (what :func:`_entry` reads back)."""
-    return {
-        "type": "batch",
-        "pipeline": entry.pipeline,
-        "seq": entry.seq,
-        "ranges": entry.ranges.to_json_obj(),
-        "epoch": entry.epoch,
-        "rows": entry.row_count,
-        "spark_batch_id": entry.spark_batch_id,
-        "checkpoint_id": entry.checkpoint_id,
-        "stateful": entry.stateful,
-        "commit_seconds": entry.commit_seconds,
-        "at": entry.committed_at.isoformat(),
-    }
+    """A batch record of ``entry`` (what :func:`_entry` reads back)."""
+    return {"type": "batch", **KAFKA_ENTRY.encode(entry)}
 
 
 # --- the ledger store (driver side) -----------------------------------------------------------

@@ -4,14 +4,16 @@ Tables (created by :meth:`SqlLedger.ensure_schema`)::
 
     sparkonce_owner (pipeline PK, epoch, acquired_at, holder)
     sparkonce_ledger(pipeline, seq, ranges JSON, epoch, row_count, committed_at,
-                     spark_batch_id, checkpoint_id, stateful, commit_seconds,
+                     spark_batch_id, checkpoint_id, stateful, commit_seconds, version,
                      PK (pipeline, seq))
 
 ``stateful`` records whether the query kept state in Spark's checkpoint when the
 batch committed, so that a lost checkpoint is recognised from the ledger alone.
 ``commit_seconds`` is how long the commit took up to the ledger row's insert
-(:attr:`~sparkonce.ledger.base.LedgerEntry.commit_seconds`). Both columns are added
-to a ledger table an older sparkonce created.
+(:attr:`~sparkonce.ledger.base.LedgerEntry.commit_seconds`). ``version`` is the
+entry's format version (:mod:`sparkonce.ledger.records`; NULL in rows an older sparkonce
+wrote, which read as version 1). All three columns are added to a ledger table an older
+sparkonce created.
 
 The ledger's newest entry holds the pipeline's resume point: its end offsets.
 Every method takes a connection, so the sink can run the ledger's statements in
@@ -57,6 +59,7 @@ from sparkonce.config import StoreURL
 from sparkonce.db import Dialect, connect, execute, fetchall, fetchone, write_transaction
 from sparkonce.errors import ConfigError, FencedError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner
+from sparkonce.ledger.records import ENTRY_VERSION, SQL_COLUMNS, entry_from_row
 from sparkonce.offsets import BatchRanges, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -86,7 +89,8 @@ class SqlLedger:
         big = "INTEGER" if self.dialect.name == "sqlite" else "BIGINT"
         flag = "INTEGER" if self.dialect.name == "sqlite" else "BOOLEAN"
         real = "REAL" if self.dialect.name == "sqlite" else "DOUBLE PRECISION"
-        added = {"stateful": flag, "commit_seconds": real}  # columns newer than the table
+        # Columns newer than the table, added in this order to one an older sparkonce created.
+        added = {"version": "INTEGER", "stateful": flag, "commit_seconds": real}
         stmts = [
             f"CREATE TABLE IF NOT EXISTS {OWNER_TABLE} ("
             f" pipeline TEXT PRIMARY KEY, epoch {big} NOT NULL CHECK (epoch >= 1),"
@@ -95,7 +99,8 @@ class SqlLedger:
             f" pipeline TEXT NOT NULL, seq {big} NOT NULL CHECK (seq >= 0),"
             f" ranges TEXT NOT NULL, epoch {big} NOT NULL, row_count {big} NOT NULL,"
             f" committed_at {ts} NOT NULL, spark_batch_id {big}, checkpoint_id TEXT,"
-            f" stateful {flag}, commit_seconds {real}, PRIMARY KEY (pipeline, seq))",
+            f" stateful {flag}, commit_seconds {real}, version INTEGER,"
+            " PRIMARY KEY (pipeline, seq))",
             # A new no-data batch is looked up by its Spark identity: an index, not a scan.
             f"CREATE INDEX IF NOT EXISTS {SPARK_BATCH_INDEX} ON {LEDGER_TABLE}"
             " (pipeline, checkpoint_id, spark_batch_id)",
@@ -350,8 +355,8 @@ class SqlLedger:
             conn,
             self.dialect,
             f"INSERT INTO {LEDGER_TABLE}(pipeline, seq, ranges, epoch, row_count, committed_at, "
-            "spark_batch_id, checkpoint_id, stateful, commit_seconds) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "spark_batch_id, checkpoint_id, stateful, commit_seconds, version) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 pipeline,
                 seq,
@@ -363,6 +368,7 @@ class SqlLedger:
                 checkpoint_id,
                 int(stateful) if self.dialect.name == "sqlite" else stateful,
                 commit_seconds,
+                ENTRY_VERSION,
             ),
         )
 
@@ -375,25 +381,11 @@ class SqlLedger:
         return value.isoformat() if self.dialect.name == "sqlite" else value
 
 
-_COLS = (
-    "seq, ranges, epoch, row_count, committed_at, spark_batch_id, checkpoint_id, stateful, "
-    "commit_seconds"
-)
+_COLS = SQL_COLUMNS
 
 
 def _entry(pipeline: str, row: Any) -> LedgerEntry:
-    return LedgerEntry(
-        pipeline=pipeline,
-        seq=int(row[0]),
-        ranges=BatchRanges.from_json(row[1]),
-        epoch=int(row[2]),
-        row_count=int(row[3]),
-        committed_at=_parse_ts(row[4]),
-        spark_batch_id=None if row[5] is None else int(row[5]),
-        checkpoint_id=row[6],
-        stateful=None if row[7] is None else bool(row[7]),
-        commit_seconds=None if row[8] is None else float(row[8]),
-    )
+    return entry_from_row(pipeline, row, LEDGER_TABLE)
 
 
 def _now() -> datetime:

@@ -7,10 +7,9 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sparkonce.errors import ConfigError, SparkOnceError
-from sparkonce.ledger.base import LedgerEntry, Owner
+from sparkonce.errors import SparkOnceError
+from sparkonce.ledger.base import LedgerEntry, LedgerReader, Owner
 from sparkonce.offsets import TopicPartition, check_chain
-from sparkonce.sinks.base import Sink
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class PipelineStatus:
 
 
 def pipeline_status(
-    sink: Sink, pipeline: str, entries: list[LedgerEntry] | None = None
+    sink: LedgerReader, pipeline: str, entries: list[LedgerEntry] | None = None
 ) -> PipelineStatus:
     """Read the owner and ledger of ``pipeline`` from ``sink`` (and the source's end, if known).
 
@@ -93,45 +92,19 @@ def pipeline_status(
     )
 
 
-def open_status_sink(url: str) -> tuple[Sink, str]:
-    """The sink whose ledger ``status`` reads, opened, and how to name it: the URL the user
-    gave (password masked), not the sink object, whose output table status never touches.
+def open_status_sink(url: str) -> tuple[LedgerReader, str]:
+    """The ledger ``status`` (and the ui) reads, opened from the store's URL, and how to
+    name it: the URL the user gave (password masked). Only the ledger is read, from the
+    ledger store itself (:func:`sparkonce.sinks.registry.open_ledger`); no output table
+    is named or touched.
 
     ``delta:///ROOT/TABLE`` (or ``delta:URI``) names a Delta table's directory, whose
     ledger lives inside it; reading it starts a local Spark session with Delta when the
-    process has none. Raises :class:`ConfigError` for a bad URL, a missing SQLite file or
-    Delta table, and
+    process has none. Raises :class:`ConfigError` for a bad URL, a missing SQLite file,
+    Kafka output topic or Delta table, and
     :class:`~sparkonce.errors.StoreUnavailableError` for a store that does not answer.
     """
-    from sparkonce.config import StoreURL, mask_url
-    from sparkonce.sinks.sql import PostgresSink, SQLiteSink
+    from sparkonce.sinks.registry import open_ledger
 
-    if url.startswith("kafka://"):
-        from sparkonce.sinks.kafka import kafka_sink_from_uri
-
-        kafka = kafka_sink_from_uri(url)
-        kafka.open()
-        return kafka, mask_url(url)
-
-    if url.startswith("delta:"):
-        from sparkonce.sinks.delta import DeltaSink, delta_path
-
-        path = delta_path(url).rstrip("/")
-        root, _, name = path.rpartition("/")
-        delta = DeltaSink(root or "/", table=name)
-        if not delta.table.exists():
-            raise ConfigError(
-                f"no Delta table at {path}: give the table's own directory, as in "
-                "delta:///ROOT/TABLE for DeltaSink('/ROOT', table='TABLE')"
-            )
-        delta.open()
-        return delta, url
-
-    parsed = StoreURL.parse(url)
-    if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
-        raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
-    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
-    # The table is irrelevant for status; the ledger lives beside it.
-    sink = cls(parsed, "sparkonce_status_probe")
-    sink.open()
-    return sink, str(parsed)
+    ledger = open_ledger(url)
+    return ledger, ledger.label

@@ -1,7 +1,5 @@
 """Effectively-once sinks; each docstring opens with its guarantee."""
 
-from sparkonce.config import StoreURL
-from sparkonce.errors import ConfigError
 from sparkonce.sinks.base import Sink
 from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
@@ -19,27 +17,13 @@ def sink_from_url(
 
     ``two_phase=True`` picks :class:`PostgresTwoPhaseSink` for a PostgreSQL URL (rows are
     pre-committed by the executors instead of passing through the driver).
+
+    The URL's kind is looked up in :mod:`sparkonce.sinks.registry`; a URL of no kind
+    raises :class:`~sparkonce.errors.ConfigError` naming every accepted form.
     """
-    if url.startswith("delta:"):
-        from sparkonce.sinks.delta import DeltaSink, delta_path
+    from sparkonce.sinks.registry import sink_for_url
 
-        return DeltaSink(delta_path(url), table=table, **kwargs)  # type: ignore[arg-type]
-    if url.startswith("kafka://"):
-        from sparkonce.sinks.kafka import kafka_sink_from_uri
-
-        return kafka_sink_from_uri(url, **kwargs)
-    if not table:
-        raise ConfigError(f"sink_from_url({url!r}): a SQL sink needs the output table's name")
-    parsed = StoreURL.parse(url)
-    if two_phase:
-        if parsed.scheme != "postgresql":
-            raise ConfigError(
-                f"two_phase=True needs a postgresql:// URL, got {str(parsed)!r}; the SQLite "
-                "sink always commits on the driver"
-            )
-        return PostgresTwoPhaseSink(parsed, table, **kwargs)  # type: ignore[arg-type]
-    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
-    return cls(parsed, table, **kwargs)  # type: ignore[arg-type]
+    return sink_for_url(url, table, two_phase=two_phase, **kwargs)
 
 
 __all__ = [

@@ -37,17 +37,17 @@ from sparkonce.config import mask_url
 from sparkonce.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sparkonce.ledger.base import LedgerEntry
-    from sparkonce.sinks.base import Sink
+    from sparkonce.ledger.base import LedgerEntry, LedgerReader
 
 log = logging.getLogger(__name__)
 
 RECENT = 50  # ledger entries in the timeline and the charts
 
-# Opens a store from its URL: (the opened sink, its label with the password masked).
-Opener = Callable[[str], "tuple[Sink, str]"]
+# Opens a store's ledger from its URL: (the opened ledger, its label with the password
+# masked); sparkonce.pipeline.status.open_status_sink.
+Opener = Callable[[str], "tuple[LedgerReader, str]"]
 
-# The keys of one fault kind's line in verify.json's "summary" (verify/campaign.py
+# The keys of one fault kind's line in verify.json's "summary" (verify/summary.py
 # KindSummary); the ones the page shows.
 VERIFY_KEYS = (
     "kind",
@@ -105,7 +105,7 @@ def timeline(entries: Sequence[LedgerEntry], recent: int = RECENT) -> list[dict[
     return out
 
 
-def pipeline_view(sink: Sink, pipeline: str, recent: int = RECENT) -> dict[str, Any]:
+def pipeline_view(sink: LedgerReader, pipeline: str, recent: int = RECENT) -> dict[str, Any]:
     """One pipeline in ``sink``'s store: owner, last batch, rows, lag, recent entries."""
     from sparkonce.pipeline.status import pipeline_status
 
@@ -185,7 +185,7 @@ class StoreWatch:
         self.label = mask_url(url)
         self.recent = recent
         self._opener = opener
-        self._sink: Sink | None = None
+        self._sink: LedgerReader | None = None
         self._failed_probe: Exception | None = None
         self._opened = False  # the store was opened once
 
@@ -222,7 +222,7 @@ class StoreWatch:
             self._failed_probe = exc
             raise
 
-    def _open(self) -> Sink:
+    def _open(self) -> LedgerReader:
         if self._sink is None:
             self._sink, self.label = self._opener(self.url)
             self._opened = True
@@ -286,8 +286,10 @@ class StoreWatch:
 def load_verify_report(path: Path) -> dict[str, Any]:
     """The summary of the ``verify.json`` at ``path`` (written by ``sparkonce verify``).
 
-    Raises :class:`ConfigError` naming the path when it is missing, not JSON, or not a
-    verify report (no ``summary`` list of fault kinds).
+    Read with the report's codec (:class:`~sparkonce.verify.report.VerifyReport`). Raises
+    :class:`ConfigError` naming the path when it is missing, not JSON, not a verify report
+    (no ``summary`` list of fault kinds, or trials this version cannot read), and
+    :class:`~sparkonce.errors.RecordVersionError` (one) for a report of a newer version.
     """
     try:
         text = path.read_text()
@@ -302,6 +304,16 @@ def load_verify_report(path: Path) -> dict[str, Any]:
         doc = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"verify report {str(path)!r} is not JSON ({exc})") from None
+    from sparkonce.verify.report import VerifyReport
+
+    try:
+        report = VerifyReport.decode(doc if isinstance(doc, dict) else {}, repr(str(path)))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        if isinstance(exc, ConfigError):  # a newer version: its own message
+            raise
+        raise ConfigError(
+            f"verify report {str(path)!r} is not a report this sparkonce can read ({exc})"
+        ) from None
     summary = doc.get("summary") if isinstance(doc, dict) else None
     if not isinstance(summary, list) or not all(
         isinstance(s, dict) and isinstance(s.get("kind"), str) for s in summary
@@ -310,16 +322,14 @@ def load_verify_report(path: Path) -> dict[str, Any]:
             f"verify report {str(path)!r} is not a report of `sparkonce verify` "
             "(it has no 'summary' list of fault kinds)"
         )
-    trials = doc.get("trials")
-    trials = trials if isinstance(trials, list) else []
     return {
         "path": str(path),
         "modified_at": _iso(datetime.fromtimestamp(path.stat().st_mtime, UTC)),
-        "pipeline": doc.get("pipeline"),
-        "seed": doc.get("seed"),
+        "pipeline": report.pipeline,
+        "seed": report.seed,
         "faults": doc.get("faults"),
-        "trials": len(trials),
-        "failed": sum(1 for t in trials if isinstance(t, dict) and t.get("passed") is False),
+        "trials": len(report.trials),
+        "failed": sum(1 for t in report.trials if not t.passed),
         "summary": [{k: s.get(k) for k in VERIFY_KEYS} for s in summary],
         "error": None,
     }

@@ -1,30 +1,25 @@
 """Crash harness and ``sparkonce verify``: named crash points, kill/restart, oracle checks."""
 
-from sparkonce.verify.campaign import (
+from sparkonce.verify.campaign import Campaign
+from sparkonce.verify.compare import RowDiff, canonical_row, canonical_value, diff_rows
+from sparkonce.verify.driver import Driver
+from sparkonce.verify.model import (
     FAULT_KINDS,
     KNOWN_KINDS,
     OPT_IN_KINDS,
-    Campaign,
     Fault,
-    KindSummary,
-    Recorded,
     TrialOutcome,
     compare_rows,
-    failure_hint,
-    load_report,
     parse_fault_kinds,
-    run_trials,
-    summarize,
-    write_chart,
-    write_json,
 )
-from sparkonce.verify.compare import RowDiff, canonical_row, canonical_value, diff_rows
-from sparkonce.verify.driver import Driver
+from sparkonce.verify.parallel import run_trials
 from sparkonce.verify.reference import (
     ReferenceCheck,
     ReferenceMismatchError,
     apply_semantics,
 )
+from sparkonce.verify.report import Recorded, load_report, write_chart, write_json
+from sparkonce.verify.summary import KindSummary, failure_hint, summarize
 
 __all__ = [
     "FAULT_KINDS",

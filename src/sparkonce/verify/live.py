@@ -483,22 +483,13 @@ class DeltaLogReader(StoreReader):
         return Observation({self.name: out}, entries)
 
     def _entry(self, seq: int, epoch: int, rows: int) -> LedgerEntry:
-        """Entry ``seq``, committed by ``epoch``: its offsets from the entry file written
-        before the commit (``_sparkonce/<pipeline>/entries/<seq>/<epoch>.json``)."""
-        from datetime import UTC, datetime
-
-        from sparkonce.offsets import BatchRanges
+        """Entry ``seq``, committed by ``epoch``: the entry file written before the commit
+        (``_sparkonce/<pipeline>/entries/<seq>/<epoch>.json``), with the commit's rows."""
+        from sparkonce.ledger.records import DELTA_ENTRY
 
         entry = self.root / "_sparkonce" / self.pipeline / "entries" / str(seq) / f"{epoch}.json"
         data = json.loads(entry.read_text())
-        return LedgerEntry(
-            pipeline=self.pipeline,
-            seq=seq,
-            ranges=BatchRanges.from_json_obj(data["ranges"]),
-            epoch=epoch,
-            row_count=rows,
-            committed_at=datetime.now(UTC),
-        )
+        return DELTA_ENTRY.decode(self.pipeline, data, where=str(entry), rows=rows)
 
 
 # -- the reader thread ---------------------------------------------------------------------

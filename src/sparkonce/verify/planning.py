@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkonce.errors import ConfigError
-from sparkonce.verify.campaign import Fault, Recorded, TrialOutcome, load_report
+from sparkonce.verify.model import Fault, TrialOutcome
+from sparkonce.verify.report import Recorded, load_report
 
 REPORT_NAME = "verify.json"
 CHART_NAME = "recovery.png"
