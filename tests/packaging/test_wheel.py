@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-# In `make test-campaign` (it builds a wheel and a venv per extra), not in CI's lanes.
+# campaign_lane (it builds a wheel and a venv per extra): not in make test; CI runs it in its
+# turn, in the rotation's shard that holds it (tests/shards.py).
 pytestmark = [pytest.mark.packaging, pytest.mark.campaign_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
