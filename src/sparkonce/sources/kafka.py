@@ -451,6 +451,17 @@ class KafkaRangePartition(InputPartition):
         return f"{self.topic}[{self.partition}] offsets {self.start}..{self.end}"
 
 
+def _injected_failure(part: KafkaRangePartition) -> Exception:
+    """The injected failure of a read task of ``part`` (:func:`injected_read_failure`)."""
+    return injected_read_failure(
+        part.topic,
+        part.partition,
+        part.start,
+        part.end,
+        f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); Spark retries the task",
+    )
+
+
 def _retention_error(part: KafkaRangePartition, log_start: int) -> SourceError:
     return SourceError(
         f"cannot read {part}: the partition's log now starts at offset {log_start}, so "
@@ -594,14 +605,7 @@ def read_range(
                     cols.add([m for m in records if m.offset() < fail_at], part.end)
                     if len(cols):
                         yield cols.flush()
-                    raise injected_read_failure(
-                        part.topic,
-                        part.partition,
-                        part.start,
-                        part.end,
-                        f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                        "Spark retries the task",
-                    )
+                    raise _injected_failure(part)
                 cols.add(records, part.end)
                 if len(cols) >= chunk:
                     yield cols.flush()
@@ -613,14 +617,7 @@ def read_range(
         if len(cols):
             yield cols.flush()
         if fail_at is not None:  # no record at or after fail_at (markers only): fail anyway
-            raise injected_read_failure(
-                part.topic,
-                part.partition,
-                part.start,
-                part.end,
-                f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                "Spark retries the task",
-            )
+            raise _injected_failure(part)
         if cols.bad:
             raise SourceError(
                 f"{cols.bad} record{'s' if cols.bad != 1 else ''} in "
