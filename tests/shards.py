@@ -186,29 +186,26 @@ def minutes(seconds: float) -> str:
     return f"{whole // 60}m {whole % 60:02d}s"
 
 
+def collect(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``pytest --collect-only -q ARGS...`` of this checkout (no test runs; a few seconds),
+    its output captured. With the root conftest's ``--lanes-report=FILE`` it writes every
+    collected test's lane to FILE; with ``--shard=K``, it prints shard K's tests."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        timeout=timeout,
+    )
+
+
 def collect_lanes(extra_args: Iterable[str] = ()) -> dict[str, str]:
-    """Every test of the suite and its lane, from one ``pytest --collect-only`` (a few
-    seconds; no test runs) through the root conftest's ``--lanes-report``."""
+    """Every test of the suite and its lane, from one :func:`collect` through the root
+    conftest's ``--lanes-report``."""
     with tempfile.TemporaryDirectory(prefix="sparkonce-shards-") as tmp:
         out = Path(tmp) / "lanes.json"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "--collect-only",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                f"--lanes-report={out}",
-                *extra_args,
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-            timeout=600,
-        )
+        done = collect(f"--lanes-report={out}", *extra_args)
         if done.returncode != 0:
             raise SystemExit(
                 "error: pytest --collect-only failed, so there is no shard map:\n"

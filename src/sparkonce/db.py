@@ -256,6 +256,13 @@ def write_transaction(conn: Any, dialect: Dialect) -> Iterator[Any]:
         conn.execute("COMMIT")
 
 
+def table_rows(conn: Any, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` (or view) on ``conn``, one dict per row by column name."""
+    cur = conn.execute(f"SELECT * FROM {qi(table)}")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
 def fetchone(conn: Any, dialect: Dialect, sql: str, params: Sequence[Any] = ()) -> Any:
     return conn.execute(dialect.q(sql), tuple(params)).fetchone()
 

@@ -225,6 +225,47 @@ def proportional_shares(
     return {tp: -(-budget * a // total) for tp, a in backlog.items()}
 
 
+def _limit(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """A range source's read limits, named as its arguments are (None: no limit), and how
+    they cut a batch: each partition's share on its own (the default, see
+    :func:`plan_batch`), or, when ``proportional``, the batch as a whole, shared out in
+    proportion to each partition's backlog (:func:`proportional_shares`; a query with an
+    event-time watermark). A limit that is not a positive integer is a
+    :class:`~sparkonce.errors.ConfigError`."""
+
+    max_records_per_partition: int | None = None
+    max_records_per_batch: int | None = None
+    proportional: bool = False
+
+    def __post_init__(self) -> None:
+        _limit("max_records_per_partition", self.max_records_per_partition)
+        _limit("max_records_per_batch", self.max_records_per_batch)
+
+    def by_argument(self) -> dict[str, int]:
+        """The limits that are set, by argument name."""
+        limits = {
+            "max_records_per_partition": self.max_records_per_partition,
+            "max_records_per_batch": self.max_records_per_batch,
+        }
+        return {k: v for k, v in limits.items() if v}
+
+    def aligned(self) -> ReadLimits | None:
+        """The same limits shared out in proportion to the backlogs; None when that changes
+        nothing (no limit is set, or they already are)."""
+        if self.proportional or not self.by_argument():
+            return None
+        return ReadLimits(self.max_records_per_partition, self.max_records_per_batch, True)
+
+
 def batch_from_offsets(previous: BatchRanges | None, current: BatchRanges) -> BatchRanges:
     """The ranges a micro-batch covers, from Spark's offset log entries.
 

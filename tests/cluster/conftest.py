@@ -16,7 +16,8 @@ of a Python data source (sparkonce's sources plan their batches there) with it t
 (tests/services/spark_cluster.py says more).
 
 The tests are slow (the cluster starts in about 10 s; every driver ships a 100 MB archive
-to two executors): they run in ``make test-campaign`` (``campaign_lane``), which CI does not run.
+to two executors): they are in ``campaign_lane`` (``make test-campaign``), so CI runs each in
+its turn, in the rotation's shard that holds it (tests/shards.py; ``make test-shard-list``).
 """
 
 from __future__ import annotations

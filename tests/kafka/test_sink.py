@@ -57,6 +57,16 @@ def test_log_to_kafka_writes_every_record_once(
     assert [e.seq for e in entries] == list(range(report.batches_committed))
     assert not check_chain(e.ranges for e in entries)
     assert sum(e.row_count for e in entries) == 600
+    # sparkonce verify's live reader reads the same records, between two reads of the ledger.
+    from sparkonce.verify.live import KafkaLiveReader
+
+    live = KafkaLiveReader("out", inspector_for(sink).fresh, "k1")
+    try:
+        seen = live.read()
+    finally:
+        live.close()
+    assert Counter(map(str, seen.rows["out"])) == Counter(map(str, rows))
+    assert seen.ledger == seen.ledger_after == entries
     # The verifier's reset between trials: both topics look empty afterwards.
     inspector_for(sink).reset("k1")
     assert inspector_for(sink, fresh=True).rows() == []

@@ -6,7 +6,7 @@ the dev environment. This builds a wheel of the working tree (``pip wheel --no-d
 installs it with ``--no-deps`` into a fresh venv (no system site-packages) together with
 the runtime requirements the wheel's own metadata declares, and checks each extra's import
 path: without it, a clear message naming ``pip install 'sparkonce[extra]'``; with it, the
-code path works. PyPI (or pip's cache) must be reachable. About a minute.
+code path works. PyPI (or pip's cache) must be reachable. A few minutes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-# In `make test-campaign` (it builds a wheel and a venv per extra), not in CI's lanes.
+# campaign_lane (it builds a wheel and a venv per extra): not in make test; CI runs it in its
+# turn, in the rotation's shard that holds it (tests/shards.py).
 pytestmark = [pytest.mark.packaging, pytest.mark.campaign_lane]
 
 ROOT = Path(__file__).resolve().parents[2]

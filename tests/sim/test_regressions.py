@@ -95,6 +95,25 @@ def test_a_stored_schedule_of_another_version_is_refused(tmp_path: Path) -> None
     assert Regression.load(r.save(tmp_path)) == r
 
 
+def test_a_stored_regression_of_another_version_is_refused_with_both_versions_named(
+    tmp_path: Path,
+) -> None:
+    obj = Regression("x", generate(1)).to_json()
+    obj["schema"] = 7
+    with pytest.raises(ValueError) as raised:
+        Regression.from_json(obj)
+    assert str(raised.value) == (
+        "a stored regression has schema version 7; this sparkonce reads version 1"
+    )
+    obj["schema"], obj["schedule"]["schema"] = 1, None
+    with pytest.raises(ValueError) as raised:
+        Regression.from_json(obj)
+    assert str(raised.value) == (
+        "a stored schedule has schema version None; this sparkonce reads version 1. "
+        "Store it again from its seed or events."
+    )
+
+
 def test_the_cli_stores_the_shrunk_failing_schedule(tmp_path: Path) -> None:
     from sparkonce.verify.sim import Campaign
     from sparkonce.verify.sim.cli import _shrink_and_print

@@ -25,11 +25,8 @@ within the box.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import TypedDict
 
@@ -68,7 +65,6 @@ ALSO_IN_MAKE_TEST = {
     ),
 }
 DRIVER_DIRS = ("tests/crash/", "tests/verify/")
-COLLECT = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
 
 
 def _recipe(target: str) -> str:
@@ -118,27 +114,7 @@ def test_ci_runs_make_test_and_the_rotating_shard() -> None:
 @pytest.fixture(scope="module")
 def lanes(tmp_path_factory: pytest.TempPathFactory) -> Lanes:
     out = tmp_path_factory.mktemp("lanes") / "lanes.json"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"--lanes-report={out}",
-            "-m",
-            "not kafka",
-            "tests",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = shards.collect(f"--lanes-report={out}", "-m", "not kafka", "tests", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report: Lanes = json.loads(out.read_text())
     # The report is the collection pytest printed: the tests it selected, no more, no fewer,
@@ -318,14 +294,7 @@ def test_the_shard_option_runs_the_planned_shard(lanes: Lanes) -> None:
     """``pytest --shard K`` (make test-shard) selects exactly shard K of the map."""
     plan = shards.plan(_sharded(lanes))
     shard = max(plan, key=lambda s: (len(s.tests), -s.index))
-    done = subprocess.run(
-        [*COLLECT, f"--shard={shard.index}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        timeout=300,
-    )
+    done = shards.collect(f"--shard={shard.index}", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     selected = sorted(line for line in done.stdout.splitlines() if "::" in line)
     assert selected == list(shard.tests)

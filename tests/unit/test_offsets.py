@@ -13,6 +13,7 @@ from sparkonce.offsets import (
     BatchRanges,
     Coverage,
     OffsetRange,
+    ReadLimits,
     TopicPartition,
     advance,
     batch_from_offsets,
@@ -450,3 +451,20 @@ def test_offset_range_properties() -> None:
     r = OffsetRange("t", 2, 3, 7)
     assert (r.tp, r.count, r.empty) == (("t", 2), 4, False)
     assert OffsetRange("t", 0, 5, 5).empty
+
+
+@pytest.mark.parametrize("value", [0, -3, True, 2.5, "10"])
+@pytest.mark.parametrize("name", ["max_records_per_partition", "max_records_per_batch"])
+def test_read_limits_refuse_anything_but_a_positive_integer(name: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be a positive integer"):
+        ReadLimits(**{name: value})  # type: ignore[arg-type]
+
+
+def test_read_limits_are_shared_out_by_backlog_only_when_one_is_set() -> None:
+    assert ReadLimits().by_argument() == {}
+    assert ReadLimits().aligned() is None
+    limits = ReadLimits(max_records_per_batch=40)
+    assert limits.by_argument() == {"max_records_per_batch": 40}
+    aligned = limits.aligned()
+    assert aligned == ReadLimits(None, 40, proportional=True)
+    assert aligned is not None and aligned.aligned() is None  # already shared out

@@ -24,6 +24,7 @@ from sparkonce.verify.live import (
     Observation,
     OutputSpec,
     SqlReader,
+    StoreReader,
 )
 from sparkonce.verify.sim.world import SimCrash
 from tests.verify.broken_sink import VisibleBeforeCommitSink
@@ -213,3 +214,16 @@ def test_the_reader_thread_polls_at_its_rate_and_stops(tmp_path: Path) -> None:
     (store,) = live.report()
     assert 10 <= store["observations"] <= 40, store
     assert live.anomalies() == 0
+
+
+def test_a_store_reader_must_say_how_it_reads() -> None:
+    """StoreReader is abstract: a reader without ``read`` is refused when it is made, not
+    when the reader thread first polls it."""
+
+    class Silent(StoreReader):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Silent()  # type: ignore[abstract]
+    with pytest.raises(TypeError, match="abstract"):
+        StoreReader()  # type: ignore[abstract]

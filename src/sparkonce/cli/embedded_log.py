@@ -18,6 +18,7 @@ from sparkonce.cli.common import (
 )
 from sparkonce.cli.records import (
     PRODUCE_CHUNK_LINES,
+    _add_record_options,
     _BadLine,
     _print_record,
     _record_chunks,
@@ -148,12 +149,7 @@ def add_parser(sub: SubParsers) -> None:
         "lines is all-or-nothing.",
     )
     add_dir_topic(q)
-    q.add_argument(
-        "--value", dest="values", action="append", default=[], help="a record (repeatable)"
-    )
-    q.add_argument("--key", default=None, help="key for every record")
-    q.add_argument("--separator", default=None, help="split each line into KEY<sep>VALUE")
-    q.add_argument("--partition", type=int, default=None, help="write to this partition")
+    _add_record_options(q)
     q.add_argument(
         "--producer-id",
         type=_env_checked("--producer-id", "a producer id"),

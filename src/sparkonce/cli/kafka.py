@@ -18,6 +18,7 @@ from sparkonce.cli.common import (
 )
 from sparkonce.cli.records import (
     PRODUCE_CHUNK_LINES,
+    _add_record_options,
     _BadLine,
     _chain_first,
     _print_record,
@@ -192,12 +193,7 @@ def add_parser(sub: SubParsers) -> None:
         "and re-sending them adds them again (a new producer session).",
     )
     add_bootstrap_topic(q)
-    q.add_argument(
-        "--value", dest="values", action="append", default=[], help="a record (repeatable)"
-    )
-    q.add_argument("--key", default=None, help="key for every record")
-    q.add_argument("--separator", default=None, help="split each line into KEY<sep>VALUE")
-    q.add_argument("--partition", type=int, default=None, help="write to this partition")
+    _add_record_options(q)
     q.set_defaults(func=cmd_kafka_produce)
 
     q = kafka_sub.add_parser("tail", help="print the last committed records (read_committed)")

@@ -26,6 +26,17 @@ class _BadLine(ConfigError):
         super().__init__(f"{where}: {problem}")
 
 
+def _add_record_options(q: argparse.ArgumentParser) -> None:
+    """The options of ``log produce`` and ``kafka produce`` that :func:`_record_chunks` and
+    the producers read: ``--value`` (repeatable), ``--key``, ``--separator``, ``--partition``."""
+    q.add_argument(
+        "--value", dest="values", action="append", default=[], help="a record (repeatable)"
+    )
+    q.add_argument("--key", default=None, help="key for every record")
+    q.add_argument("--separator", default=None, help="split each line into KEY<sep>VALUE")
+    q.add_argument("--partition", type=int, default=None, help="write to this partition")
+
+
 def _record_chunks(
     args: argparse.Namespace, chunk_lines: int = PRODUCE_CHUNK_LINES
 ) -> Iterator[list[tuple[str | None, str]]]:

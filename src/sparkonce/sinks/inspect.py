@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from sparkonce.config import StoreURL
-from sparkonce.db import qi, write_transaction
+from sparkonce.db import qi, table_rows, write_transaction
 from sparkonce.errors import ConfigError
 from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.sinks.base import Sink
@@ -106,9 +106,7 @@ class SqlInspector(Inspector):
         sink = self.sink
         if not sink._declared_types(sink.table):  # no such table (or view) yet
             return []
-        cur = sink.conn.execute(f"SELECT * FROM {qi(sink.table)}")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        return table_rows(sink.conn, sink.table)
 
     def reset(self, pipeline: str) -> None:
         from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE

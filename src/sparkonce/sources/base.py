@@ -22,13 +22,14 @@ Sources never import sinks; the runner passes the ledger's offsets in.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from sparkonce.config import mask_url
 from sparkonce.errors import ConfigError
-from sparkonce.offsets import BatchRanges, TopicPartition, batch_from_offsets
+from sparkonce.offsets import BatchRanges, ReadLimits, TopicPartition, batch_from_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -95,18 +96,27 @@ class Source(ABC):
         offsets hold whole ranges."""
         return None
 
-    def aligned(self) -> Source | None:
+    # The source's read limits (none by default); a source with limits sets its own.
+    limits: ReadLimits = ReadLimits()
+
+    def aligned(self) -> Self | None:
         """This source as a query with an event-time watermark must read it: a copy whose
         read limits cap each batch as a whole, shared out in proportion to each partition's
         unread backlog (:func:`sparkonce.offsets.proportional_shares`), so that no partition
         runs ahead of another in event time and lets the watermark pass the other's unread
-        records. None (the default) when nothing changes: no read limit, or limits that
-        already share out so. Runs on the driver."""
-        return None
+        records. None when nothing changes: no read limit, or limits that already share
+        out so (:meth:`ReadLimits.aligned <sparkonce.offsets.ReadLimits.aligned>`). Runs on
+        the driver."""
+        limits = self.limits.aligned()
+        if limits is None:
+            return None
+        twin = copy.copy(self)
+        twin.limits = limits
+        return twin
 
     def read_limits(self) -> dict[str, int]:
         """The read limits set on this source, by argument name (none by default)."""
-        return {}
+        return self.limits.by_argument()
 
     def spark_conf(self) -> dict[str, str]:
         """Settings the SparkSession needs for this source (jars); none by default."""

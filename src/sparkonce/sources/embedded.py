@@ -26,24 +26,22 @@ Offsets (the wire form of :mod:`sparkonce.offsets`)::
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, SourceError, TopicNotFoundError
 from sparkonce.log.storage import Topic, validate_topic_name
-from sparkonce.offsets import OffsetRange, TopicPartition
+from sparkonce.offsets import OffsetRange, ReadLimits, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source, relocation_error
 from sparkonce.sources.reader import (
-    CAP_OPTION,
-    CAP_PROPORTIONAL,
     RangeStreamReader,
     injected_failure_offset,
     injected_read_failure,
+    limit_options,
     parse_starting,
 )
 
@@ -77,15 +75,9 @@ class EmbeddedLogSource(Source):
     ) -> None:
         self.path = Path(path).resolve()
         self.topic = validate_topic_name(topic)
-        for name, value in (
-            ("max_records_per_partition", max_records_per_partition),
-            ("max_records_per_batch", max_records_per_batch),
-        ):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        self.limits = ReadLimits(max_records_per_partition, max_records_per_batch)
         self.max_records_per_partition = max_records_per_partition
         self.max_records_per_batch = max_records_per_batch
-        self._proportional = False  # set by aligned()
         parse_starting(starting_offsets, self.topic)
         self.starting_offsets = starting_offsets
 
@@ -121,30 +113,8 @@ class EmbeddedLogSource(Source):
     def __repr__(self) -> str:
         return self.describe()
 
-    def read_limits(self) -> dict[str, int]:
-        limits = {
-            "max_records_per_partition": self.max_records_per_partition,
-            "max_records_per_batch": self.max_records_per_batch,
-        }
-        return {k: v for k, v in limits.items() if v}
-
-    def aligned(self) -> Self | None:
-        """See :meth:`Source.aligned`: the limits then cap the batch, shared out in
-        proportion to each partition's backlog (reader option ``readLimitSharing``)."""
-        if not self.read_limits() or self._proportional:
-            return None
-        twin = copy.copy(self)
-        twin._proportional = True
-        return twin
-
     def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
-        opts = {"path": str(self.path), "topic": self.topic}
-        if self.max_records_per_partition:
-            opts["maxRecordsPerPartition"] = str(self.max_records_per_partition)
-        if self.max_records_per_batch:
-            opts["maxRecordsPerBatch"] = str(self.max_records_per_batch)
-        if self._proportional:
-            opts[CAP_OPTION] = CAP_PROPORTIONAL
+        opts = {"path": str(self.path), "topic": self.topic, **limit_options(self.limits)}
         if start:
             opts["startingOffsets"] = json.dumps(
                 {str(p): o for (t, p), o in sorted(start.items()) if t == self.topic}

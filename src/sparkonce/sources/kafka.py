@@ -50,25 +50,23 @@ Offsets (the wire form of :mod:`sparkonce.offsets`)::
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, OffsetOutOfRangeError, SourceError
 from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
 from sparkonce.kafka.consumer import KafkaReader, new_consumer
-from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
+from sparkonce.offsets import BatchRanges, OffsetRange, ReadLimits, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
 from sparkonce.sources.base import Source, register_data_source, relocation_error
 from sparkonce.sources.reader import (
-    CAP_OPTION,
-    CAP_PROPORTIONAL,
     RangeStreamReader,
     injected_failure_offset,
     injected_read_failure,
+    limit_options,
     parse_starting,
 )
 
@@ -147,14 +145,6 @@ def validate_client_config(config: Mapping[str, Any] | None) -> dict[str, str | 
     return out
 
 
-def _positive_int(name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class KafkaSource(Source):
     """Read a Kafka topic as a stream of deterministic batches (see the module docstring).
 
@@ -190,11 +180,9 @@ class KafkaSource(Source):
     ) -> None:
         self.topic = validate_topic(topic)
         self.connection = KafkaConnection(bootstrap_servers, validate_client_config(client_config))
-        self.max_records_per_partition = _positive_int(
-            "max_records_per_partition", max_records_per_partition
-        )
-        self.max_records_per_batch = _positive_int("max_records_per_batch", max_records_per_batch)
-        self._proportional = False  # set by aligned()
+        self.limits = ReadLimits(max_records_per_partition, max_records_per_batch)
+        self.max_records_per_partition = max_records_per_partition
+        self.max_records_per_batch = max_records_per_batch
         if not isinstance(starting_offsets, str):
             raise ConfigError(
                 f"starting_offsets must be a string, got {type(starting_offsets).__name__}"
@@ -268,22 +256,6 @@ class KafkaSource(Source):
             "timeout": self.timeout,
         }
 
-    def read_limits(self) -> dict[str, int]:
-        limits = {
-            "max_records_per_partition": self.max_records_per_partition,
-            "max_records_per_batch": self.max_records_per_batch,
-        }
-        return {k: v for k, v in limits.items() if v}
-
-    def aligned(self) -> Self | None:
-        """See :meth:`Source.aligned`: the limits then cap the batch, shared out in
-        proportion to each partition's backlog (reader option ``readLimitSharing``)."""
-        if not self.read_limits() or self._proportional:
-            return None
-        twin = copy.copy(self)
-        twin._proportional = True
-        return twin
-
     def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
         """The data source options (contain client_config secrets: never log them)."""
         opts = {
@@ -296,12 +268,7 @@ class KafkaSource(Source):
             # The option name contains "secret" so that Spark's default redaction pattern
             # (spark.redaction.regex) hides the value wherever Spark shows options.
             opts[_CONFIG_OPTION] = json.dumps(dict(self.connection.config), sort_keys=True)
-        if self.max_records_per_partition:
-            opts["maxRecordsPerPartition"] = str(self.max_records_per_partition)
-        if self.max_records_per_batch:
-            opts["maxRecordsPerBatch"] = str(self.max_records_per_batch)
-        if self._proportional:
-            opts[CAP_OPTION] = CAP_PROPORTIONAL
+        opts.update(limit_options(self.limits))
         if start:
             opts["startingOffsets"] = json.dumps(
                 {str(p): o for (t, p), o in sorted(start.items()) if t == self.topic}
@@ -484,6 +451,17 @@ class KafkaRangePartition(InputPartition):
         return f"{self.topic}[{self.partition}] offsets {self.start}..{self.end}"
 
 
+def _injected_failure(part: KafkaRangePartition) -> Exception:
+    """The injected failure of a read task of ``part`` (:func:`injected_read_failure`)."""
+    return injected_read_failure(
+        part.topic,
+        part.partition,
+        part.start,
+        part.end,
+        f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); Spark retries the task",
+    )
+
+
 def _retention_error(part: KafkaRangePartition, log_start: int) -> SourceError:
     return SourceError(
         f"cannot read {part}: the partition's log now starts at offset {log_start}, so "
@@ -627,14 +605,7 @@ def read_range(
                     cols.add([m for m in records if m.offset() < fail_at], part.end)
                     if len(cols):
                         yield cols.flush()
-                    raise injected_read_failure(
-                        part.topic,
-                        part.partition,
-                        part.start,
-                        part.end,
-                        f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                        "Spark retries the task",
-                    )
+                    raise _injected_failure(part)
                 cols.add(records, part.end)
                 if len(cols) >= chunk:
                     yield cols.flush()
@@ -646,14 +617,7 @@ def read_range(
         if len(cols):
             yield cols.flush()
         if fail_at is not None:  # no record at or after fail_at (markers only): fail anyway
-            raise injected_read_failure(
-                part.topic,
-                part.partition,
-                part.start,
-                part.end,
-                f"injected task failure while reading {part} ({FAIL_TASKS_ENV}); "
-                "Spark retries the task",
-            )
+            raise _injected_failure(part)
         if cols.bad:
             raise SourceError(
                 f"{cols.bad} record{'s' if cols.bad != 1 else ''} in "

@@ -26,13 +26,26 @@ from pyspark.sql.streaming.datasource import (
 
 from sparkonce.errors import ConfigError
 from sparkonce.faults import InjectedTaskFailure, worker_faults
-from sparkonce.offsets import BatchRanges, OffsetRange, plan_batch
+from sparkonce.offsets import BatchRanges, OffsetRange, ReadLimits, plan_batch
 
 # The reader option that tells how read limits cut a batch. Set (by Source.aligned) when the
 # query has an event-time watermark: the limits then cap the batch's total, shared out in
 # proportion to each partition's backlog (sparkonce.offsets.proportional_shares).
 CAP_OPTION = "readLimitSharing"
 CAP_PROPORTIONAL = "proportional"
+
+
+def limit_options(limits: ReadLimits) -> dict[str, str]:
+    """The reader options that carry ``limits`` (what
+    :meth:`RangeStreamReader._configure_limits` reads back)."""
+    opts = {}
+    if limits.max_records_per_partition:
+        opts["maxRecordsPerPartition"] = str(limits.max_records_per_partition)
+    if limits.max_records_per_batch:
+        opts["maxRecordsPerBatch"] = str(limits.max_records_per_batch)
+    if limits.proportional:
+        opts[CAP_OPTION] = CAP_PROPORTIONAL
+    return opts
 
 
 def parse_starting(value: str, topic: str) -> dict[int, int] | str:

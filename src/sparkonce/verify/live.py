@@ -74,6 +74,7 @@ import hashlib
 import json
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -313,16 +314,17 @@ def _sizes(visible: Mapping[str, Counter[CanonicalRow]]) -> str:
 # -- readers: one observation of a store ----------------------------------------------------
 
 
-class StoreReader:
+class StoreReader(ABC):
     """Reads one observation of a store, on connections of its own."""
 
     kind = "store"
 
+    @abstractmethod
     def read(self) -> Observation:
-        raise NotImplementedError
+        """One observation: the outputs' rows, between (or with) reads of the ledger."""
 
-    def close(self) -> None:
-        """Close the reader's connections."""
+    def close(self) -> None:  # noqa: B027
+        """Close the reader's connections (the default: it keeps none open)."""
 
 
 class SqlReader(StoreReader):
@@ -356,7 +358,7 @@ class SqlReader(StoreReader):
         return conn.execute("SELECT to_regclass(%s)", (qi(relation),)).fetchone()[0] is not None
 
     def read(self) -> Observation:
-        from sparkonce.db import qi
+        from sparkonce.db import table_rows
         from sparkonce.ledger.sql import LEDGER_TABLE
 
         conn = self._connect()
@@ -369,9 +371,7 @@ class SqlReader(StoreReader):
             for name, sink in self.sinks.items():
                 rows[name] = []
                 if self._exists(conn, sink.table):
-                    cur = conn.execute(f"SELECT * FROM {qi(sink.table)}")
-                    names = [d[0] for d in cur.description]
-                    rows[name] = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+                    rows[name] = table_rows(conn, sink.table)
             entries = (
                 self.ledger.entries(conn, self.pipeline) if self._exists(conn, LEDGER_TABLE) else []
             )
@@ -409,18 +409,10 @@ class KafkaLiveReader(StoreReader):
         return self._sink
 
     def read(self) -> Observation:
-        from sparkonce.kafka.consumer import KafkaReader
-        from sparkonce.ledger.kafka_topic import TIMEOUT_S
-        from sparkonce.sinks.inspect import _text
+        from sparkonce.sinks.inspect import inspector_for
 
         before = self.sink.ledger(self.pipeline)
-        conn, topic = self.sink.conn, self.sink.topic
-        out: list[dict[str, Any]] = []
-        with KafkaReader(conn, timeout=TIMEOUT_S) as reader:
-            for p in range(conn.partitions(topic)):
-                low, high = reader.watermarks(topic, p)
-                for m in reader.read(topic, p, low, max(low, high)):
-                    out.append({"key": _text(m.key()), "value": _text(m.value())})
+        out = inspector_for(self.sink).rows()
         after = self.sink.ledger(self.pipeline)
         return Observation({self.name: out}, before, after)
 

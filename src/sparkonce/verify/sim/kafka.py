@@ -25,19 +25,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.commit import Staged
 from sparkonce.kafka.client import KafkaConnection, KafkaUnavailableError
-from sparkonce.ledger.base import LedgerEntry
 from sparkonce.ledger.kafka_topic import KafkaLedgerStore
 from sparkonce.verify.sim.target import (
     Endpoint,
     Entry,
     FrameStage,
-    Observer,
+    ObservedStore,
     StageFn,
     Target,
     TaskFrame,
@@ -53,30 +50,11 @@ TASKS = 2  # Spark tasks per batch: log partition p's rows go to task p % 2 (tim
 READ_TIMEOUT_S = 30.0
 
 
-class ObservedKafkaStore(KafkaLedgerStore):
+class ObservedKafkaStore(ObservedStore, KafkaLedgerStore):
     """The real Kafka ledger store; it also reports each committed transaction's entries."""
 
-    observer: Observer | None = None
-    lose_ack = 0
-    _recording: list[LedgerEntry] | None = None
-
-    @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        recorded: list[LedgerEntry] = []
-        self._recording = recorded
-        with super().transaction() as txn:
-            yield txn
-        self._recording = None
-        if recorded and self.observer is not None:
-            self.observer.committed(recorded)
-        if self.lose_ack:
-            self.lose_ack -= 1
-            raise self.conn.unavailable("committing the driver's transaction (injected: ack lost)")
-
-    def record(self, txn: Any, entry: LedgerEntry) -> None:
-        super().record(txn, entry)
-        if self._recording is not None:
-            self._recording.append(entry)
+    def _lost_ack(self) -> Exception:
+        return self.conn.unavailable("committing the driver's transaction (injected: ack lost)")
 
     def lose_connection(self, txn: Any) -> None:
         """Fault injection: the broker cannot be reached mid-transaction."""

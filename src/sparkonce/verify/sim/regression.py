@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkonce.verify.sim.schedule import Schedule
+from sparkonce.verify.sim.schedule import Schedule, check_schema
 
 SCHEMA_VERSION = 1  # of the file around the schedule (the schedule has its own)
 
@@ -50,12 +50,7 @@ class Regression:
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> Regression:
-        version = obj.get("schema")
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"a stored regression has schema version {version!r}; this sparkonce reads "
-                f"version {SCHEMA_VERSION}"
-            )
+        check_schema(obj, "a stored regression", SCHEMA_VERSION)
         return Regression(
             name=str(obj["name"]),
             schedule=Schedule.from_json(obj["schedule"]),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -157,12 +158,9 @@ class Schedule:
     @staticmethod
     def from_json(obj: dict[str, Any]) -> Schedule:
         """The schedule :meth:`to_json` wrote; raises ``ValueError`` naming what is wrong."""
-        version = obj.get("schema")
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"a stored schedule has schema version {version!r}; this sparkonce reads "
-                f"version {SCHEMA_VERSION}. Store it again from its seed or events."
-            )
+        check_schema(
+            obj, "a stored schedule", SCHEMA_VERSION, "Store it again from its seed or events."
+        )
         try:
             final = _event_from(dict(obj["final"]))
             if not isinstance(final, Start):
@@ -182,6 +180,17 @@ class Schedule:
 
 
 SCHEMA_VERSION = 1  # of Schedule.to_json; bump it when an event's fields change
+
+
+def check_schema(obj: Mapping[str, Any], what: str, version: int, remedy: str = "") -> None:
+    """Raise ``ValueError`` unless the stored JSON object ``obj`` (``what``, for the
+    message: "a stored schedule") has ``"schema": version``; ``remedy`` ends the message."""
+    found = obj.get("schema")
+    if found != version:
+        raise ValueError(
+            f"{what} has schema version {found!r}; this sparkonce reads version {version}"
+            + (f". {remedy}" if remedy else "")
+        )
 
 
 def _event_obj(e: Event) -> dict[str, Any]:

@@ -17,8 +17,6 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +24,16 @@ from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.config import StoreURL
 from sparkonce.db import connect, dialect_for, write_transaction
 from sparkonce.faults import FaultPlan
-from sparkonce.ledger.base import LedgerEntry, Owner
+from sparkonce.ledger.base import Owner
 from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE, SqlLedgerStore
-from sparkonce.verify.sim.target import Endpoint, Entry, Observer, StageFn, Target, TaskFrame
+from sparkonce.verify.sim.target import (
+    Endpoint,
+    Entry,
+    ObservedStore,
+    StageFn,
+    Target,
+    TaskFrame,
+)
 from sparkonce.verify.sim.world import InjectedFailure, Row
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,17 +43,12 @@ if TYPE_CHECKING:  # pragma: no cover
 COLUMNS = ("p", "o", "v", "epoch")
 
 
-class ObservedSqlStore(SqlLedgerStore):
-    """The real SQL ledger store; it also reports each committed transaction's entries.
+class ObservedSqlStore(ObservedStore, SqlLedgerStore):
+    """The real SQL ledger store; it also reports each committed transaction's entries
+    (:class:`~sparkonce.verify.sim.target.ObservedStore`). A lost acknowledgement loses
+    the connection after its COMMIT went through."""
 
-    The report is made after the COMMIT returned, so an entry is stamped only if its
-    transaction really committed (a rollback, a crash or a lost connection raise first).
-    """
-
-    observer: Observer | None = None
-    lose_ack = 0  # fault: this many next COMMITs succeed but their connection is lost
     relaxed = False  # SQLite: synchronous=OFF on every connection
-    _recording: list[LedgerEntry] | None = None
     _relaxed_conn: Any = None
 
     @property
@@ -59,20 +59,7 @@ class ObservedSqlStore(SqlLedgerStore):
             self._relaxed_conn = c
         return c
 
-    @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        recorded: list[LedgerEntry] = []
-        self._recording = recorded
-        with super().transaction() as txn:
-            yield txn
-        self._recording = None
-        if recorded and self.observer is not None:
-            self.observer.committed(recorded)
-        if self.lose_ack:
-            self.lose_ack -= 1
-            raise self._lost_after_commit()
-
-    def _lost_after_commit(self) -> Exception:
+    def _lost_ack(self) -> Exception:
         """The connection drops after COMMIT went through: the error the caller sees."""
         conn = self._conn
         if self.dialect.name == "sqlite":
@@ -87,11 +74,6 @@ class ObservedSqlStore(SqlLedgerStore):
         with contextlib.suppress(Exception):
             conn.close()
         return psycopg.OperationalError("server closed the connection unexpectedly (injected)")
-
-    def record(self, txn: Any, entry: LedgerEntry) -> None:
-        super().record(txn, entry)
-        if self._recording is not None:
-            self._recording.append(entry)
 
     def rollback_if_open(self) -> None:
         """What a process's death does to its session: any open transaction is gone."""

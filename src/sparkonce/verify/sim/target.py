@@ -18,11 +18,12 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sparkonce.commit import Stager
-from sparkonce.ledger.base import LedgerEntry, Owner
+from sparkonce.ledger.base import LedgerEntry, LedgerStore, Owner
 from sparkonce.offsets import BatchRanges
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,6 +36,40 @@ class Observer(Protocol):
     """Receives the ledger entries of every store transaction that committed."""
 
     def committed(self, entries: list[LedgerEntry]) -> None: ...
+
+
+class ObservedStore(LedgerStore):
+    """A real ledger store that also reports each committed transaction's entries to
+    ``observer``, after its COMMIT returned (so an entry is reported only if its
+    transaction really committed: a rollback, a crash or a lost connection raise first),
+    and that loses the acknowledgement of its next ``lose_ack`` commits. It goes first
+    among the bases: ``class ObservedSqlStore(ObservedStore, SqlLedgerStore)``."""
+
+    observer: Observer | None = None
+    lose_ack = 0  # fault: this many next commits succeed but the caller gets an error
+    _recording: list[LedgerEntry] | None = None
+
+    @abstractmethod
+    def _lost_ack(self) -> Exception:
+        """The error a caller sees when its commit went through but the answer was lost."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        recorded: list[LedgerEntry] = []
+        self._recording = recorded
+        with super().transaction() as txn:  # type: ignore[safe-super]  # the real store's
+            yield txn
+        self._recording = None
+        if recorded and self.observer is not None:
+            self.observer.committed(recorded)
+        if self.lose_ack:
+            self.lose_ack -= 1
+            raise self._lost_ack()
+
+    def record(self, txn: Any, entry: LedgerEntry) -> None:
+        super().record(txn, entry)  # type: ignore[safe-super]  # the real store's
+        if self._recording is not None:
+            self._recording.append(entry)
 
 
 @dataclass
