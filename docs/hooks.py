@@ -7,7 +7,8 @@ replaces it with:
 - ``cli``: ``sparkonce --help`` and every subcommand's ``--help``, from the parser objects
   of ``sparkonce.cli`` (``build_parser()``), walked recursively;
 - ``errors``: every class of ``sparkonce.errors`` with its base, the exit code the CLI gives
-  it (the CLI's own mapping, ``sparkonce.cli.common._report``) and its docstring.
+  it (the CLI's own mapping, ``sparkonce.cli.common._report``), its docstring and a link to
+  its runbook (:data:`RUNBOOK_OF`, for the class or its nearest base class listed there).
 
 The code comes from this checkout's ``src/``, not from whatever is installed. A marker no
 generator knows fails the build.
@@ -99,6 +100,33 @@ def _exit_code(cls: type[BaseException]) -> int:
         return _report(exc)
 
 
+# The runbook (a page of docs/operations/, or another page, relative to docs/) of each error
+# class; a class not listed gets its nearest listed base class's.
+RUNBOOK_OF = {
+    "SparkOnceError": "operations/index.md",
+    "FencedError": "operations/fenced.md",
+    "CheckpointError": "operations/checkpoint-ahead.md",
+    "CheckpointLostError": "operations/checkpoint-lost.md",
+    "StoreUnavailableError": "operations/store-unavailable.md",
+    "PipelineError": "operations/bad-record.md",
+    "SourceError": "operations/bad-input.md",
+    "OffsetOutOfRangeError": "operations/offsets-gone.md",
+    "LedgerError": "operations/ledger-error.md",
+    "SinkError": "operations/sink-refused.md",
+    "ConfigError": "operations/bad-input.md",
+    "PipelineRunningError": "operations/reset.md",
+    "VerificationError": "guides/verify.md",
+}
+
+
+def runbook_of(cls: type[BaseException]) -> str:
+    """The runbook of error class ``cls``: its own, or its nearest listed base class's."""
+    for c in cls.__mro__:
+        if c.__name__ in RUNBOOK_OF:
+            return RUNBOOK_OF[c.__name__]
+    raise ValueError(f"{cls.__name__} is no SparkOnceError")
+
+
 def errors_markdown() -> str:
     _use_src()
     from sparkonce import errors
@@ -109,18 +137,117 @@ def errors_markdown() -> str:
         if issubclass(c, errors.SparkOnceError) and c.__module__ == errors.__name__
     ]
     classes.sort(key=lambda c: (len(c.__mro__), c.__name__))
-    rows = ["| error | is a | exit code | what it means, and what to do |", "|---|---|---:|---|"]
+    rows = [
+        "| error | is a | exit code | what it means, and what to do | runbook |",
+        "|---|---|---:|---|---|",
+    ]
     for cls in classes:
         bases = ", ".join(f"`{b.__name__}`" for b in cls.__bases__)
         code = str(_exit_code(cls))
         if issubclass(cls, errors.RunStopped):
             code = "130 (SIGINT), 143 (SIGTERM)"
         doc = " ".join((inspect.getdoc(cls) or "").split()).replace("|", "\\|")
-        rows.append(f"| `{cls.__name__}` | {bases} | {code} | {doc} |")
+        page = runbook_of(cls)
+        title = "operations" if page == RUNBOOK_OF["SparkOnceError"] else Path(page).stem
+        link = f"[{title}](../{page})"
+        rows.append(f"| `{cls.__name__}` | {bases} | {code} | {doc} | {link} |")
+    return "\n".join(rows) + "\n"
+
+
+# -- environment variables ------------------------------------------------------------------
+
+# A variable read by the code: a string literal naming a SPARKONCE_* variable, or any name
+# passed to os.environ.get / os.environ[...] / os.environ.setdefault / os.getenv.
+_ENV_LITERAL = re.compile(r"[\"'](SPARKONCE_[A-Z0-9_]*[A-Z0-9])[\"']")
+_ENV_READ = re.compile(
+    r"(?:environ(?:\.get|\.setdefault)?\(|environ\[|getenv\()\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
+)
+
+# What the variables no command-line option reads mean (the options' own say it in --help).
+ENV_NOTES = {
+    "SPARKONCE_CRASH_AT": "fault injection (verify, tests): kill the process at a named point "
+    "of the commit protocol, `NAME[@N]`; see `sparkonce.protocol`",
+    "SPARKONCE_PAUSE_AT": "fault injection: SIGSTOP the process at a named point (a zombie "
+    "driver), `NAME[@N]`; see `sparkonce.protocol`",
+    "SPARKONCE_DROP_CONNECTION_AT": "fault injection: a SQL sink loses its connection at a "
+    "named point, `NAME[@N]`; see `sparkonce.protocol`",
+    "SPARKONCE_FAIL_TASKS": "fault injection: `read`, `write` or both: about half of those "
+    "Spark tasks fail once; see `sparkonce.protocol`",
+    "SPARKONCE_FAULT_EVENTS": "a file where each injected fault is recorded as it fires",
+    "SPARKONCE_JAR_CACHE": "a directory holding the fetched jars by kind (`delta/`, `s3/`, "
+    "`spark-kafka/`), default `.cache/jars` of the checkout",
+    "SPARKONCE_DELTA_JARS": "a directory holding the Delta Lake jars (else `delta/` of the jar "
+    "cache)",
+    "SPARKONCE_S3_JARS": "a directory holding the S3A jars (else `s3/` of the jar cache)",
+    "SPARKONCE_SPARK_KAFKA_JARS": "a directory holding Spark's Kafka connector jars "
+    "(`SparkKafkaSource`; else `spark-kafka/` of the jar cache)",
+    "SPARKONCE_CACHE_DIR": "where the JVM class-data archive is kept (default "
+    "`$XDG_CACHE_HOME/sparkonce`)",
+    "SPARKONCE_NO_CLASS_DATA": "any value: start Spark's JVM without the class-data archive",
+    "XDG_CACHE_HOME": "the base of the default cache directory (default `~/.cache`)",
+    "JAVA_HOME": "the JVM whose class-data archive is built and used",
+    "PYSPARK_PYTHON": "the Python of Spark's workers; set to the running interpreter when unset",
+    "PYSPARK_DRIVER_PYTHON": "the Python of Spark's driver; set to the running interpreter "
+    "when unset",
+    "TMPDIR": "temporary files of the protocol simulation, when `/dev/shm` is absent",
+}
+
+
+def env_vars_read() -> set[str]:
+    """Every environment variable the code in ``src/`` reads (see :data:`_ENV_LITERAL`)."""
+    names: set[str] = set()
+    for path in (SRC / "sparkonce").rglob("*.py"):
+        text = path.read_text()
+        names |= set(_ENV_LITERAL.findall(text)) | set(_ENV_READ.findall(text))
+    return names
+
+
+def _env_options() -> dict[str, list[str]]:
+    """Variable -> the command-line options that take their default from it (``(env: NAME)``
+    in their help)."""
+    from sparkonce.cli import build_parser
+
+    parser = build_parser()
+    parser.prog = "sparkonce"
+    found: dict[str, list[str]] = {}
+    for command, sub in _walk_parsers(parser, ["sparkonce"]):
+        for action in sub._actions:
+            for name in re.findall(r"\(env: (\w+)", action.help or ""):
+                flag = max(action.option_strings, key=len, default=action.dest.upper())
+                text = re.sub(r"\s*\(env: [^)]*\)", "", action.help or "")
+                found.setdefault(name, []).append(f"`{command} {flag}`: {text}")
+    return found
+
+
+def _walk_parsers(
+    parser: argparse.ArgumentParser, words: list[str]
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield " ".join(words), parser
+    for name, sub in _subcommands(parser).items():
+        yield from _walk_parsers(sub, [*words, name])
+
+
+def environment_markdown() -> str:
+    _use_src()
+    with _plain_environment():
+        options = _env_options()
+    rows = ["| variable | read by | meaning |", "|---|---|---|"]
+    for name in sorted(env_vars_read()):
+        if name in options:
+            uses = "<br>".join(options[name]).replace("|", "\\|")
+            rows.append(f"| `{name}` | the option's default | {uses} |")
+        elif name in ENV_NOTES:
+            rows.append(f"| `{name}` | sparkonce itself | {ENV_NOTES[name]} |")
+        else:
+            raise ValueError(
+                f"{name} is read in src/ but no option's help names it and ENV_NOTES (docs/"
+                "hooks.py) does not describe it: add it there"
+            )
     return "\n".join(rows) + "\n"
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
+    "environment": environment_markdown,
     "api": api_markdown,
     "cli": cli_markdown,
     "errors": errors_markdown,
