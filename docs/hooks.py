@@ -6,6 +6,10 @@ replaces it with:
 - ``api``: one mkdocstrings block (``::: sparkonce.NAME``) per name in ``sparkonce.__all__``;
 - ``cli``: ``sparkonce --help`` and every subcommand's ``--help``, from the parser objects
   of ``sparkonce.cli`` (``build_parser()``), walked recursively;
+- ``environment``: every environment variable ``src/`` reads, with the options that read it
+  (their ``--help``) or :data:`ENV_NOTES`;
+- ``performance``: one table per ``benchmarks/results/*.json``, naming the file and the
+  date, machine and commit it records;
 - ``errors``: every class of ``sparkonce.errors`` with its base, the exit code the CLI gives
   it (the CLI's own mapping, ``sparkonce.cli.common._report``), its docstring and a link to
   its runbook (:data:`RUNBOOK_OF`, for the class or its nearest base class listed there).
@@ -246,8 +250,161 @@ def environment_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+# -- performance tables -----------------------------------------------------------------------
+
+RESULTS = SRC.parent / "benchmarks" / "results"
+# The columns a results table shows first, when its rows have them (at most MAX_COLUMNS).
+PREFERRED = (
+    "kind",
+    "trials",
+    "passed",
+    "fired",
+    "lost_rows",
+    "duplicated_rows",
+    "value_mismatches",
+    "recovery_mean_s",
+    "recovery_p95_s",
+    "records_per_s",
+    "vs_copy_limit",
+    "vs_at_least_once",
+    "vs_counterpart",
+    "ratio",
+    "steady_records_per_s",
+    "records_per_cpu_s",
+    "python_driver_peak_mb",
+    "jvm_driver_peak_mb",
+    "commit_p50_s",
+    "commit_p99_s",
+    "batch_p50_s",
+    "batch_p99_s",
+    "precommit_s",
+    "commit_s",
+    "read_s",
+    "median_s",
+    "best_s",
+    "records_per_s_median",
+    "goal_met",
+)
+MAX_COLUMNS = 10
+Scalar = str | int | float | bool | None
+
+
+def _scalars(row: dict[str, Any], prefix: str = "", depth: int = 1) -> dict[str, Scalar]:
+    """The row's scalar values; a nested dict's (``depth`` levels) as ``key.sub``."""
+    out: dict[str, Scalar] = {}
+    for k, v in row.items():
+        if isinstance(v, dict) and depth > 0:
+            out.update(_scalars(v, f"{prefix}{k}.", depth - 1))
+        elif v is None or isinstance(v, (str, int, float, bool)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _cell(v: Scalar) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _rows_of(data: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, Scalar]]]] | None:
+    """The table of a results file: (first column's name, rows), or None for a file of
+    plain values."""
+    for key in ("summary", "results", "readers", "runs"):
+        value = data.get(key)
+        if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+            rows = [_scalars(r) for r in value]
+            first = "kind" if all("kind" in r for r in rows) else "#"
+            return first, [(str(r.pop("kind", i)), r) for i, r in enumerate(rows)]
+        if isinstance(value, dict) and value and all(isinstance(r, dict) for r in value.values()):
+            return "variant", [(name, _scalars(r)) for name, r in value.items()]
+    return None
+
+
+def _table(first: str, rows: list[tuple[str, dict[str, Scalar]]]) -> str:
+    keys: list[str] = []
+    for _, r in rows:
+        keys += [k for k in r if k not in keys]
+    chosen = [k for k in PREFERRED if k in keys] or keys
+    chosen = chosen[:MAX_COLUMNS]
+    lines = [
+        "| " + " | ".join([first, *chosen]) + " |",
+        "|---|" + "---:|" * len(chosen),
+    ]
+    for name, r in rows:
+        lines.append("| " + " | ".join([f"`{name}`", *(_cell(r.get(k)) for k in chosen)]) + " |")
+    return "\n".join(lines)
+
+
+def _git_last_commit(path: Path) -> str | None:
+    """``HASH DATE`` of the newest commit that changed ``path``, or None (no git)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%h %cs", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+def _facts(data: dict[str, Any]) -> dict[str, str]:
+    """Date, machine and commit, where the results file records them."""
+    env = data.get("environment") if isinstance(data.get("environment"), dict) else {}
+    assert isinstance(env, dict)
+    facts = {
+        "date": data.get("date") or data.get("when") or data.get("generated"),
+        "machine": data.get("machine") or env.get("platform"),
+        "commit": data.get("commit") or env.get("commit"),
+    }
+    return {k: str(v) for k, v in facts.items() if v}
+
+
+def performance_markdown() -> str:
+    import json
+
+    sections = []
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            continue
+        facts = _facts(data)
+        line = f"From `benchmarks/results/{path.name}`"
+        if facts:
+            line += ": " + "; ".join(f"{k} {v}" for k, v in facts.items())
+        missing = [k for k in ("date", "machine", "commit") if k not in facts]
+        if missing:
+            line += f"; not recorded in it: {', '.join(missing)}"
+            last = _git_last_commit(path)
+            if last:
+                line += f" (the file was last committed in {last})"
+        parts = [f"### {path.stem}", "", line + "."]
+        table = _rows_of(data)
+        if table is None:
+            shown = {"date", "when", "generated", "machine", "commit"}
+            plain = {k: v for k, v in _scalars(data, depth=0).items() if k not in shown}
+            parts += ["", "| value | |", "|---|---:|"]
+            parts += [f"| `{k}` | {_cell(v)} |" for k, v in plain.items()]
+        else:
+            parts += ["", _table(*table)]
+        sections.append("\n".join(parts) + "\n")
+    return "\n".join(sections)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "environment": environment_markdown,
+    "performance": performance_markdown,
     "api": api_markdown,
     "cli": cli_markdown,
     "errors": errors_markdown,

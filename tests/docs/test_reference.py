@@ -159,3 +159,27 @@ def test_every_source_uri_form_on_the_page_is_accepted() -> None:
     assert len(examples) >= 3
     for uri in examples:
         source_from_uri(uri)
+
+
+# -- performance page ------------------------------------------------------------------------
+
+
+def test_performance_page_has_one_table_per_results_file() -> None:
+    import json
+
+    assert "<!-- generated: performance -->" in (DOCS / "performance.md").read_text()
+    page = hooks().performance_markdown()
+    sections = {s.split("\n", 1)[0]: s for s in page.split("### ")[1:]}
+    files = sorted((REPO / "benchmarks" / "results").glob("*.json"))
+    assert len(files) > 20
+    for path in files:
+        section = sections[path.stem]
+        assert f"From `benchmarks/results/{path.name}`" in section
+        assert "\n|---|" in section  # a table
+        data = json.loads(path.read_text())
+        for fact in ("date", "machine"):
+            if data.get(fact):
+                assert f"{fact} {data[fact]}" in section, (path.name, fact)
+        commit = data.get("commit") or (data.get("environment") or {}).get("commit")
+        if commit:
+            assert f"commit {commit}" in section, path.name
