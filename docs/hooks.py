@@ -114,6 +114,7 @@ RUNBOOK_OF = {
     "StoreUnavailableError": "operations/store-unavailable.md",
     "PipelineError": "operations/bad-record.md",
     "SourceError": "operations/bad-input.md",
+    "SequenceError": "operations/index.md",
     "OffsetOutOfRangeError": "operations/offsets-gone.md",
     "LedgerError": "operations/ledger-error.md",
     "SinkError": "operations/sink-refused.md",

@@ -50,6 +50,11 @@ with sink_from_url(sys.argv[1], "out") as sink:
 """
 
 
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # status prints through rich, which wraps
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
@@ -86,6 +91,9 @@ def test_reset_then_a_run_starts_fresh_and_the_output_is_kept(
         owner = sink.owner("p")
         assert owner is not None and owner.epoch == 1 and len(sink.ledger("p")) == 1
     capsys.readouterr()
+    # status says what reset will check: the holder's process is gone.
+    assert main(["status", "--pipeline", "p", "--sink", url]) == 0
+    assert f"by {owner.holder}, no longer running)" in capsys.readouterr().out
     # Naming the output table does not delete it: only --output-rows does.
     assert main(["reset", "--pipeline", "p", "--sink", url, "--table", "out", "--yes"]) == 0
     out = capsys.readouterr().out
@@ -118,6 +126,8 @@ def test_reset_refuses_while_the_holder_is_alive(
 
         sink.commit_rows(ctx, StructType([StructField("v", LongType())]), ["v"], [(7,), (8,)])
     capsys.readouterr()
+    assert main(["status", "--pipeline", "p", "--sink", url]) == 0
+    assert f"pid {os.getpid()}, running on this host)" in capsys.readouterr().out
     assert main(["reset", "--pipeline", "p", "--sink", url, "--yes"]) == EXIT_RUNNING
     err = capsys.readouterr().err
     assert "still running:" in err and f"pid {os.getpid()}" in err and "still alive" in err
