@@ -6,8 +6,13 @@ replaces it with:
 - ``api``: one mkdocstrings block (``::: sparkonce.NAME``) per name in ``sparkonce.__all__``;
 - ``cli``: ``sparkonce --help`` and every subcommand's ``--help``, from the parser objects
   of ``sparkonce.cli`` (``build_parser()``), walked recursively;
+- ``environment``: every environment variable ``src/`` reads, with the options that read it
+  (their ``--help``) or :data:`ENV_NOTES`;
+- ``performance``: one table per ``benchmarks/results/*.json``, naming the file and the
+  date, machine and commit it records;
 - ``errors``: every class of ``sparkonce.errors`` with its base, the exit code the CLI gives
-  it (the CLI's own mapping, ``sparkonce.cli.common._report``) and its docstring.
+  it (the CLI's own mapping, ``sparkonce.cli.common._report``), its docstring and a link to
+  its runbook (:data:`RUNBOOK_OF`, for the class or its nearest base class listed there).
 
 The code comes from this checkout's ``src/``, not from whatever is installed. A marker no
 generator knows fails the build.
@@ -99,6 +104,34 @@ def _exit_code(cls: type[BaseException]) -> int:
         return _report(exc)
 
 
+# The runbook (a page of docs/operations/, or another page, relative to docs/) of each error
+# class; a class not listed gets its nearest listed base class's.
+RUNBOOK_OF = {
+    "SparkOnceError": "operations/index.md",
+    "FencedError": "operations/fenced.md",
+    "CheckpointError": "operations/checkpoint-ahead.md",
+    "CheckpointLostError": "operations/checkpoint-lost.md",
+    "StoreUnavailableError": "operations/store-unavailable.md",
+    "PipelineError": "operations/bad-record.md",
+    "SourceError": "operations/bad-input.md",
+    "SequenceError": "operations/index.md",
+    "OffsetOutOfRangeError": "operations/offsets-gone.md",
+    "LedgerError": "operations/ledger-error.md",
+    "SinkError": "operations/sink-refused.md",
+    "ConfigError": "operations/bad-input.md",
+    "PipelineRunningError": "operations/reset.md",
+    "VerificationError": "guides/verify.md",
+}
+
+
+def runbook_of(cls: type[BaseException]) -> str:
+    """The runbook of error class ``cls``: its own, or its nearest listed base class's."""
+    for c in cls.__mro__:
+        if c.__name__ in RUNBOOK_OF:
+            return RUNBOOK_OF[c.__name__]
+    raise ValueError(f"{cls.__name__} is no SparkOnceError")
+
+
 def errors_markdown() -> str:
     _use_src()
     from sparkonce import errors
@@ -109,18 +142,270 @@ def errors_markdown() -> str:
         if issubclass(c, errors.SparkOnceError) and c.__module__ == errors.__name__
     ]
     classes.sort(key=lambda c: (len(c.__mro__), c.__name__))
-    rows = ["| error | is a | exit code | what it means, and what to do |", "|---|---|---:|---|"]
+    rows = [
+        "| error | is a | exit code | what it means, and what to do | runbook |",
+        "|---|---|---:|---|---|",
+    ]
     for cls in classes:
         bases = ", ".join(f"`{b.__name__}`" for b in cls.__bases__)
         code = str(_exit_code(cls))
         if issubclass(cls, errors.RunStopped):
             code = "130 (SIGINT), 143 (SIGTERM)"
         doc = " ".join((inspect.getdoc(cls) or "").split()).replace("|", "\\|")
-        rows.append(f"| `{cls.__name__}` | {bases} | {code} | {doc} |")
+        page = runbook_of(cls)
+        title = "operations" if page == RUNBOOK_OF["SparkOnceError"] else Path(page).stem
+        link = f"[{title}](../{page})"
+        rows.append(f"| `{cls.__name__}` | {bases} | {code} | {doc} | {link} |")
     return "\n".join(rows) + "\n"
 
 
+# -- environment variables ------------------------------------------------------------------
+
+# A variable read by the code: a string literal naming a SPARKONCE_* variable, or any name
+# passed to os.environ.get / os.environ[...] / os.environ.setdefault / os.getenv.
+_ENV_LITERAL = re.compile(r"[\"'](SPARKONCE_[A-Z0-9_]*[A-Z0-9])[\"']")
+_ENV_READ = re.compile(
+    r"(?:environ(?:\.get|\.setdefault)?\(|environ\[|getenv\()\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
+)
+
+# What the variables no command-line option reads mean (the options' own say it in --help).
+ENV_NOTES = {
+    "SPARKONCE_CRASH_AT": "fault injection (verify, tests): kill the process at a named point "
+    "of the commit protocol, `NAME[@N]`; see `sparkonce.protocol`",
+    "SPARKONCE_PAUSE_AT": "fault injection: SIGSTOP the process at a named point (a zombie "
+    "driver), `NAME[@N]`; see `sparkonce.protocol`",
+    "SPARKONCE_DROP_CONNECTION_AT": "fault injection: a SQL sink loses its connection at a "
+    "named point, `NAME[@N]`; see `sparkonce.protocol`",
+    "SPARKONCE_FAIL_TASKS": "fault injection: `read`, `write` or both: about half of those "
+    "Spark tasks fail once; see `sparkonce.protocol`",
+    "SPARKONCE_FAULT_EVENTS": "a file where each injected fault is recorded as it fires",
+    "SPARKONCE_JAR_CACHE": "a directory holding the fetched jars by kind (`delta/`, `s3/`, "
+    "`spark-kafka/`), default `.cache/jars` of the checkout",
+    "SPARKONCE_DELTA_JARS": "a directory holding the Delta Lake jars (else `delta/` of the jar "
+    "cache)",
+    "SPARKONCE_S3_JARS": "a directory holding the S3A jars (else `s3/` of the jar cache)",
+    "SPARKONCE_SPARK_KAFKA_JARS": "a directory holding Spark's Kafka connector jars "
+    "(`SparkKafkaSource`; else `spark-kafka/` of the jar cache)",
+    "SPARKONCE_CACHE_DIR": "where the JVM class-data archive is kept (default "
+    "`$XDG_CACHE_HOME/sparkonce`)",
+    "SPARKONCE_NO_CLASS_DATA": "any value: start Spark's JVM without the class-data archive",
+    "XDG_CACHE_HOME": "the base of the default cache directory (default `~/.cache`)",
+    "JAVA_HOME": "the JVM whose class-data archive is built and used",
+    "PYSPARK_PYTHON": "the Python of Spark's workers; set to the running interpreter when unset",
+    "PYSPARK_DRIVER_PYTHON": "the Python of Spark's driver; set to the running interpreter "
+    "when unset",
+    "TMPDIR": "temporary files of the protocol simulation, when `/dev/shm` is absent",
+}
+
+
+def env_vars_read() -> set[str]:
+    """Every environment variable the code in ``src/`` reads (see :data:`_ENV_LITERAL`)."""
+    names: set[str] = set()
+    for path in (SRC / "sparkonce").rglob("*.py"):
+        text = path.read_text()
+        names |= set(_ENV_LITERAL.findall(text)) | set(_ENV_READ.findall(text))
+    return names
+
+
+def _env_options() -> dict[str, list[str]]:
+    """Variable -> the command-line options that take their default from it (``(env: NAME)``
+    in their help)."""
+    from sparkonce.cli import build_parser
+
+    parser = build_parser()
+    parser.prog = "sparkonce"
+    found: dict[str, list[str]] = {}
+    for command, sub in _walk_parsers(parser, ["sparkonce"]):
+        for action in sub._actions:
+            for name in re.findall(r"\(env: (\w+)", action.help or ""):
+                flag = max(action.option_strings, key=len, default=action.dest.upper())
+                text = re.sub(r"\s*\(env: [^)]*\)", "", action.help or "")
+                found.setdefault(name, []).append(f"`{command} {flag}`: {text}")
+    return found
+
+
+def _walk_parsers(
+    parser: argparse.ArgumentParser, words: list[str]
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield " ".join(words), parser
+    for name, sub in _subcommands(parser).items():
+        yield from _walk_parsers(sub, [*words, name])
+
+
+def environment_markdown() -> str:
+    _use_src()
+    with _plain_environment():
+        options = _env_options()
+    rows = ["| variable | read by | meaning |", "|---|---|---|"]
+    for name in sorted(env_vars_read()):
+        if name in options:
+            uses = "<br>".join(options[name]).replace("|", "\\|")
+            rows.append(f"| `{name}` | the option's default | {uses} |")
+        elif name in ENV_NOTES:
+            rows.append(f"| `{name}` | sparkonce itself | {ENV_NOTES[name]} |")
+        else:
+            raise ValueError(
+                f"{name} is read in src/ but no option's help names it and ENV_NOTES (docs/"
+                "hooks.py) does not describe it: add it there"
+            )
+    return "\n".join(rows) + "\n"
+
+
+# -- performance tables -----------------------------------------------------------------------
+
+RESULTS = SRC.parent / "benchmarks" / "results"
+# The columns a results table shows first, when its rows have them (at most MAX_COLUMNS).
+PREFERRED = (
+    "kind",
+    "trials",
+    "passed",
+    "fired",
+    "lost_rows",
+    "duplicated_rows",
+    "value_mismatches",
+    "recovery_mean_s",
+    "recovery_p95_s",
+    "records_per_s",
+    "vs_copy_limit",
+    "vs_at_least_once",
+    "vs_counterpart",
+    "ratio",
+    "steady_records_per_s",
+    "records_per_cpu_s",
+    "python_driver_peak_mb",
+    "jvm_driver_peak_mb",
+    "commit_p50_s",
+    "commit_p99_s",
+    "batch_p50_s",
+    "batch_p99_s",
+    "precommit_s",
+    "commit_s",
+    "read_s",
+    "median_s",
+    "best_s",
+    "records_per_s_median",
+    "goal_met",
+)
+MAX_COLUMNS = 10
+Scalar = str | int | float | bool | None
+
+
+def _scalars(row: dict[str, Any], prefix: str = "", depth: int = 1) -> dict[str, Scalar]:
+    """The row's scalar values; a nested dict's (``depth`` levels) as ``key.sub``."""
+    out: dict[str, Scalar] = {}
+    for k, v in row.items():
+        if isinstance(v, dict) and depth > 0:
+            out.update(_scalars(v, f"{prefix}{k}.", depth - 1))
+        elif v is None or isinstance(v, (str, int, float, bool)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _cell(v: Scalar) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _rows_of(data: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, Scalar]]]] | None:
+    """The table of a results file: (first column's name, rows), or None for a file of
+    plain values."""
+    for key in ("summary", "results", "readers", "runs"):
+        value = data.get(key)
+        if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+            rows = [_scalars(r) for r in value]
+            first = "kind" if all("kind" in r for r in rows) else "#"
+            return first, [(str(r.pop("kind", i)), r) for i, r in enumerate(rows)]
+        if isinstance(value, dict) and value and all(isinstance(r, dict) for r in value.values()):
+            return "variant", [(name, _scalars(r)) for name, r in value.items()]
+    return None
+
+
+def _table(first: str, rows: list[tuple[str, dict[str, Scalar]]]) -> str:
+    keys: list[str] = []
+    for _, r in rows:
+        keys += [k for k in r if k not in keys]
+    chosen = [k for k in PREFERRED if k in keys] or keys
+    chosen = chosen[:MAX_COLUMNS]
+    lines = [
+        "| " + " | ".join([first, *chosen]) + " |",
+        "|---|" + "---:|" * len(chosen),
+    ]
+    for name, r in rows:
+        lines.append("| " + " | ".join([f"`{name}`", *(_cell(r.get(k)) for k in chosen)]) + " |")
+    return "\n".join(lines)
+
+
+def _git_last_commit(path: Path) -> str | None:
+    """``HASH DATE`` of the newest commit that changed ``path``, or None (no git)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%h %cs", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+def _facts(data: dict[str, Any]) -> dict[str, str]:
+    """Date, machine and commit, where the results file records them."""
+    env = data.get("environment") if isinstance(data.get("environment"), dict) else {}
+    assert isinstance(env, dict)
+    facts = {
+        "date": data.get("date") or data.get("when") or data.get("generated"),
+        "machine": data.get("machine") or env.get("platform"),
+        "commit": data.get("commit") or env.get("commit"),
+    }
+    return {k: str(v) for k, v in facts.items() if v}
+
+
+def performance_markdown() -> str:
+    import json
+
+    sections = []
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            continue
+        facts = _facts(data)
+        line = f"From `benchmarks/results/{path.name}`"
+        if facts:
+            line += ": " + "; ".join(f"{k} {v}" for k, v in facts.items())
+        missing = [k for k in ("date", "machine", "commit") if k not in facts]
+        if missing:
+            line += f"; not recorded in it: {', '.join(missing)}"
+            last = _git_last_commit(path)
+            if last:
+                line += f" (the file was last committed in {last})"
+        parts = [f"### {path.stem}", "", line + "."]
+        table = _rows_of(data)
+        if table is None:
+            shown = {"date", "when", "generated", "machine", "commit"}
+            plain = {k: v for k, v in _scalars(data, depth=0).items() if k not in shown}
+            parts += ["", "| value | |", "|---|---:|"]
+            parts += [f"| `{k}` | {_cell(v)} |" for k, v in plain.items()]
+        else:
+            parts += ["", _table(*table)]
+        sections.append("\n".join(parts) + "\n")
+    return "\n".join(sections)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "environment": environment_markdown,
+    "performance": performance_markdown,
     "api": api_markdown,
     "cli": cli_markdown,
     "errors": errors_markdown,

@@ -10,6 +10,7 @@ from sparkonce.errors import (
     FencedError,
     KafkaUnavailableError,
     LedgerError,
+    PipelineRunningError,
     RunStopped,
     SinkError,
     SinkUnavailableError,
@@ -20,6 +21,7 @@ from sparkonce.errors import (
 from sparkonce.kafka import KafkaProducer
 from sparkonce.log import IdempotentProducer, Topic
 from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
+from sparkonce.pipeline.reset import reset_pipeline
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import (
     DeltaSink,
@@ -50,6 +52,7 @@ __all__ = [
     "KafkaUnavailableError",
     "LedgerError",
     "Pipeline",
+    "PipelineRunningError",
     "PostgresSink",
     "PostgresTwoPhaseSink",
     "RunReport",
@@ -65,5 +68,6 @@ __all__ = [
     "StoreUnavailableError",
     "Topic",
     "build_session",
+    "reset_pipeline",
     "sink_from_url",
 ]

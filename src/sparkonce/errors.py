@@ -9,6 +9,10 @@ This module imports nothing from the rest of the package.
 
 from __future__ import annotations
 
+# Where the runbooks are, one per error an operator can meet (the docs site's operations
+# section); messages name the one to read.
+RUNBOOKS = "docs/operations"
+
 
 class SparkOnceError(Exception):
     """Root of every sparkonce error.
@@ -128,7 +132,8 @@ class FencedError(SinkError):
             f"is now {owner_epoch}{by}, so a newer run owns the pipeline. This run was fenced "
             "and its batch was not committed. Operator action: check that the run holding "
             f"epoch {owner_epoch} is alive (its host and pid are shown by: {hint}); if it is, "
-            "let it continue and stop this process; if it is not, start the pipeline again."
+            "let it continue and stop this process; if it is not, start the pipeline again "
+            f"(runbook: {RUNBOOKS}/fenced.md)."
         )
 
 
@@ -163,6 +168,16 @@ class RunStopped(SparkOnceError):
     def __init__(self, message: str, signal_number: int | None = None) -> None:
         super().__init__(message)
         self.signal_number = signal_number
+
+
+class PipelineRunningError(SparkOnceError):
+    """A run still holds the pipeline's epoch and is alive, so its progress cannot be reset.
+
+    Raised by :func:`sparkonce.reset_pipeline` (``sparkonce reset``) before anything was
+    deleted. The message names the holder (host and pid). Stop that run first; if it runs on
+    another host, where its process cannot be checked, make sure it is stopped and say so
+    (``--holder-stopped``). The CLI exits with code 5.
+    """
 
 
 class PipelineError(SparkOnceError):

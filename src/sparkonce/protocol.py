@@ -1,28 +1,14 @@
-"""The sparkonce commit protocol, written down once, and its named crash points.
+"""The named crash points of the commit protocol, and the fault plan's environment variables.
 
-Every effectively-once sink keeps two pieces of metadata inside its own store:
-the **owner** row ``(pipeline, epoch)`` and the **ledger**, one row per
-committed batch. A run takes ``epoch = epoch + 1`` when it starts, *before* it
-reads the ledger's end offsets (take over by writing before reading). Then each
-micro-batch commits in **one transaction of the sink**:
-
-1. Check that this run's epoch is still the owner's; if not raise
-   :class:`~sparkonce.errors.FencedError` and stop the run.
-2. If the ledger already covers the batch's offset ranges, do nothing: this is
-   a replay of a committed batch (see :func:`sparkonce.offsets.classify`).
-3. Make the batch's rows visible (insert, upsert, or flip pre-committed rows).
-4. Insert the ledger row (pipeline, offset ranges, epoch, row count, time).
-5. Commit.
-
-Only after step 5 does Spark write its own commit log for the batch. A crash
-before step 5 leaves nothing visible; a crash after it makes the next run skip
-the batch at step 2. The ledger, not Spark's checkpoint, is the source of truth
-for progress.
+The protocol itself (the owner epoch, the ledger, and the steps 0-5 every batch's commit
+goes through) is written once, in ``docs/concepts/protocol.md``; the committer
+(:mod:`sparkonce.commit.committer`) is its one implementation. Step numbers here are that
+page's.
 
 Crash points
 ------------
 :class:`CrashPoint` names the moments the crash tests and ``sparkonce verify``
-kill a driver at. They are named after the steps above, and the committer marks
+kill a driver at. They are named after the protocol's steps, and the committer marks
 them with :meth:`sparkonce.faults.FaultPlan.crash_point`. The plan comes from
 these environment variables, parsed once when ``sparkonce run`` starts and
 handed to the run (see :mod:`sparkonce.faults`); with none set, nothing happens::

@@ -6,12 +6,13 @@ implementation lazily, so ``sparkonce --help`` does not start Spark.
 
 Exit codes: 0 success, 1 failure (a FAIL, a failed run), 2 bad input (including a
 bad command line or environment variable), 3 fenced by a newer run, 4 a store or
-source unreachable, 130 interrupted (Ctrl-C); ``run`` stops cleanly between commits on
-SIGINT and SIGTERM and exits 130 and 143. Every failure ends with one line on stderr,
+source unreachable, 5 ``reset`` refused while a live run holds the pipeline, 130
+interrupted (Ctrl-C); ``run`` stops cleanly between commits on SIGINT and SIGTERM and
+exits 130 and 143. Every failure ends with one line on stderr,
 ``sparkonce: ...``; ``--debug`` adds the traceback.
 
 One module per command group, each with its ``cmd_*`` functions and an
-``add_parser(sub)`` that declares its options: :mod:`.run`, :mod:`.status`,
+``add_parser(sub)`` that declares its options: :mod:`.run`, :mod:`.status`, :mod:`.reset`,
 :mod:`.explain`, :mod:`.embedded_log` (``log ...``), :mod:`.kafka` (``kafka ...``),
 :mod:`.verify`, :mod:`.ui` (the live status page) and :mod:`.demo`. :mod:`.common`
 holds the exit codes, the environment-variable defaults and argparse types, and the
@@ -25,7 +26,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sparkonce.cli import demo, embedded_log, explain, kafka, run, status, ui, verify
+from sparkonce.cli import demo, embedded_log, explain, kafka, reset, run, status, ui, verify
 from sparkonce.cli.common import (
     EXIT_FAIL,
     EXIT_FENCED,
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, status, explain, ui, embedded_log, kafka, verify, demo):
+    for group in (run, status, reset, explain, ui, embedded_log, kafka, verify, demo):
         group.add_parser(sub)
     return parser
 

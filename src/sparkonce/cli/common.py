@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar
 from sparkonce.errors import (
     ConfigError,
     FencedError,
+    PipelineRunningError,
     RunStopped,
     SparkOnceError,
     StoreUnavailableError,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXIT_FAIL, EXIT_USAGE, EXIT_FENCED, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+EXIT_RUNNING = 5  # sparkonce reset: a live run holds the pipeline
 
 _T = TypeVar("_T")
 
@@ -419,6 +421,8 @@ def _report(exc: Exception) -> int:
         line, code = f"fenced: {exc}", EXIT_FENCED
     elif isinstance(exc, StoreUnavailableError):  # a database or a Kafka cluster
         line, code = f"unavailable: {exc}", EXIT_UNAVAILABLE
+    elif isinstance(exc, PipelineRunningError):
+        line, code = f"still running: {exc}", EXIT_RUNNING
     elif isinstance(exc, (ConfigError, TopicNotFoundError)):  # a topic the user named
         line, code = f"bad input: {exc}", EXIT_USAGE
     elif isinstance(exc, SparkOnceError):

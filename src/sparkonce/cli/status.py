@@ -27,7 +27,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sparkonce.pipeline.status import open_status_sink, pipeline_status
+    from sparkonce.pipeline.status import holder_alive, open_status_sink, pipeline_status
 
     if not args.pipeline:
         raise ConfigError("--pipeline is required (or set SPARKONCE_PIPELINE)")
@@ -43,9 +43,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print(f"pipeline {args.pipeline!r} has never run against {label}")
         return EXIT_FAIL
     console.print(f"[bold]pipeline[/] {st.pipeline}   [bold]sink[/] {label}")
+    alive = holder_alive(st.owner.holder)
+    running = {True: ", running on this host", False: ", no longer running", None: ""}[alive]
     console.print(
         f"owner epoch {st.owner.epoch} (taken {st.owner.acquired_at:%Y-%m-%d %H:%M:%S %Z} by "
-        f"{st.owner.holder})"
+        f"{st.owner.holder}{running})"
     )
     last = f"{st.last_commit_at:%Y-%m-%d %H:%M:%S %Z}" if st.last_commit_at else "never"
     console.print(

@@ -1,4 +1,4 @@
-"""The committer: steps 1-5 of the commit protocol, once for every sink."""
+"""The committer: the commit protocol (``docs/concepts/protocol.md``), once for every sink."""
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.commit.committer import COMMIT_ATTEMPTS, Committer

@@ -1,28 +1,13 @@
-"""The committer: the protocol's five steps, written once for every sink.
+"""The committer: the commit protocol, implemented once for every sink.
 
-:meth:`Committer.commit` runs, for one micro-batch, on the driver:
-
-0. A cheap look at the ledger, outside any transaction, in the order of steps 1
-   and 2: a fenced run raises ``FencedError`` and a replay of a committed batch is
-   skipped, both before any rows are staged (no task runs for them; a stateful
-   query's replay runs once into Spark's no-op sink, so its state stores commit).
-   The batch's rows are then staged (:meth:`Stager.prepare`): collected on the
-   driver, or pre-committed by Spark's tasks. Crash point ``before-commit`` comes
-   first.
-
-Then, in **one transaction of the store** (:meth:`LedgerStore.transaction`):
-
-1. The run's epoch must still be the owner's, or ``FencedError``.
-2. A batch the ledger already covers is a replay: nothing is written. A batch the
-   ledger contradicts (a gap, a partial overlap, an entry written meanwhile by
-   another writer) raises ``LedgerError``.
-3. The stager makes exactly the staged rows visible. Crash point ``after-rows``.
-4. The ledger entry is inserted. Crash point ``before-ledger-commit``.
-5. The transaction commits. Crash point ``after-ledger-commit``.
-
-A lost store connection anywhere in 1-5 is retried on a new connection, up to
-``attempts`` times in all (one retry policy for every sink). That is safe: the
-retry's step 2 finds the batch if the lost COMMIT had in fact gone through.
+The protocol (a cheap look at the ledger before anything is staged, step 0, then steps
+1-5 in one transaction of the store) is described once, in ``docs/concepts/protocol.md``;
+:meth:`Committer.commit` runs it for one micro-batch, on the driver, with the sink's
+ledger store (:class:`~sparkonce.ledger.base.LedgerStore`) and stager
+(:class:`~sparkonce.commit.base.Stager`), and marks the crash points of
+:class:`~sparkonce.protocol.CrashPoint` between the steps. What each step does is in
+:mod:`sparkonce.commit.steps`; a lost store connection is retried under the one retry
+policy, :meth:`Committer._retrying` (:data:`COMMIT_ATTEMPTS` attempts in all).
 
 A no-data batch (empty ranges: the watermark moved or a timeout fired) that
 emits no rows commits nothing and leaves no entry, unless the stager keeps such

@@ -1,6 +1,6 @@
 """The protocol's named steps, as one object the committer calls: the seam for planted bugs.
 
-:class:`~sparkonce.commit.Committer` runs the protocol (DESIGN.md section 6) and, at
+:class:`~sparkonce.commit.Committer` runs the protocol (``docs/concepts/protocol.md``) and, at
 each named point, calls its :class:`CommitSteps`:
 
 * ``check_owner``: steps 0 and 1, the run's epoch must still be the owner's;

@@ -26,7 +26,12 @@ import importlib
 import re
 from dataclasses import dataclass
 
-from sparkonce.errors import OffsetOutOfRangeError, SinkUnavailableError, SparkOnceError
+from sparkonce.errors import (
+    RUNBOOKS,
+    OffsetOutOfRangeError,
+    SinkUnavailableError,
+    SparkOnceError,
+)
 
 # Spark error classes that only wrap the real cause.
 _WRAPPERS = frozenset(
@@ -51,8 +56,9 @@ _DATA_LOSS_HINT = (
     " Records this run still needed were deleted from Kafka (retention, delete_records, or "
     "the topic was deleted and created again). Nothing was skipped: the run stopped. "
     "Operator action: if the records are lost for good, start the pipeline under a new name "
-    "or from a new ledger, knowing which offsets are missing; keep retention longer than "
-    "the longest outage."
+    "or from a new ledger (sparkonce reset, and a new checkpoint), knowing which offsets are "
+    "missing; keep retention longer than the longest outage (runbook: "
+    f"{RUNBOOKS}/offsets-gone.md)."
 )
 _SPARKONCE_LINE = re.compile(r"^\s*(sparkonce(?:\.\w+)+)\.(\w+): (.+)$", re.MULTILINE)
 _SPARK_CLASS = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\] ([^\n]*)")

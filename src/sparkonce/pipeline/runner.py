@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkonce.errors import (
+    RUNBOOKS,
     CheckpointError,
     CheckpointLostError,
     ConfigError,
@@ -297,8 +298,9 @@ def _resume_point(
                 "checkpoint: resuming from the ledger would silently restart every aggregate. "
                 "Nothing was changed (no epoch was taken). "
                 "Operator action: restore the checkpoint directory; or, to recompute from "
-                f"scratch, delete {_outputs_named(pipeline)} and this pipeline's rows in "
-                f"sparkonce_ledger and sparkonce_owner.{flag}"
+                f"scratch, delete {_outputs_named(pipeline)} and the pipeline's progress with: "
+                f"sparkonce reset --pipeline {pipeline.name} --sink <SINK_URL> --output-rows "
+                f"(runbook: {RUNBOOKS}/checkpoint-lost.md).{flag}"
             )
         return "ledger"
     _check_identity(pipeline, checkpoint, last)
@@ -318,7 +320,7 @@ def _resume_point(
                     "sink. Never delete a checkpoint a run is using (the owner's holder: "
                     f"sparkonce status --pipeline {pipeline.name} --sink <SINK_URL>); only a "
                     "stateless pipeline's checkpoint that no run uses may be deleted, to "
-                    "resume from the ledger."
+                    f"resume from the ledger (runbook: {RUNBOOKS}/checkpoint-ahead.md)."
                 )
     return "checkpoint"
 

@@ -4,6 +4,9 @@ lag, rows committed; and how both open a store from its URL."""
 from __future__ import annotations
 
 import logging
+import os
+import re
+import socket
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,6 +17,29 @@ from sparkonce.offsets import TopicPartition, check_chain
 log = logging.getLogger(__name__)
 
 RECENT_COMMITS = 50
+
+# An owner's holder, as the ledgers write it: "HOST pid PID" (SQL, Delta) or "HOST:PID" (Kafka).
+_HOLDER = re.compile(r"^(?P<host>.+?)(?: pid |:)(?P<pid>\d+)$")
+
+
+def holder_alive(holder: str) -> bool | None:
+    """Whether the run named by an owner's ``holder`` still runs: True or False when it ran
+    on this host (its pid exists or not), None when that cannot be checked from here (another
+    host, or a holder in no known form).
+
+    A pid the system has since given to another process reads as alive: the safe side for
+    ``sparkonce reset``, which refuses while the holder is alive.
+    """
+    m = _HOLDER.match(holder.strip())
+    if m is None or m.group("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(m.group("pid")), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
 
 
 @dataclass(frozen=True)

@@ -83,9 +83,12 @@ class Inspector(ABC):
 
     # -- changing the store -------------------------------------------------------------
     @abstractmethod
-    def reset(self, pipeline: str) -> None:
+    def reset(self, pipeline: str, *, output: bool = True) -> None:
         """Drop the output and ``pipeline``'s owner and ledger. Destructive: a clean sink
-        for a verify trial; never called by a run."""
+        for a verify trial, or ``sparkonce reset``; never called by a run.
+
+        ``output=False`` keeps the output and drops only the owner and ledger, where the
+        store can (a :class:`~sparkonce.errors.ConfigError` says why not otherwise)."""
 
     # -- other sinks -------------------------------------------------------------------
     @abstractmethod
@@ -108,16 +111,18 @@ class SqlInspector(Inspector):
             return []
         return table_rows(sink.conn, sink.table)
 
-    def reset(self, pipeline: str) -> None:
+    def reset(self, pipeline: str, *, output: bool = True) -> None:
         from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
 
         sink = self.sink
         conn = sink.conn
         with write_transaction(conn, sink.dialect):
-            self._drop_output(conn, pipeline)
+            if output:
+                self._drop_output(conn, pipeline)
             for t in (LEDGER_TABLE, OWNER_TABLE):
                 conn.execute(sink.dialect.q(f"DELETE FROM {t} WHERE pipeline = %s"), (pipeline,))
-        sink._output_dropped()
+        if output:
+            sink._output_dropped()
 
     def _drop_output(self, conn: Any, pipeline: str) -> None:
         """Inside reset's transaction: drop what holds the output."""
@@ -185,10 +190,11 @@ class KafkaInspector(Inspector):
                     out.append({"key": _text(m.key()), "value": _text(m.value())})
         return out
 
-    def reset(self, pipeline: str) -> None:
+    def reset(self, pipeline: str, *, output: bool = True) -> None:
         """Make the output and ledger topics look empty (``delete_records`` up to their end).
 
-        It drops every record of both topics, whichever pipeline wrote them.
+        It drops every record of both topics (of the ledger topic only, with
+        ``output=False``), whichever pipeline wrote them.
         """
         from confluent_kafka import KafkaException, TopicPartition
 
@@ -201,7 +207,7 @@ class KafkaInspector(Inspector):
         targets = []
         # read_uncommitted: the high watermark, past open and aborted transactions too.
         with KafkaReader(conn, timeout=TIMEOUT_S, isolation_level="read_uncommitted") as rd:
-            for topic in (sink.topic, sink.ledger_topic):
+            for topic in (sink.topic, sink.ledger_topic) if output else (sink.ledger_topic,):
                 for p in range(conn.partitions(topic)):
                     _low, high = rd.watermarks(topic, p)
                     if high > 0:
@@ -259,9 +265,17 @@ class DeltaInspector(Inspector):
         df = sink.table.spark.read.format("delta").load(sink.path)
         return [r.asDict() for r in df.collect()]
 
-    def reset(self, pipeline: str) -> None:
-        """Delete the whole table directory (its rows, Delta log and every pipeline's ledger)."""
+    def reset(self, pipeline: str, *, output: bool = True) -> None:
+        """Delete the whole table directory (its rows, Delta log and every pipeline's ledger).
+
+        ``output=False`` is refused: a pipeline's progress is a version in the table's own
+        Delta log, which cannot be removed without the table.
+        """
         sink = self.sink
+        if not output:
+            raise ConfigError(
+                f"{sink.path}: a Delta table's ledger goes only with the table (output=True)"
+            )
         table = sink.table
         table.delete(sink.path)
         table.jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
