@@ -48,31 +48,51 @@ class ResetPlan:
         return self.owner is None and self.batches == 0 and not self.output
 
 
-def _open(url: str, table: str | None, output_rows: bool) -> tuple[Sink, str]:
-    from sparkonce.config import StoreURL
-    from sparkonce.pipeline.status import open_status_sink
+# A ledger-only reset of a SQL sink names no output table, and the inspector's reset with
+# output=False never touches the sink's table: this name only completes the sink object.
+_LEDGER_ONLY_TABLE = "sparkonce_reset_keeps_the_output"
 
-    if url.startswith(("kafka://", "delta:")):
+
+def _open(url: str, table: str | None, output_rows: bool) -> tuple[Sink, str]:
+    """The sink whose progress reset deletes, opened, and its URL with the password masked.
+
+    Reset needs the sink (its inspector deletes the records), not only the ledger that
+    ``status`` reads, so it builds one through the URL registry."""
+    from sparkonce.config import StoreURL, mask_url
+    from sparkonce.sinks.registry import sink_for_url, store_kind
+
+    kind = store_kind(url)
+    if kind.name in ("kafka", "delta"):
         if table is not None:
             raise ConfigError(
-                f"--table is for SQLite and PostgreSQL sinks; {url.split(':')[0]} URLs name "
+                f"--table is for SQLite and PostgreSQL sinks; {kind.name} URLs name "
                 "their topic or table themselves"
             )
-        return open_status_sink(url)
+        if kind.name == "delta":
+            from sparkonce.sinks.delta import DeltaSink, delta_path
+
+            path = delta_path(url).rstrip("/")
+            root, _, name = path.rpartition("/")
+            delta = DeltaSink(root or "/", table=name)
+            if not delta.table.exists():
+                raise ConfigError(
+                    f"no Delta table at {path}: give the table's own directory, as in "
+                    "delta:///ROOT/TABLE for DeltaSink('/ROOT', table='TABLE')"
+                )
+            delta.open()
+            return delta, mask_url(url)
+        sink = sink_for_url(url)
+        sink.open()
+        return sink, mask_url(url)
     if output_rows and table is None:
         raise ConfigError(
             "deleting the output rows of a SQLite or PostgreSQL sink needs the output table's "
             "name: pass --table TABLE (the sink's table, as in SQLiteSink(url, 'TABLE'))"
         )
-    if table is None:
-        return open_status_sink(url)
-    from sparkonce.sinks.sql import PostgresSink, SQLiteSink
-
     parsed = StoreURL.parse(url)
     if parsed.scheme == "sqlite" and parsed.path is not None and not parsed.path.exists():
         raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
-    cls = SQLiteSink if parsed.scheme == "sqlite" else PostgresSink
-    sink = cls(parsed, table)
+    sink = sink_for_url(url, table or _LEDGER_ONLY_TABLE)
     sink.open()
     return sink, str(parsed)
 
