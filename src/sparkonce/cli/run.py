@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from sparkonce.faults import FaultPlan
     from sparkonce.pipeline.loader import load_pipeline
-    from sparkonce.pipeline.spark import build_session
+    from sparkonce.spark.session import build_session
 
     faults = FaultPlan.from_env()  # the run's fault plan, parsed once (none set: no faults)
     pipeline = load_pipeline(args.pipeline_file).with_overrides(

@@ -2,6 +2,6 @@
 
 from sparkonce.pipeline.pipeline import Pipeline
 from sparkonce.pipeline.runner import BatchReport, RunReport
-from sparkonce.pipeline.spark import build_session
+from sparkonce.spark.session import build_session
 
 __all__ = ["BatchReport", "Pipeline", "RunReport", "build_session"]

@@ -57,8 +57,8 @@ from sparkonce.observe.base import RunObserver, RunStart, RunWatch
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import DedupCounts, dedup_counts
 from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
-from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.pipeline.failure import find_cause, rebuild
+from sparkonce.spark.checkpoint import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -581,7 +581,7 @@ def run_pipeline(
     start, each batch, Spark's progress, lag, fencing, end), for metrics or a progress
     display. Whatever it raises is logged and ignored. None watches nothing.
     """
-    from sparkonce.pipeline.spark import quiet_query_errors
+    from sparkonce.spark.session import quiet_query_errors
 
     plan = NO_FAULTS if faults is None else faults
     watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)

@@ -33,7 +33,7 @@ from sparkonce.offsets import BatchRanges, TopicPartition, batch_from_offsets
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparkonce.pipeline.checkpoint import Checkpoint
+    from sparkonce.spark.checkpoint import Checkpoint
 
 
 _registered: set[tuple[int, str]] = set()
