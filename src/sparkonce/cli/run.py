@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
     from sparkonce.observe import RunObserver
     from sparkonce.observe.metrics import MetricsObserver
-    from sparkonce.pipeline.runner import RunReport
+    from sparkonce.observe.report import RunReport
 
 log = logging.getLogger("sparkonce.run")
 PORT_EXPECTED = "a port number in 1..65535"

@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.faults import FaultPlan
     from sparkonce.observe.base import RunObserver
+    from sparkonce.observe.report import BatchReport, RunReport
     from sparkonce.pipeline.explain import Explanation
-    from sparkonce.pipeline.runner import BatchReport, RunReport
 
 
 def _identity(df: DataFrame) -> DataFrame:
