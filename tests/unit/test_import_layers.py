@@ -37,7 +37,7 @@ def _copy(tmp_path: Path) -> Path:
 def _lint(tmp_path: Path, src: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(src)}
     return subprocess.run(
-        [str(LINT_IMPORTS), "--config", str(tmp_path / "pyproject.toml"), "--no-cache"],
+        [str(LINT_IMPORTS), str(tmp_path / "pyproject.toml"), "--no-cache"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
