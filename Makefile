@@ -29,6 +29,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(TMPDIR),/tmp)/sparkonce-site
 
 # Preview the docs site at http://127.0.0.1:8000/, rebuilt on every change.

@@ -273,7 +273,8 @@ def build_delta(spark: Any, path: str, n: int, window: int) -> int:
     """The txn version of N committed batches, in one commit, and the newest entry files.
 
     Returns how many entry files were written (the newest ``window`` seqs)."""
-    from sparkonce.ledger.delta import DeltaTable, app_id, pack
+    from sparkonce.ledger.delta import app_id, pack
+    from sparkonce.spark.delta import DeltaTable
 
     spark.range(0).selectExpr("id AS v").write.format("delta").save(path)
     table = DeltaTable(spark, path)
@@ -430,8 +431,8 @@ def services(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             KafkaConnection(out["bootstrap"]).ensure_topic("history-warm", 1)
             warm_coordinators(out["bootstrap"], "history-warm")
         if "delta" in args.stores:
-            from sparkonce.pipeline.spark import build_session
             from sparkonce.sinks.delta import delta_spark_conf
+            from sparkonce.spark.session import build_session
 
             out["spark"] = build_session(
                 master="local[1]",

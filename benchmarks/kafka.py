@@ -325,9 +325,9 @@ def _upsert_task(url: str, table: str, batches: Iterator[Any]) -> Iterator[Any]:
 
 def run_variant(name: str, args: argparse.Namespace) -> dict:
     from sparkonce import KafkaSink, Pipeline, PostgresTwoPhaseSink
-    from sparkonce.pipeline.spark import build_session, merge_spark_conf
     from sparkonce.sources.kafka import KafkaSource
     from sparkonce.sources.spark_kafka import SparkKafkaSource, spark_kafka_jars
+    from sparkonce.spark.session import build_session, merge_spark_conf
 
     _scenario, reader, _sink, _guarantee = VARIANTS[name]
     work = Path(args.work)

@@ -153,7 +153,7 @@ def _run(args: Any, bootstrap: str, console: Any, table_cls: Any, broker_service
     import pyspark
 
     from sparkonce.kafka import KafkaConnection
-    from sparkonce.pipeline.spark import build_session
+    from sparkonce.spark.session import build_session
 
     topic = f"bench-{os.getpid()}-{int(time.time())}"
     KafkaConnection(bootstrap).ensure_topic(topic, args.partitions)

@@ -48,7 +48,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # --quick-start, as `sparkonce verify`'s trial drivers do: Spark's JVM with the C1 JIT only
 # and the serial collector, about a quarter less CPU per short run. Timing only, never results.
 os.environ.setdefault("SPARKONCE_QUICK_START", "1")
-# The JVM class-data archive (sparkonce.pipeline.classdata) in the checkout's git-ignored
+# The JVM class-data archive (sparkonce.spark.classdata) in the checkout's git-ignored
 # cache, built before the first test that starts a JVM: every driver then starts in about
 # 7 s less here (a session in 5 s instead of 9.5 s, its first job in 2 s instead of 4.5 s).
 os.environ.setdefault(
@@ -309,7 +309,7 @@ def pytest_deselected(items: Sequence[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     collect_only = session.config.getoption("collectonly")
     if not collect_only and any(not i.nodeid.startswith("tests/unit/") for i in session.items):
-        from sparkonce.pipeline.classdata import ensure_archive
+        from sparkonce.spark.classdata import ensure_archive
 
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         ensure_archive(on_build=reporter.write_line if reporter else None)  # once: ~1 min
@@ -336,9 +336,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from sparkonce.pipeline.spark import build_session, merge_spark_conf, s3_jars
     from sparkonce.sinks.delta import delta_jars, delta_spark_conf
     from sparkonce.sources.spark_kafka import spark_kafka_jars
+    from sparkonce.spark.jars import s3_jars
+    from sparkonce.spark.session import build_session, merge_spark_conf
 
     # With Delta Lake, Spark's Kafka connector and Hadoop's S3A filesystem (their jars are
     # fetched by `make jars`), for DeltaSink, SparkKafkaSource and s3a:// paths. The s3a

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 # Schemes whose Hadoop connector sparkonce fetches with scripts/fetch-jars.sh and adds to
-# the session itself (pipeline/spark.py: hadoop_fs_conf); any other needs its jars in
+# the session itself (sparkonce.spark.session.filesystem_conf); any other needs its jars in
 # spark.jars (or on the cluster's classpath) as Spark itself does.
 FETCHED_SCHEMES = {"s3a": "s3"}
 # S3A's settings for the check of a checkpoint at the start (HadoopFiles._probe): one
@@ -393,17 +393,3 @@ def files_for(loc: str, spark: SparkSession | None = None) -> Files:
             "session; start one first (sparkonce.build_session) or use a local path"
         )
     return HadoopFiles(spark)
-
-
-def filesystem_conf(loc: str) -> dict[str, str]:
-    """Session settings that reaching ``loc`` needs: for ``s3a://``, the ``hadoop-aws``
-    jars ``scripts/fetch-jars.sh`` fetched (when found; ``$SPARKONCE_S3_JARS`` names another
-    directory). Nothing for other locations: their connector is the cluster's business,
-    as it is Spark's."""
-    kind = FETCHED_SCHEMES.get(scheme(loc))
-    if kind is None:
-        return {}
-    from sparkonce.pipeline.spark import S3_JARS, S3_JARS_ENV, cached_jars
-
-    jars = cached_jars(kind, S3_JARS_ENV, names=S3_JARS)
-    return {"spark.jars": ",".join(jars)} if jars else {}

@@ -42,10 +42,19 @@ def check_version(raw: Any, current: int, what: str, todo: str) -> int:
             f"not written by sparkonce or was changed by hand; {todo}"
         )
     if raw > current:
-        from sparkonce import __version__
-
         raise RecordVersionError(
-            f"{what} has format version {raw}, but sparkonce {__version__} reads versions up "
-            f"to {current}: a newer sparkonce wrote it; {todo}"
+            f"{what} has format version {raw}, but sparkonce {_installed_version()} reads "
+            f"versions up to {current}: a newer sparkonce wrote it; {todo}"
         )
     return raw
+
+
+def _installed_version() -> str:
+    """The installed sparkonce's version (this module sits below the package's __init__,
+    so it reads the distribution's metadata instead of importing ``sparkonce``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sparkonce")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree, not installed
+        return "(not installed)"

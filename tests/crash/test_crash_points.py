@@ -20,8 +20,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sparkonce.offsets import check_chain
-from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.protocol import CrashPoint
+from sparkonce.spark.checkpoint import Checkpoint
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from tests.crash.conftest import (
     BATCHES,

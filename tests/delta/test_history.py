@@ -18,8 +18,9 @@ from pyspark.sql import SparkSession
 from sparkonce import DeltaSink
 from sparkonce.commit import Committer, Staged, Stager
 from sparkonce.ledger.base import BatchContext
-from sparkonce.ledger.delta import DeltaTable, app_id, pack
+from sparkonce.ledger.delta import app_id, pack
 from sparkonce.offsets import BatchRanges, OffsetRange
+from sparkonce.spark.delta import DeltaTable
 
 P = "dhist"
 N = 1_000  # batches in the ledger; entry files exist for the newest two only

@@ -296,7 +296,7 @@ def test_a_table_another_process_created_is_seen_by_a_session_that_looked_before
     killed driver had not created the table yet, and Delta's cached log kept answering
     "no table" after the restarted driver (another process) wrote every batch. Here the
     other writer's files are copied in under the session's feet."""
-    from sparkonce.ledger.delta import DeltaTable
+    from sparkonce.spark.delta import DeltaTable
 
     made, later = str(tmp_path / "made"), str(tmp_path / "later")
     spark.range(3).write.format("delta").save(made)

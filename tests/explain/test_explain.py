@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 from sparkonce import EmbeddedLogSource, KafkaSink, Pipeline, SQLiteSink
 from sparkonce.cli import main
 from sparkonce.outputs import dedupe
-from sparkonce.pipeline.explain import checkpoint_storage, plan_facts
+from sparkonce.pipeline.explain import checkpoint_storage
+from sparkonce.pipeline.plan import plan_facts
 from tests.spark.test_stateful_detection import STATEFUL
 from tests.verify.broken_sink import NonTransactionalSink
 

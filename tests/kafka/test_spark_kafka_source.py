@@ -19,9 +19,9 @@ from pyspark.sql import functions as F
 from sparkonce import ConfigError, Pipeline, SparkKafkaSource, sink_from_url
 from sparkonce.errors import CheckpointError, OffsetOutOfRangeError, TopicNotFoundError
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
-from sparkonce.pipeline.checkpoint import Checkpoint
-from sparkonce.pipeline.spark import cached_jars
 from sparkonce.sinks.inspect import inspector_for
+from sparkonce.spark.checkpoint import Checkpoint
+from sparkonce.spark.jars import cached_jars
 from tests.kafka.test_source import (
     forget_commit,
     numbered,

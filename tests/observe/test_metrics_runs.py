@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from sparkonce import EmbeddedLogSource, FencedError, Pipeline, SQLiteSink
 from sparkonce.observe.metrics import MetricsObserver
-from sparkonce.pipeline.runner import BatchReport
+from sparkonce.observe.report import BatchReport
 
 
 def values(df: DataFrame) -> DataFrame:

@@ -13,8 +13,8 @@ from sparkonce import EmbeddedLogSource
 from sparkonce.ledger.base import CommitResult
 from sparkonce.observe import Observers, RunObserver, RunStart
 from sparkonce.observe.base import RunWatch
+from sparkonce.observe.report import BatchReport
 from sparkonce.offsets import BatchRanges, OffsetRange
-from sparkonce.pipeline.runner import BatchReport
 
 
 def report(ends: dict[int, tuple[int, int]], rows: int, *, skipped: bool = False) -> BatchReport:

@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sparkonce.pipeline.spark import (
+from sparkonce.spark.jars import (
     AWS_SDK_BUNDLE_VERSION,
     HADOOP_AWS_VERSION,
     S3_ANALYTICS_ACCELERATOR_VERSION,

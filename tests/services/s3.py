@@ -15,7 +15,7 @@ form, not their keys), so :data:`ACCESS_KEY` and :data:`SECRET_KEY` are made up.
 follow S3's rules (3 to 63 characters: lower-case letters, digits, dots and hyphens).
 
 Spark reaches it through Hadoop's S3A filesystem (``s3a://bucket/path``; the jars come from
-:func:`sparkonce.pipeline.spark.s3_jars`). :func:`s3a_settings` gives the ``spark.hadoop.*``
+:func:`sparkonce.spark.jars.s3_jars`). :func:`s3a_settings` gives the ``spark.hadoop.*``
 settings for a new session, and :func:`apply_s3a_settings` sets the same on a running one (the
 tests share one SparkSession, built before any test asks for this server).
 
@@ -186,7 +186,7 @@ def s3a_settings(server: S3Server) -> dict[str, str]:
 
     They are the Hadoop settings of :func:`_hadoop_settings` with the ``spark.hadoop.``
     prefix, which Spark copies into every Hadoop configuration it makes. The s3a jars
-    (:func:`sparkonce.pipeline.spark.s3_jars`) must be on ``spark.jars`` as well.
+    (:func:`sparkonce.spark.jars.s3_jars`) must be on ``spark.jars`` as well.
     """
     return {f"spark.hadoop.{key}": value for key, value in _hadoop_settings(server).items()}
 

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from sparkonce import ConfigError
 from sparkonce.files import HadoopFiles, LocalFiles
-from sparkonce.pipeline.checkpoint import Checkpoint
+from sparkonce.spark.checkpoint import Checkpoint
 
 
 def _stateful_checkpoint(spark: SparkSession, where: Path) -> None:

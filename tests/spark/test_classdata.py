@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkonce.pipeline import classdata
+from sparkonce.spark import classdata
 
 # A driver as `sparkonce run` starts one, logging where each loaded class came from.
 DRIVER = """
 import sys
-from sparkonce.pipeline.spark import build_session
+from sparkonce.spark.session import build_session
 spark = build_session(
     quick_start=True,
     log_file=sys.argv[2],

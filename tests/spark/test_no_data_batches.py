@@ -22,8 +22,8 @@ from tests.spark.test_pipeline import forget_commit
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 from sparkonce.offsets import check_chain
-from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.sinks.inspect import inspector_for
+from sparkonce.spark.checkpoint import Checkpoint
 
 RECORDS = 600  # event times 0..599 s after BASE, one partition, so no record is late
 LIMIT = 150  # 4 data batches, then the no-data batch that closes the last windows

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 from sparkonce.cli.run import summary
-from sparkonce.pipeline.runner import RunReport
+from sparkonce.observe.report import RunReport
 from sparkonce.sinks.inspect import inspector_for
 
 RECORDS = 60

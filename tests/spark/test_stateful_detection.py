@@ -237,8 +237,8 @@ def test_lost_checkpoint_advice_names_every_output_and_the_flag_only_for_old_led
 
     from sparkonce.ledger.base import LedgerEntry
     from sparkonce.offsets import BatchRanges, TopicPartition
-    from sparkonce.pipeline.checkpoint import Checkpoint
     from sparkonce.pipeline.runner import _resume_point
+    from sparkonce.spark.checkpoint import Checkpoint
 
     make_event_log(tmp_path / "log", 10)
     db = f"sqlite:///{tmp_path / 'sink.db'}"

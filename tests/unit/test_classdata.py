@@ -1,4 +1,4 @@
-"""The JVM class-data archive's name and its build's failure (sparkonce.pipeline.classdata);
+"""The JVM class-data archive's name and its build's failure (sparkonce.spark.classdata);
 tests/spark/test_classdata.py checks that a driver's JVM really maps it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkonce.errors import ConfigError
-from sparkonce.pipeline import classdata
+from sparkonce.spark import classdata
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_no_options_without_an_archive_or_when_turned_off(
 def test_a_failed_build_names_its_log_and_leaves_no_archive(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The build runs `<python> -m sparkonce.pipeline.classdata TARGET`; this one exits 2
+    # The build runs `<python> -m sparkonce.spark.classdata_dump TARGET`; this one exits 2
     # without writing TARGET.
     fake = cache.parent / "python"
     fake.write_text("#!/bin/sh\necho build went wrong\nexit 2\n")

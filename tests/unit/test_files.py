@@ -8,8 +8,8 @@ import pytest
 
 from sparkonce import ConfigError, Pipeline, SQLiteSink
 from sparkonce.files import LocalFiles, files_for, is_remote, join, location, scheme
-from sparkonce.pipeline.checkpoint import Checkpoint
 from sparkonce.sources.embedded import EmbeddedLogSource
+from sparkonce.spark.checkpoint import Checkpoint
 
 
 def test_locations_keep_urls_and_resolve_local_paths(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_the_jars_of_spark_defaults_are_kept_beside_the_pipelines(tmp_path: Path
     """A session's spark.jars takes the place of spark-defaults.conf's, so build_session
     reads that file's list (the last spark.jars line, any properties separator) and puts
     it first."""
-    from sparkonce.pipeline.spark import defaults_jars
+    from sparkonce.spark.session import defaults_jars
 
     conf = tmp_path / "conf"
     conf.mkdir()

@@ -143,7 +143,7 @@ def test_with_overrides_moves_only_the_source(tmp_path: Path) -> None:
 def test_run_with_a_source_of_another_kind_is_bad_input_before_spark_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sparkonce.pipeline.spark as spark_module
+    import sparkonce.spark.session as spark_module
 
     def no_spark(**_kwargs: object) -> None:
         raise AssertionError("Spark must not start")

@@ -18,7 +18,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Load the pipeline file, build its query on a Spark session (nothing runs, no store
     is touched) and print the explanation: a table, or JSON with ``--json``."""
     from sparkonce.pipeline.loader import load_pipeline
-    from sparkonce.pipeline.spark import build_session
+    from sparkonce.spark.session import build_session
 
     pipeline = load_pipeline(args.pipeline_file)
     from pyspark.sql import SparkSession

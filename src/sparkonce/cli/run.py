@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.cli.common import SubParsers
     from sparkonce.observe import RunObserver
     from sparkonce.observe.metrics import MetricsObserver
-    from sparkonce.pipeline.runner import RunReport
+    from sparkonce.observe.report import RunReport
 
 log = logging.getLogger("sparkonce.run")
 PORT_EXPECTED = "a port number in 1..65535"
@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from sparkonce.faults import FaultPlan
     from sparkonce.pipeline.loader import load_pipeline
-    from sparkonce.pipeline.spark import build_session
+    from sparkonce.spark.session import build_session
 
     faults = FaultPlan.from_env()  # the run's fault plan, parsed once (none set: no faults)
     pipeline = load_pipeline(args.pipeline_file).with_overrides(

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.streaming.listener import StreamingQueryListener, StreamingQueryProgress
 
     from sparkonce.errors import FencedError
-    from sparkonce.pipeline.runner import BatchReport, RunReport
+    from sparkonce.observe.report import BatchReport, RunReport
     from sparkonce.sources.base import Source
 
 log = logging.getLogger("sparkonce.observe")

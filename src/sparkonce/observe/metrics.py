@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.streaming.listener import StreamingQueryProgress
 
     from sparkonce.errors import FencedError
-    from sparkonce.pipeline.runner import BatchReport
+    from sparkonce.observe.report import BatchReport
 
 METRICS_EXTRA = "pip install 'sparkonce[metrics]'"
 DEFAULT_HOST = "127.0.0.1"

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console, RenderableType
 
     from sparkonce.errors import FencedError
-    from sparkonce.pipeline.runner import BatchReport, RunReport
+    from sparkonce.observe.report import BatchReport, RunReport
 
 
 def wants_live_progress() -> bool:

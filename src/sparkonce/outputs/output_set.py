@@ -452,7 +452,7 @@ class OutputSet(Sink):
         return list(names)
 
     def spark_conf(self) -> dict[str, str]:
-        from sparkonce.pipeline.spark import merge_spark_conf
+        from sparkonce.spark.session import merge_spark_conf
 
         return merge_spark_conf(*(sink.spark_conf() for sink in self.outputs.values()))
 

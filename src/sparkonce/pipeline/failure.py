@@ -147,3 +147,9 @@ def _error_class(module: str, name: str) -> type[SparkOnceError] | None:
 def _clip(text: str) -> str:
     text = text.strip()
     return text if len(text) <= _MAX else text[: _MAX - 3] + "..."
+
+
+def short_error(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (at most 500 characters), for an error of ours."""
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__

@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.faults import FaultPlan
     from sparkonce.observe.base import RunObserver
+    from sparkonce.observe.report import BatchReport, RunReport
     from sparkonce.pipeline.explain import Explanation
-    from sparkonce.pipeline.runner import BatchReport, RunReport
 
 
 def _identity(df: DataFrame) -> DataFrame:
@@ -205,8 +205,7 @@ class Pipeline:
         Spark's Kafka connector jars, or a Delta Lake sink's jars and extension);
         :func:`sparkonce.build_session` takes them as ``conf``, and ``sparkonce run``
         passes them. A checkpoint on ``s3a://`` adds the fetched ``hadoop-aws`` jars."""
-        from sparkonce.files import filesystem_conf
-        from sparkonce.pipeline.spark import merge_spark_conf
+        from sparkonce.spark.session import filesystem_conf, merge_spark_conf
 
         return merge_spark_conf(
             self.source.spark_conf(),
@@ -239,7 +238,8 @@ class Pipeline:
         if is_remote(self.checkpoint_location):
             raise ConfigError(
                 f"pipeline {self.name!r}: the checkpoint {self.checkpoint_location} is not a "
-                "local path; read it with sparkonce.pipeline.Checkpoint.open(location, spark)"
+                "local path; read it with "
+                "sparkonce.spark.checkpoint.Checkpoint.open(location, spark)"
             )
         return Path(self.checkpoint_location)
 

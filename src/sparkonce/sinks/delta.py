@@ -68,18 +68,17 @@ from sparkonce.config import Guarantee, OutputMode, WriteMode, check_identifier,
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
-from sparkonce.ledger.delta import (
+from sparkonce.ledger.delta import DeltaLedgerStore, DeltaTxn, check_table_properties
+from sparkonce.offsets import TopicPartition
+from sparkonce.sinks.base import Sink
+from sparkonce.spark.delta import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
     USER_METADATA_CONF,
-    DeltaLedgerStore,
     DeltaTable,
-    DeltaTxn,
-    check_table_properties,
+    active_or_local_session,
     session_conf,
 )
-from sparkonce.offsets import TopicPartition
-from sparkonce.sinks.base import Sink
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -97,7 +96,7 @@ def delta_jars() -> list[str]:
     """The Delta jars: ``$SPARKONCE_DELTA_JARS`` (a directory), else ``delta/`` in
     ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/delta`` of the sparkonce checkout (where
     ``scripts/fetch-jars.sh`` puts them). Empty if none holds both."""
-    from sparkonce.pipeline.spark import cached_jars
+    from sparkonce.spark.jars import cached_jars
 
     return cached_jars("delta", "SPARKONCE_DELTA_JARS", names=DELTA_JARS)
 
@@ -208,8 +207,7 @@ class DeltaSink(Sink, Stager):
         return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
 
     def spark_conf(self) -> dict[str, str]:
-        from sparkonce.files import filesystem_conf
-        from sparkonce.pipeline.spark import merge_spark_conf
+        from sparkonce.spark.session import filesystem_conf, merge_spark_conf
 
         return merge_spark_conf(delta_spark_conf(), filesystem_conf(self.path))
 
@@ -416,22 +414,9 @@ class DeltaSink(Sink, Stager):
 
 def _session() -> SparkSession:
     """The running SparkSession, or, in a process that has none (``sparkonce verify`` and
-    ``status`` reading a table), a small local one with Delta, started once."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    if spark is None:
-        from sparkonce.pipeline.spark import build_session
-
-        log.info("starting a local Spark session to read Delta tables")
-        spark = build_session(
-            master="local[1]",
-            app_name="sparkonce-delta-reader",
-            shuffle_partitions=1,
-            quick_start=True,
-            conf=delta_spark_conf(),
-        )
-    return spark
+    ``status`` reading a table), a small local one with Delta, started once (by
+    :func:`sparkonce.spark.delta.active_or_local_session`)."""
+    return active_or_local_session(delta_spark_conf())
 
 
 def _check_delta_session(spark: SparkSession) -> None:

@@ -34,7 +34,7 @@ from sparkonce.offsets import BatchRanges, ReadLimits, TopicPartition, batch_fro
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparkonce.pipeline.checkpoint import Checkpoint
+    from sparkonce.spark.checkpoint import Checkpoint
 
 
 _registered: set[tuple[int, str]] = set()

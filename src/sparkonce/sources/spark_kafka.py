@@ -53,17 +53,17 @@ from typing import TYPE_CHECKING, Any
 from sparkonce.errors import CheckpointError, ConfigError
 from sparkonce.kafka.client import TIMEOUT_S, masked
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
-from sparkonce.pipeline.spark import cached_jars
 from sparkonce.sources.kafka import (
     RECORD_ID_HEADER,
     KafkaSource,
     _OffsetClient,
 )
+from sparkonce.spark.jars import cached_jars
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparkonce.pipeline.checkpoint import Checkpoint
+    from sparkonce.spark.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 

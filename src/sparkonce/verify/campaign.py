@@ -397,7 +397,7 @@ class Campaign(Injection):
         if self.quick_start:
             # Every driver of the campaign starts about 7 s sooner with it (a minute to build,
             # once per machine); built before the oracle, so that all runs start alike.
-            from sparkonce.pipeline import classdata
+            from sparkonce.spark import classdata
 
             classdata.ensure_archive(on_build=self.on_event)
         self.on_event("oracle: failure-free run")

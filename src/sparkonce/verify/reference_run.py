@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from sparkonce.errors import SparkOnceError
     from sparkonce.pipeline.loader import load_pipeline
-    from sparkonce.pipeline.spark import build_session
+    from sparkonce.spark.session import build_session
     from sparkonce.verify.reference import record
 
     try:

@@ -22,10 +22,8 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sparkonce.errors import ConfigError
 
@@ -109,7 +107,7 @@ def ensure_archive(
     try:
         with build_log.open("w") as out:
             proc = subprocess.run(
-                [sys.executable, "-m", "sparkonce.pipeline.classdata", str(tmp)],
+                [sys.executable, "-m", "sparkonce.spark.classdata_dump", str(tmp)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -131,54 +129,3 @@ def ensure_archive(
         tmp.unlink(missing_ok=True)
     log.info("built the JVM class-data archive %s", path)
     return path
-
-
-def _count(batch: Any, _batch_id: int) -> None:
-    batch.count()
-
-
-def _dump(target: str) -> None:
-    """Run the kind of work a pipeline's driver does, then let the JVM write the classes it
-    loaded to ``target`` as it exits."""
-    from pyspark import SparkContext
-    from pyspark.sql import functions as F
-
-    from sparkonce.pipeline.spark import QUICK_START_JAVA_OPTIONS, build_session
-
-    # Dumped with the quick-start options; an archive maps under other GC and JIT settings too.
-    spark = build_session(
-        master="local[2]",
-        app_name="sparkonce-class-data",
-        conf={
-            "spark.driver.extraJavaOptions": (
-                f"-XX:ArchiveClassesAtExit={target} {QUIET} {QUICK_START_JAVA_OPTIONS}"
-            )
-        },
-    )
-    df = spark.range(1000).withColumn("k", F.col("id") % 7)
-    df.groupBy("k").agg(F.sum("id"), F.count("*")).collect()
-    df.select(F.udf(lambda x: x + 1, "long")("id")).collect()
-    df.toPandas()
-    with tempfile.TemporaryDirectory() as scratch:
-        (Path(scratch) / "in").mkdir()
-        (Path(scratch) / "in" / "part.json").write_text('{"v": 1}\n{"v": 2}\n')
-        query = (
-            spark.readStream.schema("v long")
-            .json(str(Path(scratch) / "in"))
-            .writeStream.foreachBatch(_count)
-            .option("checkpointLocation", str(Path(scratch) / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-    spark.stop()
-    gateway = SparkContext._gateway
-    if gateway is not None:
-        proc = gateway.proc  # the JVM writes the archive in its exit path
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=BUILD_TIMEOUT_S)
-
-
-if __name__ == "__main__":
-    _dump(sys.argv[1])

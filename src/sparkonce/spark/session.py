@@ -1,4 +1,6 @@
-"""Building a SparkSession suited to sparkonce pipelines (used by the CLI and tests).
+"""Building a SparkSession suited to sparkonce pipelines (used by the CLI and tests), and the
+session settings that parts of a pipeline need (:func:`merge_spark_conf`,
+:func:`filesystem_conf`).
 
 Library code never creates a session by itself: ``Pipeline.run`` takes one.
 """
@@ -13,7 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import ConfigError
+from sparkonce.files import FETCHED_SCHEMES, scheme
+from sparkonce.spark.jars import S3_JARS, S3_JARS_ENV, cached_jars
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -24,18 +27,6 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # quarter less CPU (55 -> 40 CPU-seconds on 2 cores). Long-running jobs should keep the
 # default C2 JIT, which pays off after warm-up.
 QUICK_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-# Hadoop's S3A filesystem (s3a:// paths) and what it calls; jars/pom.xml pins the same
-# versions. hadoop-aws must be exactly the Hadoop that pyspark ships (see s3_jars).
-HADOOP_AWS_VERSION = "3.5.0"
-AWS_SDK_BUNDLE_VERSION = "2.35.4"
-S3_ANALYTICS_ACCELERATOR_VERSION = "1.3.1"
-S3_JARS = (
-    f"hadoop-aws-{HADOOP_AWS_VERSION}.jar",
-    f"bundle-{AWS_SDK_BUNDLE_VERSION}.jar",
-    f"analyticsaccelerator-s3-{S3_ANALYTICS_ACCELERATOR_VERSION}.jar",
-)
-S3_JARS_ENV = "SPARKONCE_S3_JARS"
 
 
 def build_session(
@@ -59,7 +50,7 @@ def build_session(
     adds settings, such as :meth:`Pipeline.spark_conf` (a Delta Lake sink's jars,
     extension and catalog); its ``spark.jars`` is joined with ``jars``, and its
     ``spark.driver.extraJavaOptions`` follows the ones set here. The driver's JVM maps the
-    machine's class-data archive when there is one (:mod:`sparkonce.pipeline.classdata`).
+    machine's class-data archive when there is one (:mod:`sparkonce.spark.classdata`).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -71,7 +62,7 @@ def build_session(
     if quick_start:
         java_options += " " + QUICK_START_JAVA_OPTIONS
     from sparkonce.faults import worker_fault_conf
-    from sparkonce.pipeline import classdata
+    from sparkonce.spark import classdata
 
     java_options = " ".join(filter(None, [java_options, classdata.java_options()]))
     builder = SparkSession.builder
@@ -156,75 +147,6 @@ def _log4j_config(log_file: Path) -> Path:
     return config
 
 
-def cached_jars(
-    kind: str, env: str, *, names: tuple[str, ...] = (), required_prefix: str = ""
-) -> list[str]:
-    """The jars of one kind that ``scripts/fetch-jars.sh`` fetches: from the directory
-    ``$<env>``, else ``<kind>/`` in ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/<kind>`` of
-    the sparkonce checkout (or of the working directory). The first directory that holds
-    every one of ``names`` (or, without names, some jar whose name starts with
-    ``required_prefix``) gives all its jars; empty if none does."""
-    candidates: list[Path] = []
-    if os.environ.get(env):
-        candidates.append(Path(os.environ[env]))
-    if os.environ.get("SPARKONCE_JAR_CACHE"):
-        candidates.append(Path(os.environ["SPARKONCE_JAR_CACHE"]) / kind)
-    here = Path(__file__).resolve()
-    candidates += [p / ".cache" / "jars" / kind for p in here.parents]
-    candidates.append(Path.cwd() / ".cache" / "jars" / kind)
-    for d in candidates:
-        if names:
-            jars = [d / name for name in names]
-            if all(j.is_file() for j in jars):
-                return [str(j) for j in jars]
-        elif d.is_dir():
-            jars = sorted(d.glob("*.jar"))
-            if any(j.name.startswith(required_prefix) for j in jars):
-                return [str(j) for j in jars]
-    return []
-
-
-def pyspark_hadoop_version() -> str | None:
-    """The Hadoop version of pyspark's own jars (from ``hadoop-client-api-<version>.jar``),
-    or None if pyspark's jar directory has no such jar."""
-    import pyspark
-
-    for jar in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"):
-        return jar.name[len("hadoop-client-api-") : -len(".jar")]
-    return None
-
-
-def s3_jars() -> list[str]:
-    """The jars that give Spark the ``s3a://`` filesystem: hadoop-aws, the AWS SDK v2 bundle
-    and the S3 analytics accelerator, from ``$SPARKONCE_S3_JARS`` (a directory), else ``s3/``
-    in ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/s3`` of the sparkonce checkout (where
-    ``scripts/fetch-jars.sh`` puts them). They go on ``spark.jars`` when the session is
-    created.
-
-    Unlike the Delta and Kafka connector jars, a missing set is an error here rather than an
-    empty list: s3a:// paths are named in settings (a checkpoint location), and without
-    these jars Spark only fails later, deep in a query, with "No FileSystem for scheme s3a".
-    Raises :class:`ConfigError` when they are missing, or when pyspark ships another Hadoop
-    than hadoop-aws's (S3A calls Hadoop internals that change between releases, so a
-    mismatch fails at class-loading time, far from its cause).
-    """
-    shipped = pyspark_hadoop_version()
-    if shipped is not None and shipped != HADOOP_AWS_VERSION:
-        raise ConfigError(
-            f"pyspark ships Hadoop {shipped}, but sparkonce's s3a jars are for Hadoop "
-            f"{HADOOP_AWS_VERSION} (hadoop-aws must match it exactly): set hadoop-aws.version "
-            "and the AWS SDK bundle version hadoop-aws declares in jars/pom.xml and "
-            "HADOOP_AWS_VERSION in sparkonce/pipeline/spark.py, then run scripts/fetch-jars.sh"
-        )
-    jars = cached_jars("s3", S3_JARS_ENV, names=S3_JARS)
-    if not jars:
-        raise ConfigError(
-            f"the s3a jars ({', '.join(S3_JARS)}) were not found: run scripts/fetch-jars.sh "
-            f"(make jars), or set {S3_JARS_ENV} to a directory holding them"
-        )
-    return jars
-
-
 def merge_spark_conf(*confs: Mapping[str, str]) -> dict[str, str]:
     """Settings from several parts of a pipeline in one: ``spark.jars`` lists are joined
     (each jar once), any other key takes the last value."""
@@ -235,6 +157,18 @@ def merge_spark_conf(*confs: Mapping[str, str]) -> dict[str, str]:
                 value = ",".join(dict.fromkeys(out[key].split(",") + value.split(",")))
             out[key] = value
     return out
+
+
+def filesystem_conf(loc: str) -> dict[str, str]:
+    """Session settings that reaching ``loc`` needs: for ``s3a://``, the ``hadoop-aws``
+    jars ``scripts/fetch-jars.sh`` fetched (when found; ``$SPARKONCE_S3_JARS`` names another
+    directory). Nothing for other locations: their connector is the cluster's business,
+    as it is Spark's."""
+    kind = FETCHED_SCHEMES.get(scheme(loc))
+    if kind is None:
+        return {}
+    jars = cached_jars(kind, S3_JARS_ENV, names=S3_JARS)
+    return {"spark.jars": ",".join(jars)} if jars else {}
 
 
 # The loggers under which Spark's streaming query logs "Query ... terminated with error",

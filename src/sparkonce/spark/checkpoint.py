@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparkonce.errors import CheckpointError
 from sparkonce.files import Files, files_for, is_remote, join, location
@@ -20,7 +20,12 @@ from sparkonce.files import Files, files_for, is_remote, join, location
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-    from sparkonce.sources.base import Source
+
+class InitialOffset(Protocol):
+    """What :meth:`Checkpoint.previous_offset` needs of a source (a
+    :class:`~sparkonce.sources.base.Source`, which sits above this module and imports it)."""
+
+    def initial_offset(self, checkpoint: Checkpoint) -> str | None: ...
 
 
 class Checkpoint:
@@ -144,7 +149,7 @@ class Checkpoint:
             )
         return sources[0]
 
-    def previous_offset(self, batch_id: int, source: Source) -> str | None:
+    def previous_offset(self, batch_id: int, source: InitialOffset) -> str | None:
         """Where ``batch_id`` starts: the batch before's offset, or for batch 0 the
         source's initial offset (None for sources whose offsets hold whole ranges)."""
         if batch_id > 0:

@@ -1,0 +1,221 @@
+"""Building a pipeline's query: the transform's outputs over the source, checked before
+anything starts (one streaming source, the pipeline's own; Spark's own checks of the
+output mode; ``stateful=False`` against the plan), and several outputs folded into one
+DataFrame.
+
+Used by the runner (:mod:`sparkonce.pipeline.runner`) and by :meth:`Pipeline.explain`
+(:mod:`sparkonce.pipeline.explain`); it starts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from sparkonce.errors import ConfigError, SparkOnceError
+from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
+from sparkonce.pipeline.failure import short_error
+from sparkonce.pipeline.plan import has_watermark, plan_facts, stateful_operators, streaming_sources
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sparkonce.offsets import TopicPartition
+    from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.sources.base import Source
+
+log = logging.getLogger("sparkonce.run")
+
+
+def output_query(
+    pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition, int]
+) -> DataFrame:
+    """The transform's streaming output over the source, starting at ``start`` (or fresh),
+    as the one DataFrame the query runs (several outputs folded into one)."""
+    outs = transform_outputs(pipeline, spark, start)
+    outputs = pipeline.output_set
+    if outputs is None:
+        return outs[SINGLE_OUTPUT]
+    return _combined(outputs, outs)
+
+
+def transform_outputs(
+    pipeline: Pipeline, spark: SparkSession, start: Mapping[TopicPartition, int] | None = None
+) -> dict[str, DataFrame]:
+    """The transform's streaming DataFrames by output name over the source (a pipeline with
+    one sink: ``{"output": df}``), checked against the pipeline's outputs. Starts nothing.
+
+    A plan with an event-time watermark reads a source with read limits through
+    :meth:`~sparkonce.sources.base.Source.aligned` (the limits then cap each batch as a
+    whole, shared out in proportion to each partition's backlog), and says so in a warning.
+    """
+    outs = _transform_over(pipeline, pipeline.source, spark, start)
+    aligned = pipeline.source.aligned()
+    if aligned is not None and any(has_watermark(df) for df in outs.values()):
+        log.warning("pipeline %s: %s", pipeline.name, aligned_reads(pipeline.source))
+        outs = _transform_over(pipeline, aligned, spark, start)
+    return outs
+
+
+def aligned_reads(source: Source) -> str:
+    """What the read limits of ``source`` do in a query with an event-time watermark."""
+    limits = source.read_limits()
+    shown = ", ".join(f"{k}={v}" for k, v in limits.items())
+    per = limits.get("max_records_per_partition")
+    total = limits.get("max_records_per_batch")
+    if per and total:
+        budget = f"the smaller of {per} times the number of partitions and {total}"
+    else:
+        budget = f"{per} times the number of partitions" if per else str(total)
+    return (
+        f"the plan has an event-time watermark and the source has read limits ({shown}): a "
+        "limit per partition would let a partition with little unread run ahead in event "
+        "time of another's unread records, and the watermark would pass them (on-time "
+        "records dropped or routed as late). Each batch reads instead at most "
+        f"{budget} records in all (plus one per partition), shared out in proportion to "
+        "each partition's unread backlog, so every partition reads the same fraction of it. "
+        "This aligns partitions on offsets, not on event times: a partition whose records "
+        "bunch in event time can still fall behind"
+    )
+
+
+def _transform_over(
+    pipeline: Pipeline,
+    source: Source,
+    spark: SparkSession,
+    start: Mapping[TopicPartition, int] | None,
+) -> dict[str, DataFrame]:
+    from pyspark.sql import DataFrame
+
+    stream = source.stream(spark, start or None)
+    try:
+        out = pipeline.transform(stream)
+    except SparkOnceError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform failed while building the query: "
+            f"{short_error(exc)}. Fix the transform; nothing was changed (no epoch was taken)."
+        ) from exc
+    outputs = pipeline.output_set
+    if outputs is None:
+        if isinstance(out, Mapping):
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: the transform returned several outputs "
+                f"({list(out)}) but the pipeline has one sink; declare them with "
+                "Pipeline(outputs={name: sink, ...})"
+            )
+        if not isinstance(out, DataFrame) or not out.isStreaming:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
+                f"derived from its input, got {type(out).__name__}"
+            )
+        _check_sources(pipeline, stream, {SINGLE_OUTPUT: out})
+        return {SINGLE_OUTPUT: out}
+    if outputs.single and isinstance(out, DataFrame):
+        out = {outputs.names[0]: out}
+    if not isinstance(out, Mapping):
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: with outputs={list(outputs.names)} the transform must "
+            f"return {{name: DataFrame}} with one streaming DataFrame per output, got "
+            f"{type(out).__name__}"
+        )
+    missing = [n for n in outputs.names if n not in out]
+    extra = [n for n in out if n not in outputs.outputs]
+    if missing or extra:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform returned outputs {list(out)}, but the "
+            f"pipeline declares {list(outputs.names)}"
+            + (f"; missing: {missing}" if missing else "")
+            + (f"; not declared: {extra}" if extra else "")
+        )
+    for name in outputs.names:
+        df = out[name]
+        if not isinstance(df, DataFrame) or not df.isStreaming:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: output {name!r} must be a streaming DataFrame "
+                f"derived from the transform's input, got {type(df).__name__}"
+            )
+    frames = {name: out[name] for name in outputs.names}
+    _check_sources(pipeline, stream, frames)
+    return frames
+
+
+def _check_sources(pipeline: Pipeline, stream: DataFrame, frames: Mapping[str, DataFrame]) -> None:
+    """Refuse a transform whose query reads another streaming source than the pipeline's:
+    each batch must be one set of the source's offset ranges, recorded in the ledger."""
+    own = set(streaming_sources(stream))
+    for name, df in frames.items():
+        found = streaming_sources(df)
+        extra = list(dict.fromkeys(s for s in found if s not in own))
+        if not extra and found:
+            continue
+        where = "" if name == SINGLE_OUTPUT else f" (output {name!r})"
+        mine = ", ".join(s.describe() for s in own) or pipeline.source.describe()
+        if extra:
+            what = (
+                f"reads {len(extra)} streaming source(s) besides the pipeline's own "
+                f"({mine}): {'; '.join(s.describe() for s in extra)}"
+            )
+        else:
+            what = f"does not read the pipeline's source ({mine})"
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the transform's query{where} {what}. A sparkonce "
+            "pipeline reads exactly one streaming source, its own, so that each batch is one "
+            "set of that source's offset ranges, recorded in the ledger. Operator action: "
+            "join other data as a static table (spark.read instead of spark.readStream), or "
+            "give the other stream a pipeline of its own. Nothing was changed (no epoch was "
+            "taken)."
+        )
+
+
+def check_query(pipeline: Pipeline, spark: SparkSession, out: DataFrame) -> None:
+    """Spark's checks of the query that would otherwise run only when it starts (after the
+    epoch), and ``stateful=False`` against the plan's state operators."""
+    if str(spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true")) != "false":
+        jvm = spark._jvm
+        assert jvm is not None
+        modes = jvm.org.apache.spark.sql.streaming.OutputMode
+        mode = {"append": modes.Append, "update": modes.Update, "complete": modes.Complete}
+        checker = jvm.org.apache.spark.sql.catalyst.analysis.UnsupportedOperationChecker
+        try:
+            checker.checkForStreaming(
+                out._jdf.queryExecution().analyzed(), mode[pipeline.output_mode]()
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: Spark does not support this query with "
+                f"output_mode={pipeline.output_mode!r}: {short_error(exc)}. Fix the transform or "
+                "the output mode; nothing was changed (no epoch was taken)."
+            ) from None
+    if pipeline.stateful is False:
+        facts = plan_facts(out)
+        if facts.stateful:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: stateful=False, but the query keeps state across "
+                f"batches in Spark's checkpoint: {stateful_operators(facts)}. Started without "
+                "that state (an empty checkpoint), it would silently restart it: "
+                "deduplication would let duplicates through and aggregates would start again "
+                "from zero. Operator action: remove stateful=False; if the checkpoint was "
+                "lost, restore it. Nothing was changed (no epoch was taken)."
+            )
+
+
+def _combined(outputs: OutputSet, out: Mapping[str, DataFrame]) -> DataFrame:
+    """The transform's named outputs folded into one streaming DataFrame (one query)."""
+    from sparkonce.outputs.combine import combine
+
+    # Outputs given the same DataFrame object share one branch of the query: Spark would
+    # otherwise evaluate it once per branch, with other values of rand(), uuid()...
+    branches: dict[str, DataFrame] = {}
+    aliases: dict[str, str] = {}
+    for name in outputs.names:
+        same = next((b for b, df in branches.items() if df is out[name]), None)
+        if same is None:
+            branches[name] = out[name]
+        else:
+            aliases[name] = same
+    combined, layout = combine(branches)
+    outputs.use_layout(layout, aliases)
+    return combined
