@@ -79,10 +79,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.commit import Staged
+from sparkonce.commit.tasks import (
+    CORRECT_TASK_STEPS,
+    TASK_RESULT_DDL,
+    Task,
+    TaskResult,
+    TaskSteps,
+    one_result,
+    results_of,
+)
 from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
-from sparkonce.faults import worker_faults
 from sparkonce.ledger.base import BatchContext, CommitResult, Owner
 from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
 
@@ -108,8 +116,6 @@ MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
 
 # Upsert: batches merged with ON CONFLICT at once after a plain INSERT met a key in the table.
 INSERT_ONLY_BACKOFF = 16
-
-_TASK_RESULT = "partition INT, attempt BIGINT, rows BIGINT, fenced BOOLEAN"
 
 
 class PostgresTwoPhaseSink(PostgresSink):
@@ -309,9 +315,10 @@ class PostgresTwoPhaseSink(PostgresSink):
             target=self.table,
             epoch=ctx.epoch,
             seq=seq,
+            steps=self.task_steps,
         )
-        results = df.mapInArrow(lambda it: _precommit_task(plan, it), _TASK_RESULT).collect()
-        if any(r["fenced"] for r in results):
+        results = results_of(df.mapInArrow(lambda it: _precommit_task(plan, it), TASK_RESULT_DDL))
+        if any(r.fenced for r in results):
             owner = self.owner(ctx.pipeline)
             raise FencedError(
                 ctx.pipeline,
@@ -320,8 +327,8 @@ class PostgresTwoPhaseSink(PostgresSink):
                 self._status_hint(ctx.pipeline),
                 owner.holder if owner else "",
             )
-        attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
-        rows = sum(int(r["rows"]) for r in results)
+        attempts = sorted(r.attempt for r in results if r.rows)
+        rows = sum(r.rows for r in results)
         return Staged(rows, (seq, attempts, list(plan.columns)))
 
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
@@ -532,41 +539,29 @@ class _TaskPlan:
     target: str
     epoch: int
     seq: int
+    # The tasks' decisions (sparkonce.commit.tasks); only the simulation's tests plant others.
+    steps: TaskSteps = CORRECT_TASK_STEPS
 
 
 def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     """Pre-commit this task's rows in one transaction, tagged with a fresh attempt id."""
-    import pyarrow as pa
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
-    spark_attempt = ctx.attemptNumber() if ctx is not None else 0
+    task = Task.current(plan.pipeline, plan.epoch, plan.seq, steps=plan.steps)
     attempt = 0
-    out = pa.schema(
-        [
-            ("partition", pa.int32()),
-            ("attempt", pa.int64()),
-            ("rows", pa.int64()),
-            ("fenced", pa.bool_()),
-        ]
-    )
     conn = None
     rows = 0
-    fenced = False
+    fenced: TaskResult | None = None
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             if conn is None:
                 conn = connect(plan.url)
-                attempt = _register(conn, plan, partition)
-                if not attempt:
-                    fenced = True  # a newer run owns the pipeline: write nothing
-                    break
+                attempt, fenced = _register(conn, plan, task)
+                if fenced is not None:
+                    break  # a newer run owns the pipeline: write nothing
             _copy_batch(conn, plan, batch)
             rows += batch.num_rows
-        if conn is not None and not fenced:
+        if conn is not None and fenced is None:
             conn.execute(
                 f"UPDATE {ATTEMPTS_TABLE} SET row_count = %s WHERE attempt_id = %s",
                 (rows, attempt),
@@ -577,34 +572,23 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     finally:
         if conn is not None:
             conn.close()
-    key = f"{plan.pipeline}:{plan.seq}:{partition}"
-    faults = worker_faults()  # this worker's plan, parsed once
-    if rows and faults.fail_task("write", key, spark_attempt):
-        # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows
-        # exist but Spark retries the task; only the retry's attempt may become visible.
-        raise faults.task_failure(
-            "write",
-            key,
-            spark_attempt,
-            f"injected task failure after the pre-commit of write task {key}",
-        )
-    yield pa.RecordBatch.from_pylist(
-        [
-            {
-                "partition": partition,
-                "attempt": attempt if rows else 0,
-                "rows": rows,
-                "fenced": fenced,
-            }
-        ],
-        schema=out,
+    if fenced is not None:
+        yield from one_result(fenced)
+        return
+    # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows exist
+    # but Spark retries the task; only the retry's attempt may become visible.
+    task.inject_failure(
+        rows, f"injected task failure after the pre-commit of write task {task.key}"
     )
+    yield from one_result(task.written(rows, attempt if rows else 0))
 
 
-def _register(conn: Any, plan: _TaskPlan, partition: int) -> int:
-    """Begin the task's transaction and register its attempt: the transaction's id, which
-    the pre-commit table's attempt column takes as its default. 0: the run is fenced (a
-    newer run owns the pipeline), and the transaction is left open to be rolled back."""
+def _register(conn: Any, plan: _TaskPlan, task: Task) -> tuple[int, TaskResult | None]:
+    """Begin the task's transaction, read the owner epoch and, unless the task is fenced
+    (:meth:`Task.fenced`), register its attempt: the transaction's id, which the pre-commit
+    table's attempt column takes as its default. Returns ``(attempt id, None)``, or ``(0, the
+    fenced result)``: the transaction is then left open, with nothing written, to be
+    rolled back."""
     from psycopg.errors import UniqueViolation
 
     for _ in range(REGISTER_TRIES):
@@ -613,24 +597,26 @@ def _register(conn: Any, plan: _TaskPlan, partition: int) -> int:
             "SELECT epoch, txid_current() FROM sparkonce_owner WHERE pipeline = %s",
             (plan.pipeline,),
         ).fetchone()
-        if row is None or int(row[0]) != plan.epoch:
-            return 0
+        fenced = task.fenced(None if row is None else int(row[0]))
+        if fenced is not None:
+            return 0, fenced
         attempt = int(row[1])
         try:
             conn.execute(
                 f"INSERT INTO {ATTEMPTS_TABLE} (attempt_id, pipeline, target, epoch, seq, "
                 "partition, row_count, state) VALUES (%s, %s, %s, %s, %s, %s, 0, "
                 "'precommitted')",
-                (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, partition),
+                (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, task.partition),
             )
         except UniqueViolation:
             conn.execute("ROLLBACK")  # nothing was written: take a new transaction, a new id
             continue
-        return attempt
+        return attempt, None
     raise SinkError(
-        f"pipeline {plan.pipeline!r}: task {partition} could not register an attempt id in "
-        f"{ATTEMPTS_TABLE}: {REGISTER_TRIES} transaction ids in a row were registered already. "
-        f"Its rows were not written. Check that {ATTEMPTS_TABLE} belongs to this database."
+        f"pipeline {plan.pipeline!r}: task {task.partition} could not register an attempt id "
+        f"in {ATTEMPTS_TABLE}: {REGISTER_TRIES} transaction ids in a row were registered "
+        f"already. Its rows were not written. Check that {ATTEMPTS_TABLE} belongs to this "
+        "database."
     )
 
 

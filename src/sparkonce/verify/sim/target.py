@@ -204,7 +204,8 @@ class TaskFrame:
 
     @property
     def wrote(self) -> bool:
-        """Whether a task attempt committed records (Kafka: it did not find its marker)."""
+        """Whether a task attempt wrote its rows (Kafka: committed them, not finding its
+        marker; two-phase: pre-committed them, invisible until the driver's commit)."""
         return any(o.get("skipped") is False for o in (*self.outputs, *self.failed))
 
     def mapInArrow(self, func: Callable[[Iterator[Any]], Iterator[Any]], schema: Any) -> _Mapped:
