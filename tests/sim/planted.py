@@ -174,16 +174,22 @@ def store(bug: type[Planted], target: Target, spec: TargetSpec, seeds: range) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m tests.sim.planted [POSTGRES_URL]``: store each bug's shrunk schedule."""
+    """``python -m tests.sim.planted [POSTGRES_URL] [--kafka BOOTSTRAP]``: store each bug's
+    shrunk schedule (the two-phase bug's with PostgreSQL, the Kafka bug's with a broker)."""
     import logging
     import sys
     import uuid
 
     logging.getLogger("sparkonce").setLevel(logging.ERROR)
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
     jobs: list[tuple[type[Planted], TargetSpec]] = [(b, TargetSpec("sqlite")) for b in SQL_BUGS]
+    ns = uuid.uuid4().hex[:6]
+    if "--kafka" in args:
+        i = args.index("--kafka")
+        bootstrap = args[i + 1]
+        del args[i : i + 2]
+        jobs.append((SkipsMarkerCheck, TargetSpec("kafka", bootstrap, "kafka", namespace=ns)))
     if args:
-        ns = uuid.uuid4().hex[:6]
         jobs.append((FlipsEveryAttempt, TargetSpec("postgres", args[0], "twophase", namespace=ns)))
     for bug, spec in jobs:
         target = spec.build()

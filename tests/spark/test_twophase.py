@@ -128,7 +128,7 @@ def test_upsert_tries_a_plain_insert_and_falls_back_when_a_key_exists(
             df = spark.createDataFrame(rows, "k string, v long")
             batch = BatchRanges((OffsetRange("t", 0, 2 * i, 2 * i + 2),))
             sink.commit(BatchContext("p", epoch, batch, i), df)
-            backoff.append(sink._insert_only_backoff)
+            backoff.append(sink.stager._insert_only_backoff)
         table = {r["k"]: r["v"] for r in inspector_for(sink).rows()}
     assert backoff == [0, INSERT_ONLY_BACKOFF, INSERT_ONLY_BACKOFF - 1]
     assert table == {"a": 10, "b": 2, "c": 3, "d": 4}

@@ -104,7 +104,7 @@ class SqlInspector(Inspector):
 
     def rows(self) -> list[dict[str, Any]]:
         sink = self.sink
-        if not sink._declared_types(sink.table):  # no such table (or view) yet
+        if not sink.stager._declared_types(sink.table):  # no such table (or view) yet
             return []
         cur = sink.conn.execute(f"SELECT * FROM {qi(sink.table)}")
         names = [d[0] for d in cur.description]

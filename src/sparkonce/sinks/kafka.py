@@ -85,7 +85,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.commit import Committer, Staged, Stager
+from sparkonce.commit import Staged, Stager
 from sparkonce.commit.tasks import TASK_RESULT_DDL, results_of
 from sparkonce.config import Guarantee, OutputMode, check_pipeline_name
 from sparkonce.errors import (
@@ -94,15 +94,14 @@ from sparkonce.errors import (
     SinkError,
     TopicNotFoundError,
 )
-from sparkonce.faults import FaultPlan
 from sparkonce.kafka.client import KafkaConnection
-from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
+from sparkonce.ledger.base import BatchContext, LedgerEntry
 from sparkonce.ledger.kafka_topic import (
     KafkaLedgerStore,
     LedgerState,
 )
-from sparkonce.offsets import BatchRanges, Coverage, TopicPartition, classify
-from sparkonce.sinks.base import Sink
+from sparkonce.offsets import BatchRanges, Coverage, classify
+from sparkonce.sinks.base import TransactionalSink
 from sparkonce.sinks.kafka_lineage import task_keys
 from sparkonce.sinks.kafka_tasks import TaskPlan, write_task
 
@@ -126,174 +125,26 @@ def _describe_batch(ranges: BatchRanges, who: Any) -> str:
 # --- the sink (driver side) -------------------------------------------------------------------
 
 
-class KafkaSink(Sink, Stager):
-    """Transactional sink into a Kafka topic (see the module docstring for the guarantee).
-
-    The output DataFrame needs a ``value`` column (string or binary) and may have
-    a ``key`` column (string or binary) and a ``partition`` column (int); other
-    columns are refused. Keys are hashed like Java clients do (murmur2), so a key
-    always lands in the same partition. ``client_config`` holds extra librdkafka
-    settings (security...); its secrets never appear in reprs or logs.
-
-    The output topic must exist (``sparkonce kafka create BOOTSTRAP TOPIC --partitions N``);
-    :meth:`validate` refuses a missing one, and Spark's ``"complete"`` output mode (a topic
-    can only be appended to), with :class:`ConfigError` before the run takes its epoch.
-    """
-
-    guarantee: ClassVar[Guarantee] = "effectively-once"
+class KafkaStager(Stager):
+    """How a Kafka sink stages a batch: step 3 in Spark's tasks, each committing its records
+    and its marker in a Kafka transaction (:mod:`sparkonce.sinks.kafka_tasks`); the stager
+    of :class:`KafkaSink`. ``sink`` is the sink's description, for error messages."""
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        conn: KafkaConnection,
         topic: str,
-        *,
-        client_config: Mapping[str, Any] | None = None,
-        ledger_topic: str | None = None,
-        transaction_timeout_ms: int = 60_000,
+        ledger_topic: str,
+        transaction_timeout_ms: int,
+        store: KafkaLedgerStore,
+        sink: str,
     ) -> None:
-        self.conn = KafkaConnection(bootstrap_servers, client_config or {})
-        if not topic or not isinstance(topic, str):
-            raise ConfigError("KafkaSink needs the output topic's name")
+        self.conn = conn
         self.topic = topic
-        self.ledger_topic = ledger_topic or f"{topic}{LEDGER_SUFFIX}"
-        if not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1000:
-            raise ConfigError(
-                f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}"
-            )
+        self.ledger_topic = ledger_topic
         self.transaction_timeout_ms = transaction_timeout_ms
-        self._store = KafkaLedgerStore(
-            self.conn,
-            self.ledger_topic,
-            topic=topic,
-            transaction_timeout_ms=transaction_timeout_ms,
-            inspect_hint=self._status_hint("{pipeline}"),
-        )
-        self._committer: Committer | None = None
-        self._opened = False
-        self._schema: StructType | None = None
-
-    # -- lifecycle --------------------------------------------------------------------------
-    def open(self) -> None:
-        if self._opened:
-            return
-        self._check_output_topic()  # ConfigError / KafkaUnavailableError
-        self._store.open()
-        if self._committer is None:
-            self._committer = Committer(self._store, self, faults=self.faults)
-        self._opened = True
-
-    def close(self) -> None:
-        self._store.close()
-        self._opened = False
-
-    def use_faults(self, faults: FaultPlan) -> None:
-        super().use_faults(faults)
-        if self._committer is not None:
-            self._committer.faults = faults
-
-    def describe(self) -> str:
-        return f"KafkaSink({self.conn.bootstrap} topic={self.topic})"
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-    def _status_hint(self, pipeline: str) -> str:
-        return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
-
-    # -- ownership and progress (the ledger store) ------------------------------------------
-    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        check_pipeline_name(pipeline)
-        self.open()
-        owner = self._store.acquire(pipeline, source)
-        log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.describe())
-        return owner
-
-    def owner(self, pipeline: str) -> Owner | None:
-        self.open()
-        return self._store.owner(pipeline)
-
-    def ledger(self, pipeline: str) -> list[LedgerEntry]:
-        self.open()
-        return self._store.entries(pipeline)
-
-    def pipelines(self) -> list[str]:
-        self.open()
-        return self._store.pipelines()
-
-    def last_entry(self, pipeline: str) -> LedgerEntry | None:
-        """The newest entry, from the pipeline's newest snapshot on (never the whole topic)."""
-        self.open()
-        return self._store.last(pipeline)
-
-    def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
-        last = self.last_entry(pipeline)
-        return last.end_offsets if last else {}
-
-    def committer_parts(self) -> tuple[KafkaLedgerStore, KafkaSink]:
-        """Each Kafka output keeps its own ledger topic, so it commits on its own."""
-        self.open()
-        return self._store, self
-
-    # -- schema -------------------------------------------------------------------------------
-    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
-        """Check the output and the topic (driver, once per run, before the epoch is taken).
-
-        Refuses, with :class:`ConfigError`: Spark's ``"complete"`` output mode (a topic
-        cannot be replaced, only appended to), a missing output topic, and output
-        columns other than ``key``, ``value`` and ``partition`` or of the wrong types.
-        """
-        from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
-
-        if output_mode == "complete":
-            raise ConfigError(
-                f"KafkaSink (topic {self.topic!r}) does not support Spark's output mode "
-                "'complete': each batch would have to replace the whole topic, and a Kafka "
-                "topic can only be appended to. Use output_mode='update' (each batch writes "
-                "the rows that changed) or 'append', or write the complete result to "
-                "SQLiteSink or PostgresSink, which replace the table's content each batch."
-            )
-        self._check_output_topic()
-        names = {f.name: f.dataType for f in schema.fields}
-        if "value" not in names:
-            raise ConfigError(
-                f"KafkaSink needs a 'value' column in the pipeline's output (columns: "
-                f"{list(names)}); select value (and optionally key, partition)"
-            )
-        extra = [n for n in names if n not in ("key", "value", "partition")]
-        if extra:
-            raise ConfigError(
-                f"KafkaSink writes only key, value and partition; the output also has {extra}. "
-                "Serialize them into value (e.g. F.to_json(F.struct(...)))."
-            )
-        for name in ("key", "value"):
-            if name in names and not isinstance(names[name], (StringType, BinaryType)):
-                raise ConfigError(
-                    f"KafkaSink column {name!r} must be string or binary, got "
-                    f"{names[name].simpleString()}; cast it first"
-                )
-        if "partition" in names and not isinstance(names["partition"], (IntegerType, LongType)):
-            raise ConfigError("KafkaSink column 'partition' must be an integer")
-        self._schema = schema
-
-    def _check_output_topic(self) -> int:
-        """The output topic's partition count; ConfigError (exit 2) when it does not exist."""
-        try:
-            return self.conn.partitions(self.topic)
-        except TopicNotFoundError as exc:
-            raise ConfigError(
-                f"KafkaSink: output topic {self.topic!r} does not exist at "
-                f"{self.conn.bootstrap}; the sink does not create it (its partition count is "
-                f"yours to choose). Create it first: `sparkonce kafka create "
-                f"{self.conn.bootstrap} {self.topic} --partitions N`, then run again. Nothing "
-                "was written and no epoch was taken."
-            ) from exc
-
-    # -- the commit protocol: the committer runs steps 1-5; this sink stages (step 3) ----------
-    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Commit one micro-batch: the committer on the driver, step 3 in the tasks."""
-        self.open()
-        assert self._committer is not None
-        return self._committer.commit(ctx, df)
+        self.store = store
+        self.sink = sink
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Step 3, in Spark tasks: each task commits its records and marker (driver starts them).
@@ -304,7 +155,7 @@ class KafkaSink(Sink, Stager):
         """
         from pyspark.sql.types import BinaryType
 
-        state = self._store.folded(ctx.pipeline)
+        state = self.store.folded(ctx.pipeline)
         self._check_pending(ctx, state, state.entries[-1] if state.entries else None)
 
         schema = df.schema
@@ -392,16 +243,143 @@ class KafkaSink(Sink, Stager):
                 continue
             raise LedgerError(
                 f"pipeline {ctx.pipeline!r}: {_describe_batch(ranges, marker)} is partly "
-                f"committed in {self.describe()} (task {marker.task} committed, the "
+                f"committed in {self.sink} (task {marker.task} committed, the "
                 f"batch's ledger entry is missing), but this run planned "
                 f"{_describe_batch(ctx.ranges, ctx)} instead. This happens when the checkpoint "
                 "was lost mid-batch. Operator action: restore the checkpoint directory, or "
                 "re-run with the same read limits so the same batch is planned."
             )
 
+
+class KafkaSink(TransactionalSink):
+    """Transactional sink into a Kafka topic (see the module docstring for the guarantee).
+
+    The output DataFrame needs a ``value`` column (string or binary) and may have
+    a ``key`` column (string or binary) and a ``partition`` column (int); other
+    columns are refused. Keys are hashed like Java clients do (murmur2), so a key
+    always lands in the same partition. ``client_config`` holds extra librdkafka
+    settings (security...); its secrets never appear in reprs or logs.
+
+    The output topic must exist (``sparkonce kafka create BOOTSTRAP TOPIC --partitions N``);
+    :meth:`validate` refuses a missing one, and Spark's ``"complete"`` output mode (a topic
+    can only be appended to), with :class:`ConfigError` before the run takes its epoch.
+    """
+
+    guarantee: ClassVar[Guarantee] = "effectively-once"
+    store: KafkaLedgerStore
+    stager: KafkaStager
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        client_config: Mapping[str, Any] | None = None,
+        ledger_topic: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+    ) -> None:
+        self.conn = KafkaConnection(bootstrap_servers, client_config or {})
+        if not topic or not isinstance(topic, str):
+            raise ConfigError("KafkaSink needs the output topic's name")
+        self.topic = topic
+        self.ledger_topic = ledger_topic or f"{topic}{LEDGER_SUFFIX}"
+        if not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1000:
+            raise ConfigError(
+                f"transaction_timeout_ms must be an integer >= 1000, got {transaction_timeout_ms!r}"
+            )
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.store = KafkaLedgerStore(
+            self.conn,
+            self.ledger_topic,
+            topic=topic,
+            transaction_timeout_ms=transaction_timeout_ms,
+            inspect_hint=self._status_hint("{pipeline}"),
+        )
+        self.stager = KafkaStager(
+            self.conn, topic, self.ledger_topic, transaction_timeout_ms, self.store, self.describe()
+        )
+        self._opened = False
+
+    # -- the store --------------------------------------------------------------------------
+    def open_store(self) -> None:
+        if self._opened:
+            return
+        self._check_output_topic()  # ConfigError / KafkaUnavailableError
+        self.store.open()
+        self._opened = True
+
+    def close_store(self) -> None:
+        self.store.close()
+        self._opened = False
+
+    def check_acquire(self, pipeline: str) -> None:
+        check_pipeline_name(pipeline)
+
+    def describe(self) -> str:
+        return f"KafkaSink({self.conn.bootstrap} topic={self.topic})"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def _status_hint(self, pipeline: str) -> str:
+        return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
+
+    # -- schema -------------------------------------------------------------------------------
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """Check the output and the topic (driver, once per run, before the epoch is taken).
+
+        Refuses, with :class:`ConfigError`: Spark's ``"complete"`` output mode (a topic
+        cannot be replaced, only appended to), a missing output topic, and output
+        columns other than ``key``, ``value`` and ``partition`` or of the wrong types.
+        """
+        from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
+
+        if output_mode == "complete":
+            raise ConfigError(
+                f"KafkaSink (topic {self.topic!r}) does not support Spark's output mode "
+                "'complete': each batch would have to replace the whole topic, and a Kafka "
+                "topic can only be appended to. Use output_mode='update' (each batch writes "
+                "the rows that changed) or 'append', or write the complete result to "
+                "SQLiteSink or PostgresSink, which replace the table's content each batch."
+            )
+        self._check_output_topic()
+        names = {f.name: f.dataType for f in schema.fields}
+        if "value" not in names:
+            raise ConfigError(
+                f"KafkaSink needs a 'value' column in the pipeline's output (columns: "
+                f"{list(names)}); select value (and optionally key, partition)"
+            )
+        extra = [n for n in names if n not in ("key", "value", "partition")]
+        if extra:
+            raise ConfigError(
+                f"KafkaSink writes only key, value and partition; the output also has {extra}. "
+                "Serialize them into value (e.g. F.to_json(F.struct(...)))."
+            )
+        for name in ("key", "value"):
+            if name in names and not isinstance(names[name], (StringType, BinaryType)):
+                raise ConfigError(
+                    f"KafkaSink column {name!r} must be string or binary, got "
+                    f"{names[name].simpleString()}; cast it first"
+                )
+        if "partition" in names and not isinstance(names["partition"], (IntegerType, LongType)):
+            raise ConfigError("KafkaSink column 'partition' must be an integer")
+
+    def _check_output_topic(self) -> int:
+        """The output topic's partition count; ConfigError (exit 2) when it does not exist."""
+        try:
+            return self.conn.partitions(self.topic)
+        except TopicNotFoundError as exc:
+            raise ConfigError(
+                f"KafkaSink: output topic {self.topic!r} does not exist at "
+                f"{self.conn.bootstrap}; the sink does not create it (its partition count is "
+                f"yours to choose). Create it first: `sparkonce kafka create "
+                f"{self.conn.bootstrap} {self.topic} --partitions N`, then run again. Nothing "
+                "was written and no epoch was taken."
+            ) from exc
+
     def _output_dropped(self) -> None:
         """Both topics were emptied (an inspector's reset): forget what was read of them."""
-        self._store.forget()
+        self.store.forget()
 
 
 def kafka_sink_from_uri(uri: str, **kwargs: Any) -> KafkaSink:

@@ -91,8 +91,14 @@ from sparkonce.commit.tasks import (
 from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
-from sparkonce.ledger.base import BatchContext, CommitResult, Owner
-from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
+from sparkonce.ledger.base import BatchContext, Owner
+from sparkonce.ledger.sql import SqlLedgerStore
+from sparkonce.sinks.sql import (
+    PostgresSink,
+    PostgresStager,
+    latest_by_tie_message,
+    repeated_key_message,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -118,32 +124,22 @@ MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
 INSERT_ONLY_BACKOFF = 16
 
 
-class PostgresTwoPhaseSink(PostgresSink):
-    """Two-phase-commit sink into PostgreSQL, writing from the executors.
+class TwoPhaseStager(PostgresStager):
+    """How the two-phase sink stages a batch: Spark's tasks pre-commit it (executors), and
+    step 3 makes exactly the successful attempts visible (the stager of
+    :class:`PostgresTwoPhaseSink`). It also collects the attempts that will never commit."""
 
-    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.twophase`): the tasks'
-    pre-committed rows become visible only through the driver's one transaction with the
-    epoch check and the ledger row, and only for the attempts Spark reports successful.
-
-    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` and ``ledger_keep``
-    included). In append
-    mode the name ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is
-    a table with a primary key on ``keys``. Spark's ``"complete"`` output mode is refused.
-    """
+    stages_on_driver = False  # its tasks pre-commit the rows
 
     def __init__(
         self,
-        url: str | StoreURL,
+        store: SqlLedgerStore,
         table: str,
-        *,
-        mode: WriteMode = "append",
-        keys: tuple[str, ...] | list[str] = (),
-        latest_by: tuple[str, ...] | list[str] = (),
-        ledger_keep: int | None = None,
+        mode: WriteMode,
+        keys: tuple[str, ...],
+        latest_by: tuple[str, ...],
     ) -> None:
-        super().__init__(
-            url, table, mode=mode, keys=keys, latest_by=latest_by, ledger_keep=ledger_keep
-        )
+        super().__init__(store, table, mode, keys, latest_by)
         longest = self.table + max(DATA_SUFFIX, STAGE_SUFFIX, key=len)
         if len(longest) > MAX_IDENTIFIER:
             raise ConfigError(
@@ -157,12 +153,8 @@ class PostgresTwoPhaseSink(PostgresSink):
         self._attempts_ready = False
         self._insert_only_backoff = 0  # batches left to merge with ON CONFLICT at once
 
-    def describe(self) -> str:
-        return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
-
-    # -- lifecycle -------------------------------------------------------------
-    def open(self) -> None:
-        super().open()
+    def ensure_attempts_table(self) -> None:
+        """Create the attempts table (once per sink; the sink's ``open``)."""
         if self._attempts_ready:
             return
         conn = self.conn
@@ -181,16 +173,6 @@ class PostgresTwoPhaseSink(PostgresSink):
                 "(pipeline, target) WHERE state = 'precommitted'"
             )
         self._attempts_ready = True
-
-    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        """Take the next epoch (fencing older runs), then collect what older runs left."""
-        owner = super().acquire(pipeline, source)
-        self.after_acquire(pipeline, owner)
-        return owner
-
-    def after_acquire(self, pipeline: str, owner: Owner) -> None:
-        """Collect the pre-commits older runs left (their epochs are fenced now)."""
-        self.collect(pipeline, owner.epoch)
 
     # -- schema ------------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
@@ -233,6 +215,7 @@ class PostgresTwoPhaseSink(PostgresSink):
         """Create the output (and view or stage) before any task pre-commits into it."""
         if self._ready:
             return
+        self.ensure_attempts_table()  # the view reads it
         self._check_kinds()
         # The stage takes NULL keys, so a NULL key reaches the commit's merge, which refuses
         # it by name (SinkError), instead of failing the tasks' COPY with a database error.
@@ -294,15 +277,6 @@ class PostgresTwoPhaseSink(PostgresSink):
                 if key in columns and not columns[key][1]:
                     conn.execute(f"ALTER TABLE {table} ALTER COLUMN {qi(key)} DROP NOT NULL")
 
-    # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
-    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Pre-commit in the tasks, then flip the successful attempts with the ledger row."""
-        self.open()
-        assert self._committer is not None
-        return self._committer.commit(ctx, df)
-
-    stages_on_driver = False  # its tasks pre-commit the rows
-
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """The tasks pre-commit their rows, each under a fresh attempt id (executors)."""
         # (The committer has checked the owner already: a fenced run starts no task.)
@@ -319,12 +293,12 @@ class PostgresTwoPhaseSink(PostgresSink):
         )
         results = results_of(df.mapInArrow(lambda it: _precommit_task(plan, it), TASK_RESULT_DDL))
         if any(r.fenced for r in results):
-            owner = self.owner(ctx.pipeline)
+            owner = self.store.owner(ctx.pipeline)
             raise FencedError(
                 ctx.pipeline,
                 ctx.epoch,
                 owner.epoch if owner else 0,
-                self._status_hint(ctx.pipeline),
+                self.store.ledger.inspect_hint.replace("{pipeline}", ctx.pipeline),
                 owner.holder if owner else "",
             )
         attempts = sorted(r.attempt for r in results if r.rows)
@@ -506,7 +480,7 @@ class PostgresTwoPhaseSink(PostgresSink):
     def _collect_after_failure(self, ctx: BatchContext) -> None:
         """Abort: the batch failed, so its pre-commits are garbage. Best effort."""
         try:
-            self._drop_connection()  # the failure may have broken the connection
+            self.store.reconnect()  # the failure may have broken the connection
             self.collect(ctx.pipeline, ctx.epoch)
         except Exception as exc:
             log.warning(
@@ -523,6 +497,47 @@ class PostgresTwoPhaseSink(PostgresSink):
     def _output_dropped(self) -> None:
         super()._output_dropped()
         self._ready = False
+
+
+class PostgresTwoPhaseSink(PostgresSink):
+    """Two-phase-commit sink into PostgreSQL, writing from the executors.
+
+    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.twophase`): the tasks'
+    pre-committed rows become visible only through the driver's one transaction with the
+    epoch check and the ledger row, and only for the attempts Spark reports successful.
+
+    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` and ``ledger_keep``
+    included). In append
+    mode the name ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is
+    a table with a primary key on ``keys``. Spark's ``"complete"`` output mode is refused.
+
+    It is the SQL ledger store plus its stager, :class:`TwoPhaseStager`.
+    """
+
+    stager_type = TwoPhaseStager
+    stager: TwoPhaseStager
+
+    def describe(self) -> str:
+        return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
+
+    @property
+    def precommit_table(self) -> str:
+        """Where the tasks pre-commit: the data table under the view, or the upsert stage."""
+        return self.stager.precommit_table
+
+    # -- lifecycle -------------------------------------------------------------
+    def open_store(self) -> None:
+        super().open_store()
+        self.stager.ensure_attempts_table()
+
+    def after_acquire(self, pipeline: str, owner: Owner) -> None:
+        """Collect the pre-commits older runs left (their epochs are fenced now)."""
+        self.collect(pipeline, owner.epoch)
+
+    def collect(self, pipeline: str, epoch: int) -> int:
+        """Delete the rows of attempts that will never commit (:meth:`TwoPhaseStager.collect`)."""
+        self.open()
+        return self.stager.collect(pipeline, epoch)
 
 
 # --- the task side (runs in Spark's Python workers) -----------------------------------------

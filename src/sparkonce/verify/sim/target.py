@@ -43,6 +43,7 @@ class Endpoint:
 
     store: Any  # the sink's LedgerStore, subclassed to report commits (observer, lose_ack)
     stager: Stager
+    sink: Any = None  # the sink whose store and stager these are, when the target needs it
 
 
 class Entry(NamedTuple):
