@@ -9,7 +9,7 @@ transforms too, as long as this is the pipeline's only sink.
 
 How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
 :mod:`sparkonce.protocol` with :class:`~sparkonce.ledger.delta.DeltaLedgerStore` as
-its ledger store and this sink as its stager. The store's module docstring has the
+its ledger store and :class:`DeltaStager` as its stager. The store's module docstring has the
 ledger's layout and the proof of each property; in short:
 
 * the batch is one Delta write of the table (``append``, ``MERGE`` for

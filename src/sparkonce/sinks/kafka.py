@@ -8,9 +8,10 @@ records per output partition of a batch ever become visible to
 
 How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
 :mod:`sparkonce.protocol` with the ledger topic as its ledger store
-(:class:`~sparkonce.ledger.kafka_topic.KafkaLedgerStore`) and this sink as its
+(:class:`~sparkonce.ledger.kafka_topic.KafkaLedgerStore`) and :class:`KafkaStager` as its
 stager. Because Kafka commits per task, step 3 runs in the stager's
-``prepare``, before the driver's transaction opens::
+``prepare``, before the driver's transaction opens (the tasks' side is
+:mod:`sparkonce.sinks.kafka_tasks`, their checks :mod:`sparkonce.commit.tasks`)::
 
     driver   committer  steps 1-2 (early look): the run's epoch is still the owner's (so
                         a fenced run starts no task); a batch the ledger already covers
@@ -51,8 +52,9 @@ the order of an unordered set, which can differ between the two runs; when a tas
 of its input ranges without a shuffle between, the driver names the task after that range
 instead (``"orders-3"``, or ``"orders-3.1"`` for the second split of partition 3 under
 ``minPartitions``), found by walking the batch's RDD lineage down to the connector's input
-partitions (:func:`task_keys`). A transform that merges the connector's input partitions
-without a shuffle (``coalesce``, ``union``) is refused with :class:`SinkError`.
+partitions (:func:`~sparkonce.sinks.kafka_lineage.task_keys`). A transform that merges
+the connector's input partitions without a shuffle (``coalesce``, ``union``) is refused
+with :class:`SinkError`.
 
 Limits, stated plainly:
 
