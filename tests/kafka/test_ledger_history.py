@@ -154,7 +154,7 @@ def test_markers_of_a_partly_committed_batch_survive_the_snapshot(ledger) -> Non
     later = new_store(ledger, search_window=4)
     state = later.refresh(P)
     assert state.snapshot_at >= 0 and later.last_load[P] < 3 * 5 + 4  # from the snapshot
-    assert [m["seq"] for m in state.pending] == [5]
+    assert [m.seq for m in state.pending] == [5]
     assert state.after_last_entry == store.folded(P).after_last_entry
 
 

@@ -12,10 +12,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkonce import ConfigError, EmbeddedLogSource, FencedError, Pipeline
+from sparkonce.ledger.kafka_topic import transactional_id as _transactional_id
 from sparkonce.offsets import check_chain
 from sparkonce.pipeline.runner import run_pipeline
 from sparkonce.sinks.inspect import inspector_for
-from sparkonce.sinks.kafka import KafkaSink, _transactional_id
+from sparkonce.sinks.kafka import KafkaSink
 
 pytestmark = pytest.mark.spark
 
@@ -95,7 +96,6 @@ def test_replayed_batch_skips_committed_tasks(
     state_entries = sink2.ledger("k1")
     assert len(state_entries) == 1
     # Same batch again through the task path: each task finds its marker and skips.
-    from sparkonce.sinks.kafka import LedgerState, LedgerTopic, _TaskPlan, _write_task  # noqa: F401
 
     again = sink2.commit(ctx, df)
     assert again.skipped  # step 2: the ledger covers it

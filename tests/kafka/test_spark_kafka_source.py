@@ -290,7 +290,7 @@ def test_task_keys_name_the_kafka_range_each_task_reads(
     partition holds, by spark_partition_id(); the keys come from the RDD lineage."""
     from sparkonce import KafkaSource
     from sparkonce.errors import SinkError
-    from sparkonce.sinks.kafka import task_keys
+    from sparkonce.spark.kafka_lineage import task_keys
 
     topic = kafka_topic("keys", partitions=5)
     produce(kafka_broker.bootstrap, topic, numbered(500, partitions=5))

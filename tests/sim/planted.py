@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkonce.commit import Committer, CorrectSteps, Staged
+from sparkonce.commit import Committer, CorrectSteps, CorrectTaskSteps, Staged, Task, TaskResult
 from sparkonce.errors import FencedError
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.protocol import CrashPoint
@@ -117,12 +117,39 @@ class FlipsEveryAttempt(Planted):
             self.ran += 1  # attempts Spark did not report successful, made visible
 
 
+class _TasksSkipMarkerCheck(CorrectTaskSteps):
+    """The task side of :class:`SkipsMarkerCheck` (counts into it)."""
+
+    def __init__(self, bug: SkipsMarkerCheck) -> None:
+        self.bug = bug
+
+    def already_written(self, task: Task, found: TaskResult | None) -> TaskResult | None:
+        if found is None:
+            return None
+        self.bug.ran += 1  # a task whose output is committed already, writing it again
+        return found if self.bug.correct else None
+
+
+class SkipsMarkerCheck(Planted):
+    """Kafka sink, step 3 in a task: a replayed task does not look for its committed marker
+    and writes its records again (a batch whose tasks committed before the driver's ledger
+    entry did, replayed after a crash)."""
+
+    caught_as = frozenset({"duplicate"})
+
+    def __init__(self, *, correct: bool = False) -> None:
+        super().__init__(correct=correct)
+        self.tasks = _TasksSkipMarkerCheck(self)
+
+
 SQL_BUGS: tuple[type[Planted], ...] = (
     SkipsEpochCheck,
     ChecksCoverageAfterWriting,
     LedgerInSecondTransaction,
 )
-BUGS: dict[str, type[Planted]] = {cls.__name__: cls for cls in (*SQL_BUGS, FlipsEveryAttempt)}
+BUGS: dict[str, type[Planted]] = {
+    cls.__name__: cls for cls in (*SQL_BUGS, FlipsEveryAttempt, SkipsMarkerCheck)
+}
 NOT_CAUGHT = frozenset({"owner-error", "fenced-error", "harness"})  # never count as caught
 
 
@@ -147,16 +174,22 @@ def store(bug: type[Planted], target: Target, spec: TargetSpec, seeds: range) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m tests.sim.planted [POSTGRES_URL]``: store each bug's shrunk schedule."""
+    """``python -m tests.sim.planted [POSTGRES_URL] [--kafka BOOTSTRAP]``: store each bug's
+    shrunk schedule (the two-phase bug's with PostgreSQL, the Kafka bug's with a broker)."""
     import logging
     import sys
     import uuid
 
     logging.getLogger("sparkonce").setLevel(logging.ERROR)
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
     jobs: list[tuple[type[Planted], TargetSpec]] = [(b, TargetSpec("sqlite")) for b in SQL_BUGS]
+    ns = uuid.uuid4().hex[:6]
+    if "--kafka" in args:
+        i = args.index("--kafka")
+        bootstrap = args[i + 1]
+        del args[i : i + 2]
+        jobs.append((SkipsMarkerCheck, TargetSpec("kafka", bootstrap, "kafka", namespace=ns)))
     if args:
-        ns = uuid.uuid4().hex[:6]
         jobs.append((FlipsEveryAttempt, TargetSpec("postgres", args[0], "twophase", namespace=ns)))
     for bug, spec in jobs:
         target = spec.build()

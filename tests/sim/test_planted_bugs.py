@@ -38,7 +38,7 @@ from sparkonce.verify.sim import (
 )
 from sparkonce.verify.sim.schedule import Schedule
 from tests.sim.conftest import PLANTED
-from tests.sim.planted import NOT_CAUGHT, SQL_BUGS, FlipsEveryAttempt, Planted
+from tests.sim.planted import NOT_CAUGHT, SQL_BUGS, FlipsEveryAttempt, Planted, SkipsMarkerCheck
 
 BUDGET = 2_000
 BUDGET_2PC = 200
@@ -55,7 +55,7 @@ def assert_caught(bug_cls: type[Planted], schedule: Schedule, target: Target) ->
 
 
 def test_no_planted_bug_counts_a_raising_committer_as_caught() -> None:
-    bugs: tuple[type[Planted], ...] = (*SQL_BUGS, FlipsEveryAttempt)
+    bugs: tuple[type[Planted], ...] = (*SQL_BUGS, FlipsEveryAttempt, SkipsMarkerCheck)
     for bug in bugs:
         assert not bug.caught_as & NOT_CAUGHT, bug
 
@@ -107,3 +107,31 @@ def test_a_failure_shrinks_and_replays(sqlite_target: Target) -> None:
     assert_caught(bug_cls, again, sqlite_target)
     # The real committer passes the same schedule.
     assert run_schedule(again, sqlite_target)[0] == []
+
+
+KAFKA_SEED = 0  # measured 2026-11-28: the first schedule searched (seed 0) catches it
+
+
+@pytest.mark.kafka
+def test_planted_kafka_task_bug_is_caught(kafka_broker) -> None:
+    """SkipsMarkerCheck (Kafka sink): a replayed task writes its records again without
+    looking for its committed marker. The simulation's Kafka world runs the sink's own task
+    function per task, so the bug plants through the tasks' seam (``CommitSteps.tasks``);
+    schedule ``KAFKA_SEED`` replays a partly committed batch, and a read_committed reader
+    sees its rows twice. The same bug behaving correctly passes that schedule, with its
+    check run, so the catch is the bug's."""
+    spec = TargetSpec("kafka", kafka_broker.bootstrap, sink="kafka", namespace=uuid.uuid4().hex[:6])
+    target = spec.build()
+    try:
+        schedule = generate(KAFKA_SEED)
+        kinds = assert_caught(SkipsMarkerCheck, schedule, target)
+        assert "duplicate" in kinds
+        correct = SkipsMarkerCheck(correct=True)
+        failures, _ = run_schedule(schedule, target, correct)
+        assert failures == [] and correct.ran > 0, (correct.ran, failures)
+        PLANTED.append(
+            f"SkipsMarkerCheck (Kafka, task side): caught by schedule seed {KAFKA_SEED} "
+            f"({sorted(kinds - NOT_CAUGHT)})"
+        )
+    finally:
+        close_target(target)

@@ -19,6 +19,7 @@ from sparkonce import (
     PostgresTwoPhaseSink,
     SinkError,
 )
+from sparkonce.commit.tasks import TaskResult
 from sparkonce.ledger import BatchContext
 from sparkonce.offsets import BatchRanges, OffsetRange, check_chain
 from sparkonce.sinks.inspect import TwoPhaseInspector, inspector_for, relocate
@@ -127,7 +128,7 @@ def test_upsert_tries_a_plain_insert_and_falls_back_when_a_key_exists(
             df = spark.createDataFrame(rows, "k string, v long")
             batch = BatchRanges((OffsetRange("t", 0, 2 * i, 2 * i + 2),))
             sink.commit(BatchContext("p", epoch, batch, i), df)
-            backoff.append(sink._insert_only_backoff)
+            backoff.append(sink.stager._insert_only_backoff)
         table = {r["k"]: r["v"] for r in inspector_for(sink).rows()}
     assert backoff == [0, INSERT_ONLY_BACKOFF, INSERT_ONLY_BACKOFF - 1]
     assert table == {"a": 10, "b": 2, "c": 3, "d": 4}
@@ -212,7 +213,7 @@ def test_a_zombie_task_finishing_after_its_batch_was_aborted_stays_invisible(
         # A task of a fenced run writes nothing at all.
         sink.acquire("p")
         [out] = list(_precommit_task(plan, iter([late])))
-        assert out.to_pylist()[0] == {"partition": 0, "attempt": 0, "rows": 0, "fenced": True}
+        assert TaskResult.from_row(out.to_pylist()[0]) == TaskResult(0, skipped=True, fenced=True)
         assert scalar(pg_url, "SELECT count(*) FROM z__sparkonce_data") == 2
 
 

@@ -175,4 +175,4 @@ def test_reset_asks_first_naming_what_goes(
     assert "output deleted" in out
     with _sink(url) as sink:
         assert sink.owner("p") is None and sink.ledger("p") == []
-        assert not sink._declared_types("out")  # the table is gone
+        assert not sink.stager._declared_types("out")  # the table is gone

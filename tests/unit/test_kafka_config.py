@@ -230,7 +230,7 @@ def test_a_failed_tasks_error_names_the_refused_record_not_the_purged_ones() -> 
     reports can come first, but the error must give the broker's reason."""
     from confluent_kafka import KafkaError
 
-    from sparkonce.sinks.kafka import _cause
+    from sparkonce.sinks.kafka_tasks import _cause
 
     purged = KafkaError(KafkaError._PURGE_QUEUE)
     refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
@@ -253,7 +253,7 @@ def test_a_task_reads_its_input_ahead_only_while_its_producer_starts() -> None:
     must not read its whole input for nothing."""
     from concurrent.futures import Future
 
-    from sparkonce.sinks.kafka import _prefetch
+    from sparkonce.sinks.kafka_tasks import prefetch as _prefetch
 
     done: Future[Any] = Future()
     done.set_result(None)

@@ -87,7 +87,7 @@ def test_a_changed_column_type_is_refused_naming_table_column_and_types(url: str
 def test_every_type_the_sink_creates_fits_its_own_table(url: str) -> None:
     sink = _sink(url)
     try:
-        sink._create_table(sink.conn, ALL_TYPES)
+        sink.stager._create_table(sink.conn, ALL_TYPES)
         sink.validate(ALL_TYPES)
         sink.validate(ALL_TYPES, "complete")
     finally:
@@ -192,7 +192,7 @@ def _check(sink: SqlSink, dtype: T.DataType, fits: bool, declared: str) -> None:
 def test_two_phase_append_checks_the_view(pg_url: str) -> None:
     sink = PostgresTwoPhaseSink(pg_url, "out")
     try:
-        sink._ensure_tables(LONG_V)
+        sink.stager._ensure_tables(LONG_V)
         sink.validate(LONG_V)
         with pytest.raises(ConfigError, match=r"table 'out' .* declares column 'v' as bigint"):
             sink.validate(STRING_V)
@@ -219,7 +219,7 @@ def test_two_phase_append_checks_the_data_table(pg_url: str) -> None:
 def test_two_phase_upsert_checks_the_table_and_the_stage(pg_url: str) -> None:
     sink = PostgresTwoPhaseSink(pg_url, "out", mode="upsert", keys=["id"])
     try:
-        sink._ensure_tables(LONG_V)
+        sink.stager._ensure_tables(LONG_V)
         sink.validate(LONG_V)
         with pytest.raises(ConfigError, match=r"table 'out' .* declares column 'v' as bigint"):
             sink.validate(STRING_V)

@@ -345,7 +345,7 @@ def test_latest_by_null_is_lowest_and_typed_values_compare_as_values(
     sink = SQLiteSink(store_url, "v", mode="upsert", keys=["k"], latest_by=["version", "at"])
     try:
         epoch = sink.acquire("p").epoch
-        rows = sink._rows_from_arrow(table, schema)
+        rows = sink.stager._rows_from_arrow(table, schema)
         ctx = BatchContext("p", epoch, _b(("t", 0, 0, 5)), 0, "cp")
         sink.commit_rows(ctx, schema, ["k", "version", "at"], rows)
         got = {r["k"]: (r["version"], r["at"]) for r in inspector_for(sink).rows()}
@@ -467,7 +467,7 @@ def test_first_batch_failure_also_rolls_back_the_table(upsert_sink: SQLiteSink) 
     epoch = s.acquire("p").epoch
     with pytest.raises(SinkError):
         _commit(s, epoch, _b(("t", 0, 0, 2)), [(1, "a"), (1, "b")])
-    assert s._declared_types(s.table) == {}  # the CREATE TABLE was rolled back too
+    assert s.stager._declared_types(s.table) == {}  # the CREATE TABLE was rolled back too
     assert s.ledger("p") == []
 
 
@@ -584,7 +584,7 @@ def test_sink_scheme_must_match(tmp_path: Path) -> None:
 def test_postgres_sink_never_shows_the_password() -> None:
     s = PostgresSink(f"postgresql://u:{SECRET}@h:5432/db", "out", mode="upsert", keys=["id"])
     assert SECRET not in repr(s) and SECRET not in s.describe()
-    assert SECRET not in s._ledger.inspect_hint
+    assert SECRET not in s.store.ledger.inspect_hint
     assert "u:***@h:5432/db" in s.describe()
 
 
@@ -616,12 +616,12 @@ def test_sqlite_row_conversion(sink: SQLiteSink) -> None:
             "day": [date(2024, 2, 29), None],
         }
     )
-    assert sink._rows_from_arrow(table, schema) == [
+    assert sink.stager._rows_from_arrow(table, schema) == [
         (1, "12.50", "2024-02-29"),
         (None, None, None),
     ]
     plain = pa.table({"id": [1, 2], "v": ["a", None]})
-    assert sink._rows_from_arrow(plain, SCHEMA) == [(1, "a"), (2, None)]
+    assert sink.stager._rows_from_arrow(plain, SCHEMA) == [(1, "a"), (2, None)]
 
 
 def test_two_phase_is_postgres_only_and_never_shows_the_password() -> None:

@@ -20,14 +20,15 @@ from pyspark.sql import DataFrame
 from sparkonce.commit import Staged
 from sparkonce.db import qi, write_transaction
 from sparkonce.ledger.base import BatchContext, Owner
-from sparkonce.sinks.sql import SQLiteSink
+from sparkonce.sinks.sql import SQLiteSink, SQLiteStager
 
 
-class NonTransactionalSink(SQLiteSink):
-    """Only at-least-once: a crash after the rows and before the ledger duplicates them."""
+def _table_exists(conn: Any, name: str) -> bool:
+    q = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return conn.execute(q, (name,)).fetchone() is not None
 
-    guarantee = "at-least-once"
 
+class NonTransactionalStager(SQLiteStager):
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         super().publish(txn, ctx, staged)
         # The bug: the rows commit now, in their own transaction; the ledger row and the
@@ -36,14 +37,14 @@ class NonTransactionalSink(SQLiteSink):
         txn.execute("BEGIN IMMEDIATE")
 
 
-class DropsABatchSink(SQLiteSink):
-    """Loses every row of one micro-batch, silently, in every run (failure-free included).
+class NonTransactionalSink(SQLiteSink):
+    """Only at-least-once: a crash after the rows and before the ledger duplicates them."""
 
-    The batch still gets its ledger entry, so nothing looks wrong to a replay, and
-    a failure-free run of this sink loses the same rows as every trial: only an
-    oracle that does not go through the sink can notice.
-    """
+    guarantee = "at-least-once"
+    stager_type = NonTransactionalStager
 
+
+class DropsABatchStager(SQLiteStager):
     drop_batch = 1  # Spark's batch id whose rows vanish
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
@@ -54,7 +55,37 @@ class DropsABatchSink(SQLiteSink):
         return staged
 
 
+class DropsABatchSink(SQLiteSink):
+    """Loses every row of one micro-batch, silently, in every run (failure-free included).
+
+    The batch still gets its ledger entry, so nothing looks wrong to a replay, and
+    a failure-free run of this sink loses the same rows as every trial: only an
+    oracle that does not go through the sink can notice.
+    """
+
+    stager_type = DropsABatchStager
+
+
 PENDING_TABLE = "planted_pending"  # VisibleBeforeCommitSink's note of rows not yet in a ledger
+
+
+class VisibleBeforeCommitStager(SQLiteStager):
+    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+        txn.execute(
+            f"CREATE TABLE IF NOT EXISTS {PENDING_TABLE} (pipeline TEXT, first_rowid INTEGER)"
+        )
+        first = 0
+        if _table_exists(txn, self.table):
+            first = txn.execute(f"SELECT coalesce(max(rowid), 0) FROM {qi(self.table)}").fetchone()[
+                0
+            ]
+        super().publish(txn, ctx, staged)
+        txn.execute(f"INSERT INTO {PENDING_TABLE} VALUES (?, ?)", (ctx.pipeline, first))
+        # The bug: the rows commit now; the ledger row (and the note's removal) come in a
+        # second transaction (the committer's crash point after-rows is next).
+        txn.execute("COMMIT")
+        txn.execute("BEGIN IMMEDIATE")
+        txn.execute(f"DELETE FROM {PENDING_TABLE} WHERE pipeline = ?", (ctx.pipeline,))
 
 
 class VisibleBeforeCommitSink(SQLiteSink):
@@ -71,37 +102,17 @@ class VisibleBeforeCommitSink(SQLiteSink):
 
     guarantee = "at-least-once"
     rolled_back = 0
-
-    def _table_exists(self, conn: Any, name: str) -> bool:
-        q = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-        return conn.execute(q, (name,)).fetchone() is not None
+    stager_type = VisibleBeforeCommitStager
 
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
         owner = super().acquire(pipeline, source)
         conn = self.conn
         with write_transaction(conn, self.dialect):
-            if self._table_exists(conn, PENDING_TABLE):
+            if _table_exists(conn, PENDING_TABLE):
                 q = f"SELECT first_rowid FROM {PENDING_TABLE} WHERE pipeline = ?"
                 found = conn.execute(q, (pipeline,)).fetchone()
-                if found is not None and self._table_exists(conn, self.table):
+                if found is not None and _table_exists(conn, self.table):
                     conn.execute(f"DELETE FROM {qi(self.table)} WHERE rowid > ?", (found[0],))
                     type(self).rolled_back += 1
                 conn.execute(f"DELETE FROM {PENDING_TABLE} WHERE pipeline = ?", (pipeline,))
         return owner
-
-    def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
-        txn.execute(
-            f"CREATE TABLE IF NOT EXISTS {PENDING_TABLE} (pipeline TEXT, first_rowid INTEGER)"
-        )
-        first = 0
-        if self._table_exists(txn, self.table):
-            first = txn.execute(f"SELECT coalesce(max(rowid), 0) FROM {qi(self.table)}").fetchone()[
-                0
-            ]
-        super().publish(txn, ctx, staged)
-        txn.execute(f"INSERT INTO {PENDING_TABLE} VALUES (?, ?)", (ctx.pipeline, first))
-        # The bug: the rows commit now; the ledger row (and the note's removal) come in a
-        # second transaction (the committer's crash point after-rows is next).
-        txn.execute("COMMIT")
-        txn.execute("BEGIN IMMEDIATE")
-        txn.execute(f"DELETE FROM {PENDING_TABLE} WHERE pipeline = ?", (ctx.pipeline,))

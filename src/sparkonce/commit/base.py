@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sparkonce.commit.tasks import CORRECT_TASK_STEPS, TaskSteps
 from sparkonce.ledger.base import BatchContext
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +57,10 @@ class Stager(ABC):
     """
 
     stages_on_driver: bool = False
+    # The decisions of this stager's Spark tasks, when they pre-commit (two-phase, Kafka):
+    # it puts them into each task's plan (sparkonce.commit.tasks). Only the protocol
+    # simulation sets others (CommitSteps.tasks of a planted bug).
+    task_steps: TaskSteps = CORRECT_TASK_STEPS
 
     @abstractmethod
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:

@@ -7,7 +7,9 @@ each named point, calls its :class:`CommitSteps`:
 * ``check_coverage``: steps 0 and 2, a batch the ledger already holds is a replay;
 * ``publish``: step 3, the stager makes exactly the staged rows visible;
 * ``record``: step 4, the ledger entry, in the same transaction;
-* ``committed``: after step 5, the transaction that recorded an entry committed.
+* ``committed``: after step 5, the transaction that recorded an entry committed;
+* ``tasks``: the decisions of the Spark tasks of a stager whose tasks pre-commit (step 3
+  in the executors: fenced? already written?), :mod:`sparkonce.commit.tasks`.
 
 :data:`CORRECT_STEPS` (:class:`CorrectSteps`) is the protocol, and what every sink uses.
 The protocol simulation's tests plant bugs by passing another implementation (one that
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sparkonce.commit.tasks import CORRECT_TASK_STEPS, TaskSteps
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import Coverage, classify
 
@@ -30,6 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class CommitSteps(Protocol):
     """What the committer calls at each named step (``txn`` None: step 0, no transaction)."""
+
+    # What a pre-committing stager's tasks decide (the stager carries them to the tasks).
+    tasks: TaskSteps
 
     def check_owner(self, c: Committer, txn: Any | None, ctx: BatchContext) -> None:
         """Raise ``FencedError`` unless ``ctx.epoch`` owns the pipeline."""
@@ -56,6 +62,8 @@ class CommitSteps(Protocol):
 
 class CorrectSteps:
     """The protocol's steps, as DESIGN.md section 6 states them."""
+
+    tasks: TaskSteps = CORRECT_TASK_STEPS
 
     def check_owner(self, c: Committer, txn: Any | None, ctx: BatchContext) -> None:
         c.store.check_owner(txn, ctx.pipeline, ctx.epoch)

@@ -140,6 +140,10 @@ class LedgerStore(ABC):
     def last(self, pipeline: str) -> LedgerEntry | None:
         """The newest ledger entry, read outside any commit (a cheap look before staging)."""
 
+    def pipelines(self) -> list[str]:
+        """Every pipeline that has taken an epoch in this store (outside any commit)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its pipelines")
+
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Any]:
         """One store transaction for steps 1-5 (commit on success, rollback on error)."""

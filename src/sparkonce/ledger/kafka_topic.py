@@ -8,7 +8,8 @@ one partition, kept forever, created when missing) holds JSON records, read with
     {"type": "batch",  "version", "pipeline", "seq", "ranges", "epoch", "rows",
                        "spark_batch_id", "checkpoint_id", "stateful", "commit_seconds", "at",
                        ...}                          (the codec: sparkonce.ledger.records)
-    {"type": "marker", "pipeline", "partition", "seq", "ranges", ...}   (written by tasks)
+    {"type": "marker", "v", "pipeline", "partition", "task", "seq", ...} (written by tasks:
+                       :mod:`sparkonce.ledger.kafka_marker` is its codec)
     {"type": "snapshot", "pipeline", "v": 1, "through", "owner", "entries", "after_last_entry",
                        "pending", "at"}                                 (written by the driver)
 
@@ -84,6 +85,7 @@ from sparkonce.errors import FencedError, SparkOnceError
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
+from sparkonce.ledger.kafka_marker import Marker
 from sparkonce.ledger.records import KAFKA_ENTRY
 
 TIMEOUT_S = 30.0  # seconds: reading the ledger topic, initializing and committing transactions
@@ -144,7 +146,7 @@ class LedgerState:
     after_last_entry: int = 0  # ledger offset just after the last batch entry
     # Every task marker written after the last batch entry, in ledger order: a partly
     # committed batch's, or a fenced (zombie) attempt's that came too late.
-    pending: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[Marker] = field(default_factory=list)
     position: int = 0  # the ledger offset folded up to (exclusive)
     # Whether ``entries`` holds every entry since the topic's start (False: loaded from a
     # snapshot, or trimmed in memory; the older entries are read from the topic on demand).
@@ -273,7 +275,7 @@ class LedgerTopic:
                 state.after_last_entry = int(r.get("_offset", -1)) + 1
                 state.pending = []
             elif kind == "marker":
-                state.pending.append(r)
+                state.pending.append(Marker.from_record(r))
             elif kind == "snapshot":
                 # Older news than the records folded here: only where it is matters.
                 state.snapshot_at = max(state.snapshot_at, int(r.get("_offset", -1)))
@@ -298,7 +300,7 @@ class LedgerTopic:
                 "at": owner.acquired_at.isoformat(),
             },
             "after_last_entry": state.after_last_entry,
-            "pending": state.pending,
+            "pending": [m.to_record() for m in state.pending],
             "at": datetime.now(UTC).isoformat(),
         }
         keep = min(len(state.entries), SNAPSHOT_ENTRIES)
@@ -320,7 +322,7 @@ class LedgerTopic:
             owner=None if owner is None else _owner(pipeline, owner),
             entries=[_entry(pipeline, e) for e in record.get("entries", [])],
             after_last_entry=int(record["after_last_entry"]),
-            pending=list(record.get("pending", [])),
+            pending=[Marker.from_record(m) for m in record.get("pending", [])],
             position=int(record["through"]),
             complete=bool(record.get("complete", False)),
             snapshot_at=offset,

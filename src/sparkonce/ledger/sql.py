@@ -490,6 +490,9 @@ class SqlLedgerStore(LedgerStore):
     def last(self, pipeline: str) -> LedgerEntry | None:
         return self.ledger.last(self.conn, pipeline)
 
+    def pipelines(self) -> list[str]:
+        return self.ledger.pipelines(self.conn)
+
     # -- inside a commit --------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[Any]:

@@ -26,10 +26,12 @@ wiping a store and moving a sink to another store are for ``sparkonce verify``,
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, ClassVar
 
+from sparkonce.commit.committer import Committer
 from sparkonce.config import Guarantee, OutputMode
 from sparkonce.errors import ConfigError
 from sparkonce.faults import NO_FAULTS, FaultPlan
@@ -42,6 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.commit.base import Stager
     from sparkonce.ledger.base import LedgerStore
+
+log = logging.getLogger(__name__)
 
 
 class Sink(ABC):
@@ -141,3 +145,86 @@ class Sink(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TransactionalSink(Sink):
+    """A sink composed of a ledger store and a stager, which the committer runs together.
+
+    ``store`` (:class:`~sparkonce.ledger.base.LedgerStore`) keeps the owner epochs and the
+    ledger inside the sink's store; ``stager`` (:class:`~sparkonce.commit.Stager`) gets each
+    batch's rows ready and makes them visible. This class wires them once for every such
+    sink: :meth:`open` builds the :class:`~sparkonce.commit.Committer`, :meth:`use_faults`
+    hands it the run's fault plan, :meth:`commit` runs it, and the ownership and progress
+    reads go to the store. A concrete sink builds its store and stager in its constructor
+    and adds what is its own: how it opens and checks its store, its schema check and its
+    description.
+    """
+
+    store: LedgerStore
+    stager: Stager
+    _committer: Committer | None = None
+
+    # -- what a concrete sink adds ------------------------------------------------------
+    def open_store(self) -> None:
+        """Connect to the store (and create what it needs); called by :meth:`open`."""
+
+    def close_store(self) -> None:
+        """Release the store's connections; called by :meth:`close`."""
+
+    def check_acquire(self, pipeline: str) -> None:
+        """Refuse to take an epoch for ``pipeline`` (ConfigError), before the store is read."""
+
+    # -- the wiring, once ------------------------------------------------------------------
+    def open(self) -> None:
+        self.open_store()
+        if self._committer is None:
+            self._committer = Committer(self.store, self.stager, faults=self.faults)
+
+    def close(self) -> None:
+        self.close_store()
+
+    def use_faults(self, faults: FaultPlan) -> None:
+        super().use_faults(faults)
+        if self._committer is not None:
+            self._committer.faults = faults
+
+    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
+        """Commit one micro-batch: the committer runs steps 1-5 with this sink's store and
+        stager (driver, inside foreachBatch)."""
+        self.open()
+        assert self._committer is not None
+        return self._committer.commit(ctx, df)
+
+    def committer_parts(self) -> tuple[LedgerStore, Stager]:
+        self.open()
+        return self.store, self.stager
+
+    # -- ownership and progress: the store's ---------------------------------------------
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        """Take the next epoch (fencing older runs), then :meth:`after_acquire`."""
+        self.check_acquire(pipeline)
+        self.open()
+        owner = self.store.acquire(pipeline, source)
+        log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.describe())
+        self.after_acquire(pipeline, owner)
+        return owner
+
+    def owner(self, pipeline: str) -> Owner | None:
+        self.open()
+        return self.store.owner(pipeline)
+
+    def ledger(self, pipeline: str) -> list[LedgerEntry]:
+        self.open()
+        return self.store.entries(pipeline)
+
+    def last_entry(self, pipeline: str) -> LedgerEntry | None:
+        self.open()
+        return self.store.last(pipeline)
+
+    def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
+        last = self.last_entry(pipeline)
+        return {} if last is None else last.end_offsets
+
+    def pipelines(self) -> list[str]:
+        self.open()
+        return self.store.pipelines()

@@ -9,7 +9,7 @@ transforms too, as long as this is the pipeline's only sink.
 
 How a batch commits: :class:`~sparkonce.commit.Committer` runs the steps of
 :mod:`sparkonce.protocol` with :class:`~sparkonce.ledger.delta.DeltaLedgerStore` as
-its ledger store and this sink as its stager. The store's module docstring has the
+its ledger store and :class:`DeltaStager` as its stager. The store's module docstring has the
 ledger's layout and the proof of each property; in short:
 
 * the batch is one Delta write of the table (``append``, ``MERGE`` for
@@ -59,18 +59,16 @@ Limits, stated plainly:
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.commit import Committer, Staged, Stager
+from sparkonce.commit import Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, WriteMode, check_identifier, check_write_mode
 from sparkonce.errors import ConfigError, SinkError
-from sparkonce.faults import FaultPlan
-from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
+from sparkonce.ledger.base import BatchContext, LedgerEntry
 from sparkonce.ledger.delta import DeltaLedgerStore, DeltaTxn, check_table_properties
-from sparkonce.offsets import TopicPartition
-from sparkonce.sinks.base import Sink
+from sparkonce.sinks.base import TransactionalSink
 from sparkonce.spark.delta import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
@@ -133,180 +131,28 @@ def _quote_path(path: str) -> str:
     return "delta.`" + path.replace("`", "``") + "`"
 
 
-class DeltaSink(Sink, Stager):
-    """Effectively-once sink into a Delta Lake table (see the module docstring)."""
-
-    guarantee: ClassVar[Guarantee] = "effectively-once"
+class DeltaStager(Stager):
+    """How a Delta sink stages a batch and writes it: the batch is one Delta write of the
+    table, handed to the store's transaction (the stager of :class:`DeltaSink`)."""
 
     def __init__(
         self,
-        path: str | Path,
-        *,
-        mode: WriteMode = "append",
-        keys: tuple[str, ...] | list[str] = (),
-        table: str | None = None,
+        table: Callable[[], DeltaTable],
+        path: str,
+        mode: WriteMode,
+        keys: tuple[str, ...],
     ) -> None:
-        """``path``: the table's directory, or any Hadoop filesystem URI of it. ``table``
-        (optional): a table name; the table is then the directory ``path/table``."""
-        raw = str(path)
-        if not raw.strip():
-            raise ConfigError("DeltaSink needs the table's path (a directory or a Hadoop URI)")
-        if "://" not in raw:
-            raw = str(Path(raw).expanduser().resolve())
-        self.root = raw
-        self.table_name = None if table is None else check_identifier(table, "table")
-        if self.table_name is not None:
-            raw = raw.rstrip("/") + "/" + self.table_name
-        self.path = raw
-        self.mode: WriteMode
-        self.mode, self.keys = check_write_mode(mode, keys)
+        self._get_table = table
+        self.path = path
+        self.mode = mode
+        self.keys = keys
+        # Spark's output mode of the running query, as given to DeltaSink.validate().
         self.output_mode: OutputMode = "append"
-        self._table: DeltaTable | None = None
-        self._store = DeltaLedgerStore(
-            lambda: self.table, self.describe(), inspect_hint=self._status_hint("{pipeline}")
-        )
-        self._committer: Committer | None = None
         self._cached: Staged | None = None  # the batch cached by prepare (upsert, no-data)
-
-    # -- lifecycle --------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return "delta://" + self.path if self.path.startswith("/") else "delta:" + self.path
-
-    def forget_table(self) -> None:
-        """Drop cached views of the table (after it was deleted, by tests and verify)."""
-        self._table = None
-        self._store.forget()
 
     @property
     def table(self) -> DeltaTable:
-        if self._table is None:
-            self._table = DeltaTable(_session(), self.path)
-        return self._table
-
-    def open(self) -> None:
-        if self._committer is None:
-            self._committer = Committer(self._store, self, faults=self.faults)
-
-    def close(self) -> None:
-        self._store.forget()
-
-    def use_faults(self, faults: FaultPlan) -> None:
-        super().use_faults(faults)
-        if self._committer is not None:
-            self._committer.faults = faults
-
-    def describe(self) -> str:
-        keys = f" keys={list(self.keys)}" if self.keys else ""
-        return f"DeltaSink({self.path} mode={self.mode}{keys})"
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-    def _status_hint(self, pipeline: str) -> str:
-        return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
-
-    def spark_conf(self) -> dict[str, str]:
-        from sparkonce.spark.session import filesystem_conf, merge_spark_conf
-
-        return merge_spark_conf(delta_spark_conf(), filesystem_conf(self.path))
-
-    # -- ownership and progress ------------------------------------------------------------
-    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        if not self.table.exists():
-            raise ConfigError(
-                f"Delta table {self.path} does not exist yet; validate() creates it from the "
-                "output's schema before the run takes its epoch"
-            )
-        owner = self._store.acquire(pipeline, source)
-        log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.path)
-        return owner
-
-    def owner(self, pipeline: str) -> Owner | None:
-        return self._store.owner(pipeline)
-
-    def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
-        last = self._store.read_view(pipeline).last
-        return {} if last is None else last.end_offsets
-
-    def ledger(self, pipeline: str) -> list[LedgerEntry]:
-        return self._store.entries(pipeline)
-
-    def last_entry(self, pipeline: str) -> LedgerEntry | None:
-        return self._store.read_view(pipeline).last
-
-    def pipelines(self) -> list[str]:
-        return self._store.pipelines() if self.table.exists() else []
-
-    def store_key(self) -> Hashable:
-        return ("delta", self.path)
-
-    def committer_parts(self) -> tuple[DeltaLedgerStore, DeltaSink]:
-        self.open()
-        return self._store, self
-
-    # -- schema ---------------------------------------------------------------------------
-    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
-        """Check the session, the output against the table, and create the table if missing."""
-        if output_mode not in ("append", "update", "complete"):
-            raise ConfigError(
-                f"output mode {output_mode!r} is not one of Spark's: 'append', 'update' or "
-                "'complete'"
-            )
-        names = [f.name for f in schema.fields]
-        missing = [k for k in self.keys if k not in names]
-        if missing:
-            raise ConfigError(
-                f"upsert keys {missing} are not columns of the pipeline's output "
-                f"(columns: {names}); fix keys=[...] or the transform"
-            )
-        spark = _session()
-        _check_delta_session(spark)
-        table = self.table
-        if table.exists():
-            check_table_properties(table)
-            existing = {
-                f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema
-            }
-            absent = [n for n in names if n not in existing]
-            if absent:
-                raise ConfigError(
-                    f"Delta table {self.path} has no column(s) {absent}; its columns are "
-                    f"{sorted(existing)}. Add them (ALTER TABLE ... ADD COLUMNS) or rename the "
-                    "output columns."
-                )
-            for f in schema.fields:
-                if existing[f.name] != f.dataType:
-                    raise ConfigError(
-                        f"column {f.name!r} of Delta table {self.path} is "
-                        f"{existing[f.name].simpleString()}, the output's is "
-                        f"{f.dataType.simpleString()}; cast it in the transform, e.g. "
-                        f"F.col({f.name!r}).cast({existing[f.name].simpleString()!r})"
-                    )
-        else:
-            self._create(spark, schema)
-        self.output_mode = output_mode
-
-    def _create(self, spark: SparkSession, schema: StructType) -> None:
-        """Create the table: Delta's ``CREATE TABLE`` through its table builder, with every
-        column nullable (as a first ``df.write`` would make it). Measured on Delta 4.4.0 in a
-        fresh session: 4.1 s against 7.4 s for writing an empty DataFrame, which starts a
-        Spark job; 0.4 s against 0.6 s once warm. Both give the same metadata and protocol."""
-        jvm: Any = spark._jvm
-        jschema = spark._jsparkSession.parseDataType(schema.json()).asNullable()
-        try:
-            builder = jvm.io.delta.tables.DeltaTable.createIfNotExists(spark._jsparkSession)
-            builder.location(self.path).addColumns(jschema).execute()
-        except Exception:
-            if not self.table.exists():  # not a race with another creator: a real error
-                raise
-        log.info("created Delta table %s", self.path)
-
-    # -- committing -----------------------------------------------------------------------
-    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        self.open()
-        assert self._committer is not None
-        return self._committer.commit(ctx, df)
+        return self._get_table()
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Outside the commit: nothing for an append (Delta's write runs at the commit).
@@ -410,6 +256,160 @@ class DeltaSink(Sink, Stager):
 
     def keeps_empty_no_data_batches(self) -> bool:
         return self.output_mode == "complete"
+
+
+class DeltaSink(TransactionalSink):
+    """Effectively-once sink into a Delta Lake table (see the module docstring).
+
+    It is its ledger store (:class:`~sparkonce.ledger.delta.DeltaLedgerStore`) plus its
+    stager (:class:`DeltaStager`).
+    """
+
+    guarantee: ClassVar[Guarantee] = "effectively-once"
+    store: DeltaLedgerStore
+    stager: DeltaStager
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        mode: WriteMode = "append",
+        keys: tuple[str, ...] | list[str] = (),
+        table: str | None = None,
+    ) -> None:
+        """``path``: the table's directory, or any Hadoop filesystem URI of it. ``table``
+        (optional): a table name; the table is then the directory ``path/table``."""
+        raw = str(path)
+        if not raw.strip():
+            raise ConfigError("DeltaSink needs the table's path (a directory or a Hadoop URI)")
+        if "://" not in raw:
+            raw = str(Path(raw).expanduser().resolve())
+        self.root = raw
+        self.table_name = None if table is None else check_identifier(table, "table")
+        if self.table_name is not None:
+            raw = raw.rstrip("/") + "/" + self.table_name
+        self.path = raw
+        self.mode: WriteMode
+        self.mode, self.keys = check_write_mode(mode, keys)
+        self._table: DeltaTable | None = None
+        self.store = DeltaLedgerStore(
+            lambda: self.table, self.describe(), inspect_hint=self._status_hint("{pipeline}")
+        )
+        self.stager = DeltaStager(lambda: self.table, self.path, self.mode, self.keys)
+
+    # -- lifecycle --------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return "delta://" + self.path if self.path.startswith("/") else "delta:" + self.path
+
+    def forget_table(self) -> None:
+        """Drop cached views of the table (after it was deleted, by tests and verify)."""
+        self._table = None
+        self.store.forget()
+
+    @property
+    def table(self) -> DeltaTable:
+        if self._table is None:
+            self._table = DeltaTable(_session(), self.path)
+        return self._table
+
+    def close_store(self) -> None:
+        self.store.forget()
+
+    def describe(self) -> str:
+        keys = f" keys={list(self.keys)}" if self.keys else ""
+        return f"DeltaSink({self.path} mode={self.mode}{keys})"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def _status_hint(self, pipeline: str) -> str:
+        return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
+
+    def spark_conf(self) -> dict[str, str]:
+        from sparkonce.spark.session import filesystem_conf, merge_spark_conf
+
+        return merge_spark_conf(delta_spark_conf(), filesystem_conf(self.path))
+
+    # -- ownership and progress ------------------------------------------------------------
+    def check_acquire(self, pipeline: str) -> None:
+        if not self.table.exists():
+            raise ConfigError(
+                f"Delta table {self.path} does not exist yet; validate() creates it from the "
+                "output's schema before the run takes its epoch"
+            )
+
+    def last_entry(self, pipeline: str) -> LedgerEntry | None:
+        """The newest entry, read from the table (not the store's view cached in a commit)."""
+        return self.store.read_view(pipeline).last
+
+    def pipelines(self) -> list[str]:
+        return self.store.pipelines() if self.table.exists() else []
+
+    def store_key(self) -> Hashable:
+        return ("delta", self.path)
+
+    @property
+    def output_mode(self) -> OutputMode:
+        """Spark's output mode of the running query, as given to :meth:`validate`."""
+        return self.stager.output_mode
+
+    # -- schema ---------------------------------------------------------------------------
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """Check the session, the output against the table, and create the table if missing."""
+        if output_mode not in ("append", "update", "complete"):
+            raise ConfigError(
+                f"output mode {output_mode!r} is not one of Spark's: 'append', 'update' or "
+                "'complete'"
+            )
+        names = [f.name for f in schema.fields]
+        missing = [k for k in self.keys if k not in names]
+        if missing:
+            raise ConfigError(
+                f"upsert keys {missing} are not columns of the pipeline's output "
+                f"(columns: {names}); fix keys=[...] or the transform"
+            )
+        spark = _session()
+        _check_delta_session(spark)
+        table = self.table
+        if table.exists():
+            check_table_properties(table)
+            existing = {
+                f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema
+            }
+            absent = [n for n in names if n not in existing]
+            if absent:
+                raise ConfigError(
+                    f"Delta table {self.path} has no column(s) {absent}; its columns are "
+                    f"{sorted(existing)}. Add them (ALTER TABLE ... ADD COLUMNS) or rename the "
+                    "output columns."
+                )
+            for f in schema.fields:
+                if existing[f.name] != f.dataType:
+                    raise ConfigError(
+                        f"column {f.name!r} of Delta table {self.path} is "
+                        f"{existing[f.name].simpleString()}, the output's is "
+                        f"{f.dataType.simpleString()}; cast it in the transform, e.g. "
+                        f"F.col({f.name!r}).cast({existing[f.name].simpleString()!r})"
+                    )
+        else:
+            self._create(spark, schema)
+        self.stager.output_mode = output_mode
+
+    def _create(self, spark: SparkSession, schema: StructType) -> None:
+        """Create the table: Delta's ``CREATE TABLE`` through its table builder, with every
+        column nullable (as a first ``df.write`` would make it). Measured on Delta 4.4.0 in a
+        fresh session: 4.1 s against 7.4 s for writing an empty DataFrame, which starts a
+        Spark job; 0.4 s against 0.6 s once warm. Both give the same metadata and protocol."""
+        jvm: Any = spark._jvm
+        jschema = spark._jsparkSession.parseDataType(schema.json()).asNullable()
+        try:
+            builder = jvm.io.delta.tables.DeltaTable.createIfNotExists(spark._jsparkSession)
+            builder.location(self.path).addColumns(jschema).execute()
+        except Exception:
+            if not self.table.exists():  # not a race with another creator: a real error
+                raise
+        log.info("created Delta table %s", self.path)
 
 
 def _session() -> SparkSession:

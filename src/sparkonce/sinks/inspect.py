@@ -107,7 +107,7 @@ class SqlInspector(Inspector):
 
     def rows(self) -> list[dict[str, Any]]:
         sink = self.sink
-        if not sink._declared_types(sink.table):  # no such table (or view) yet
+        if not sink.stager._declared_types(sink.table):  # no such table (or view) yet
             return []
         return table_rows(sink.conn, sink.table)
 

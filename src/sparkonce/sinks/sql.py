@@ -48,7 +48,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sparkonce.commit import Committer, Staged, Stager
+from sparkonce.commit import Staged, Stager
 from sparkonce.config import (
     Guarantee,
     OutputMode,
@@ -65,11 +65,9 @@ from sparkonce.db import (
     qlist,
 )
 from sparkonce.errors import ConfigError, SinkError
-from sparkonce.faults import FaultPlan
-from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry, Owner
+from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.ledger.sql import SqlLedgerStore
-from sparkonce.offsets import TopicPartition
-from sparkonce.sinks.base import Sink
+from sparkonce.sinks.base import TransactionalSink
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -282,124 +280,38 @@ def spark_type_for(dialect: str, declared: str) -> str | None:
     return known.get(base)
 
 
-class SqlSink(Sink, Stager):
-    """Driver-commit transactional sink over a SQL store (see the module docstring).
+class SqlStager(Stager):
+    """How a SQL sink stages a batch and writes it (the stager of :class:`SqlSink`).
 
-    ``mode="append"`` inserts every row; ``mode="upsert"`` inserts or replaces
-    rows by ``keys`` (the table gets a primary key on them when the sink creates
-    it). ``latest_by`` (upsert only) names output columns whose greatest value picks
-    the row that wins when a batch repeats a key. With Spark's output mode
-    ``"complete"`` every batch replaces the table's content. The sink creates the
-    output table from the DataFrame's schema if it is missing, and its own metadata
-    tables ``sparkonce_owner`` and ``sparkonce_ledger``.
-
-    ``ledger_keep`` (None: keep every entry): prune each pipeline's ledger to its newest
-    ``ledger_keep`` entries (at least 1) in every commit's transaction, keeping every entry
-    at the ledger's end; replays, resume points and fencing work as before (see
-    :mod:`sparkonce.ledger.sql`). ``sparkonce status`` then shows the kept entries only.
+    The batch's rows are collected on the driver (:meth:`prepare`) and written into
+    ``table`` inside the commit's transaction (:meth:`publish`), through ``store``'s
+    connection. It also checks the output against the table (:meth:`validate`).
     """
 
-    guarantee: ClassVar[Guarantee] = "effectively-once"
-    supports_connection_drop: ClassVar[bool] = True
-    scheme: ClassVar[str] = ""
+    stages_on_driver = True
 
     def __init__(
         self,
-        url: str | StoreURL,
+        store: SqlLedgerStore,
         table: str,
-        *,
-        mode: WriteMode = "append",
-        keys: tuple[str, ...] | list[str] = (),
-        latest_by: tuple[str, ...] | list[str] = (),
-        ledger_keep: int | None = None,
+        mode: WriteMode,
+        keys: tuple[str, ...],
+        latest_by: tuple[str, ...],
     ) -> None:
-        self.url = url if isinstance(url, StoreURL) else StoreURL.parse(url)
-        if self.scheme and self.url.scheme != self.scheme:
-            raise ConfigError(
-                f"{type(self).__name__} needs a {self.scheme} URL, got {str(self.url)!r}"
-            )
-        self.table = check_identifier(table, "table")
-        self.mode: WriteMode
-        self.mode, self.keys = check_write_mode(mode, keys)
-        self.latest_by = _check_latest_by(latest_by, mode, self.keys)
+        self.store = store
+        self.url: StoreURL = store.url
+        self.dialect: Dialect = store.dialect
+        self.table = table
+        self.mode = mode
+        self.keys = keys
+        self.latest_by = latest_by
         # Spark's output mode of the running query, as given to validate() (once per run).
         self.output_mode: OutputMode = "append"
-        self.dialect: Dialect = dialect_for(self.url)
-        self._store = SqlLedgerStore(
-            self.url,
-            self.dialect,
-            inspect_hint=self._status_hint("{pipeline}"),
-            keep=ledger_keep,
-        )
-        self._ledger = self._store.ledger
-        self._committer: Committer | None = None
         self._table_checked = False
-
-    # -- lifecycle --------------------------------------------------------
-    def open(self) -> None:
-        self._store.conn  # noqa: B018 - connects and creates the metadata tables
-        if self._committer is None:
-            self._committer = Committer(self._store, self, faults=self.faults)
-
-    def close(self) -> None:
-        self._store.close()
-
-    def use_faults(self, faults: FaultPlan) -> None:
-        super().use_faults(faults)
-        if self._committer is not None:
-            self._committer.faults = faults
-
-    def describe(self) -> str:
-        keys = f" keys={list(self.keys)}" if self.keys else ""
-        if self.latest_by:
-            keys += f" latest_by={list(self.latest_by)}"
-        return f"{type(self).__name__}({self.url} table={self.table} mode={self.mode}{keys})"
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-    def _status_hint(self, pipeline: str) -> str:
-        return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
 
     @property
     def conn(self) -> Any:
-        if self._committer is None or not self._store.connected:
-            self.open()
-        return self._store.conn
-
-    # -- ownership and progress --------------------------------------------
-    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        owner = self._ledger.acquire(self.conn, pipeline, source)
-        log.info("pipeline %r took epoch %d in %s", pipeline, owner.epoch, self.url)
-        return owner
-
-    def owner(self, pipeline: str) -> Owner | None:
-        return self._ledger.owner(self.conn, pipeline)
-
-    def end_offsets(self, pipeline: str) -> dict[TopicPartition, int]:
-        return self._ledger.end_offsets(self.conn, pipeline)
-
-    def ledger(self, pipeline: str) -> list[LedgerEntry]:
-        return self._ledger.entries(self.conn, pipeline)
-
-    def last_entry(self, pipeline: str) -> LedgerEntry | None:
-        return self._ledger.last(self.conn, pipeline)
-
-    def pipelines(self) -> list[str]:
-        return self._ledger.pipelines(self.conn)
-
-    # -- one of several outputs ------------------------------------------------------
-    def store_key(self) -> Hashable:
-        """One SQLite file, or one PostgreSQL database (host, port, database name)."""
-        u = self.url
-        if u.scheme == "sqlite":
-            assert u.path is not None
-            return ("sqlite", str(u.path.expanduser().resolve()))
-        return ("postgresql", (u.host or "").lower(), u.port or 5432, u.dbname)
-
-    def committer_parts(self) -> tuple[SqlLedgerStore, SqlSink]:
-        self.open()
-        return self._store, self
+        return self.store.conn
 
     # -- schema --------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
@@ -502,29 +414,6 @@ class SqlSink(Sink, Stager):
         if self.keys:
             cols.append(f"PRIMARY KEY ({qlist(self.keys)})")
         conn.execute(f"CREATE TABLE IF NOT EXISTS {qi(self.table)} ({', '.join(cols)})")
-
-    # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
-    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Commit one micro-batch (runs on the driver, inside foreachBatch).
-
-        :class:`~sparkonce.commit.Committer` runs the protocol; this sink is its
-        stager: the rows are collected first, outside the transaction, so the
-        database lock is held only while writing.
-        """
-        self.open()
-        assert self._committer is not None
-        return self._committer.commit(ctx, df)
-
-    def commit_rows(
-        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
-    ) -> CommitResult:
-        """Commit a batch given as Python rows, without Spark (tests, the simulation)."""
-        self.open()
-        assert self._committer is not None
-        staged = Staged(len(rows), (schema, columns, rows))
-        return self._committer.commit_with(ctx, lambda _seq: staged)
-
-    stages_on_driver = True
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Collect the batch's rows on the driver (outside the store transaction)."""
@@ -630,23 +519,132 @@ class SqlSink(Sink, Stager):
         return list(zip(*cols, strict=True)) if cols else []
 
     # -- errors ----------------------------------------------------------------
-    def _drop_connection(self) -> None:
-        self._store.reconnect()
-
     def _output_dropped(self) -> None:
         """The output table was dropped (an inspector's reset): create it again when needed."""
         self._table_checked = False
 
 
-class SQLiteSink(SqlSink):
-    """Transactional sink into a SQLite database file (the embedded default).
+class SqlSink(TransactionalSink):
+    """Driver-commit transactional sink over a SQL store (see the module docstring).
 
-    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.sql`): rows, the
-    epoch check and the ledger row commit in one SQLite transaction, taken with
-    ``BEGIN IMMEDIATE`` and made durable with ``synchronous=FULL``.
+    ``mode="append"`` inserts every row; ``mode="upsert"`` inserts or replaces
+    rows by ``keys`` (the table gets a primary key on them when the sink creates
+    it). ``latest_by`` (upsert only) names output columns whose greatest value picks
+    the row that wins when a batch repeats a key. With Spark's output mode
+    ``"complete"`` every batch replaces the table's content. The sink creates the
+    output table from the DataFrame's schema if it is missing, and its own metadata
+    tables ``sparkonce_owner`` and ``sparkonce_ledger``.
+
+    ``ledger_keep`` (None: keep every entry): prune each pipeline's ledger to its newest
+    ``ledger_keep`` entries (at least 1) in every commit's transaction, keeping every entry
+    at the ledger's end; replays, resume points and fencing work as before (see
+    :mod:`sparkonce.ledger.sql`). ``sparkonce status`` then shows the kept entries only.
+
+    It is its ledger store (:class:`~sparkonce.ledger.sql.SqlLedgerStore`) plus its stager
+    (:class:`SqlStager`, of the dialect's kind: ``stager_type``).
     """
 
-    scheme = "sqlite"
+    guarantee: ClassVar[Guarantee] = "effectively-once"
+    supports_connection_drop: ClassVar[bool] = True
+    scheme: ClassVar[str] = ""
+    stager_type: ClassVar[type[SqlStager]] = SqlStager
+    store: SqlLedgerStore
+    stager: SqlStager
+
+    def __init__(
+        self,
+        url: str | StoreURL,
+        table: str,
+        *,
+        mode: WriteMode = "append",
+        keys: tuple[str, ...] | list[str] = (),
+        latest_by: tuple[str, ...] | list[str] = (),
+        ledger_keep: int | None = None,
+    ) -> None:
+        self.url = url if isinstance(url, StoreURL) else StoreURL.parse(url)
+        if self.scheme and self.url.scheme != self.scheme:
+            raise ConfigError(
+                f"{type(self).__name__} needs a {self.scheme} URL, got {str(self.url)!r}"
+            )
+        self.table = check_identifier(table, "table")
+        self.mode: WriteMode
+        self.mode, self.keys = check_write_mode(mode, keys)
+        self.latest_by = _check_latest_by(latest_by, mode, self.keys)
+        self.dialect: Dialect = dialect_for(self.url)
+        self.store = SqlLedgerStore(
+            self.url,
+            self.dialect,
+            inspect_hint=self._status_hint("{pipeline}"),
+            keep=ledger_keep,
+        )
+        self.stager = self.stager_type(self.store, self.table, self.mode, self.keys, self.latest_by)
+
+    # -- the store --------------------------------------------------------------------
+    def open_store(self) -> None:
+        self.store.conn  # noqa: B018 - connects and creates the metadata tables
+
+    def close_store(self) -> None:
+        self.store.close()
+
+    @property
+    def conn(self) -> Any:
+        """The store's connection (connects first)."""
+        self.open()
+        return self.store.conn
+
+    def describe(self) -> str:
+        keys = f" keys={list(self.keys)}" if self.keys else ""
+        if self.latest_by:
+            keys += f" latest_by={list(self.latest_by)}"
+        return f"{type(self).__name__}({self.url} table={self.table} mode={self.mode}{keys})"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def _status_hint(self, pipeline: str) -> str:
+        return f"sparkonce status --pipeline {pipeline} --sink '{self.url}'"
+
+    # -- one of several outputs ------------------------------------------------------
+    def store_key(self) -> Hashable:
+        """One SQLite file, or one PostgreSQL database (host, port, database name)."""
+        u = self.url
+        if u.scheme == "sqlite":
+            assert u.path is not None
+            return ("sqlite", str(u.path.expanduser().resolve()))
+        return ("postgresql", (u.host or "").lower(), u.port or 5432, u.dbname)
+
+    # -- the stager's ----------------------------------------------------------------
+    @property
+    def output_mode(self) -> OutputMode:
+        """Spark's output mode of the running query, as given to :meth:`validate`."""
+        return self.stager.output_mode
+
+    def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
+        """Check the output against the sink and its tables (driver, before the epoch):
+        :meth:`SqlStager.validate`."""
+        self.open()
+        self.stager.validate(schema, output_mode)
+
+    def commit_rows(
+        self, ctx: BatchContext, schema: StructType, columns: list[str], rows: list[tuple[Any, ...]]
+    ) -> CommitResult:
+        """Commit a batch given as Python rows, without Spark (tests, the simulation)."""
+        self.open()
+        assert self._committer is not None
+        staged = Staged(len(rows), (schema, columns, rows))
+        return self._committer.commit_with(ctx, lambda _seq: staged)
+
+    # -- errors ----------------------------------------------------------------
+    def _drop_connection(self) -> None:
+        self.store.reconnect()
+
+    def _output_dropped(self) -> None:
+        """The output table was dropped (an inspector's reset): create it again when needed."""
+        self.stager._output_dropped()
+
+
+class SQLiteStager(SqlStager):
+    """Writes a batch into a SQLite table (``executemany``); SQLite's value conversions."""
 
     def _insert(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         marks = ", ".join("?" for _ in columns)
@@ -660,6 +658,18 @@ class SQLiteSink(SqlSink):
         if not any(_needs_sqlite_conversion(f.dataType) for f in schema.fields):
             return rows
         return [tuple(_sqlite_value(v) for v in r) for r in rows]
+
+
+class SQLiteSink(SqlSink):
+    """Transactional sink into a SQLite database file (the embedded default).
+
+    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.sql`): rows, the
+    epoch check and the ledger row commit in one SQLite transaction, taken with
+    ``BEGIN IMMEDIATE`` and made durable with ``synchronous=FULL``.
+    """
+
+    scheme = "sqlite"
+    stager_type = SQLiteStager
 
 
 def _needs_sqlite_conversion(dtype: Any) -> bool:
@@ -680,17 +690,9 @@ def _sqlite_value(v: Any) -> Any:
     return v
 
 
-class PostgresSink(SqlSink):
-    """Transactional sink into PostgreSQL, through psycopg 3.
-
-    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.sql`): rows are
-    loaded with COPY, and the epoch check (``SELECT ... FOR UPDATE`` on the
-    owner row), the rows and the ledger row commit in one transaction. A
-    connection dropped mid-commit is retried on a new connection; if the lost
-    COMMIT had succeeded the retry finds the ledger row and does nothing.
-    """
-
-    scheme = "postgresql"
+class PostgresStager(SqlStager):
+    """Writes a batch into a PostgreSQL table: ``COPY``, or ``COPY`` into a temporary
+    stage and ``INSERT ... ON CONFLICT`` for an upsert."""
 
     def _insert(self, conn: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         collist = qlist(columns)
@@ -713,3 +715,17 @@ class PostgresSink(SqlSink):
             f"INSERT INTO {qi(self.table)} ({collist}) SELECT {collist} FROM sparkonce_stage"
             + self._upsert_clause(columns)
         )
+
+
+class PostgresSink(SqlSink):
+    """Transactional sink into PostgreSQL, through psycopg 3.
+
+    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.sql`): rows are
+    loaded with COPY, and the epoch check (``SELECT ... FOR UPDATE`` on the
+    owner row), the rows and the ledger row commit in one transaction. A
+    connection dropped mid-commit is retried on a new connection; if the lost
+    COMMIT had succeeded the retry finds the ledger row and does nothing.
+    """
+
+    scheme = "postgresql"
+    stager_type: ClassVar[type[SqlStager]] = PostgresStager

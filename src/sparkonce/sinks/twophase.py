@@ -79,12 +79,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.commit import Staged
+from sparkonce.commit.tasks import (
+    CORRECT_TASK_STEPS,
+    TASK_RESULT_DDL,
+    Task,
+    TaskResult,
+    TaskSteps,
+    one_result,
+    results_of,
+)
 from sparkonce.config import OutputMode, StoreURL, WriteMode
 from sparkonce.db import connect, fetchall, qi, qlist, write_transaction
 from sparkonce.errors import ConfigError, FencedError, LedgerError, SinkError
-from sparkonce.faults import worker_faults
-from sparkonce.ledger.base import BatchContext, CommitResult, Owner
-from sparkonce.sinks.sql import PostgresSink, latest_by_tie_message, repeated_key_message
+from sparkonce.ledger.base import BatchContext, Owner
+from sparkonce.ledger.sql import SqlLedgerStore
+from sparkonce.sinks.sql import (
+    PostgresSink,
+    PostgresStager,
+    latest_by_tie_message,
+    repeated_key_message,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -109,35 +123,23 @@ MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1
 # Upsert: batches merged with ON CONFLICT at once after a plain INSERT met a key in the table.
 INSERT_ONLY_BACKOFF = 16
 
-_TASK_RESULT = "partition INT, attempt BIGINT, rows BIGINT, fenced BOOLEAN"
 
+class TwoPhaseStager(PostgresStager):
+    """How the two-phase sink stages a batch: Spark's tasks pre-commit it (executors), and
+    step 3 makes exactly the successful attempts visible (the stager of
+    :class:`PostgresTwoPhaseSink`). It also collects the attempts that will never commit."""
 
-class PostgresTwoPhaseSink(PostgresSink):
-    """Two-phase-commit sink into PostgreSQL, writing from the executors.
-
-    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.twophase`): the tasks'
-    pre-committed rows become visible only through the driver's one transaction with the
-    epoch check and the ledger row, and only for the attempts Spark reports successful.
-
-    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` and ``ledger_keep``
-    included). In append
-    mode the name ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is
-    a table with a primary key on ``keys``. Spark's ``"complete"`` output mode is refused.
-    """
+    stages_on_driver = False  # its tasks pre-commit the rows
 
     def __init__(
         self,
-        url: str | StoreURL,
+        store: SqlLedgerStore,
         table: str,
-        *,
-        mode: WriteMode = "append",
-        keys: tuple[str, ...] | list[str] = (),
-        latest_by: tuple[str, ...] | list[str] = (),
-        ledger_keep: int | None = None,
+        mode: WriteMode,
+        keys: tuple[str, ...],
+        latest_by: tuple[str, ...],
     ) -> None:
-        super().__init__(
-            url, table, mode=mode, keys=keys, latest_by=latest_by, ledger_keep=ledger_keep
-        )
+        super().__init__(store, table, mode, keys, latest_by)
         longest = self.table + max(DATA_SUFFIX, STAGE_SUFFIX, key=len)
         if len(longest) > MAX_IDENTIFIER:
             raise ConfigError(
@@ -151,12 +153,8 @@ class PostgresTwoPhaseSink(PostgresSink):
         self._attempts_ready = False
         self._insert_only_backoff = 0  # batches left to merge with ON CONFLICT at once
 
-    def describe(self) -> str:
-        return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
-
-    # -- lifecycle -------------------------------------------------------------
-    def open(self) -> None:
-        super().open()
+    def ensure_attempts_table(self) -> None:
+        """Create the attempts table (once per sink; the sink's ``open``)."""
         if self._attempts_ready:
             return
         conn = self.conn
@@ -175,16 +173,6 @@ class PostgresTwoPhaseSink(PostgresSink):
                 "(pipeline, target) WHERE state = 'precommitted'"
             )
         self._attempts_ready = True
-
-    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        """Take the next epoch (fencing older runs), then collect what older runs left."""
-        owner = super().acquire(pipeline, source)
-        self.after_acquire(pipeline, owner)
-        return owner
-
-    def after_acquire(self, pipeline: str, owner: Owner) -> None:
-        """Collect the pre-commits older runs left (their epochs are fenced now)."""
-        self.collect(pipeline, owner.epoch)
 
     # -- schema ------------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
@@ -227,6 +215,7 @@ class PostgresTwoPhaseSink(PostgresSink):
         """Create the output (and view or stage) before any task pre-commits into it."""
         if self._ready:
             return
+        self.ensure_attempts_table()  # the view reads it
         self._check_kinds()
         # The stage takes NULL keys, so a NULL key reaches the commit's merge, which refuses
         # it by name (SinkError), instead of failing the tasks' COPY with a database error.
@@ -288,15 +277,6 @@ class PostgresTwoPhaseSink(PostgresSink):
                 if key in columns and not columns[key][1]:
                     conn.execute(f"ALTER TABLE {table} ALTER COLUMN {qi(key)} DROP NOT NULL")
 
-    # -- the commit protocol: the committer runs steps 1-5; this sink stages and publishes --
-    def commit(self, ctx: BatchContext, df: DataFrame) -> CommitResult:
-        """Pre-commit in the tasks, then flip the successful attempts with the ledger row."""
-        self.open()
-        assert self._committer is not None
-        return self._committer.commit(ctx, df)
-
-    stages_on_driver = False  # its tasks pre-commit the rows
-
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """The tasks pre-commit their rows, each under a fresh attempt id (executors)."""
         # (The committer has checked the owner already: a fenced run starts no task.)
@@ -309,19 +289,20 @@ class PostgresTwoPhaseSink(PostgresSink):
             target=self.table,
             epoch=ctx.epoch,
             seq=seq,
+            steps=self.task_steps,
         )
-        results = df.mapInArrow(lambda it: _precommit_task(plan, it), _TASK_RESULT).collect()
-        if any(r["fenced"] for r in results):
-            owner = self.owner(ctx.pipeline)
+        results = results_of(df.mapInArrow(lambda it: _precommit_task(plan, it), TASK_RESULT_DDL))
+        if any(r.fenced for r in results):
+            owner = self.store.owner(ctx.pipeline)
             raise FencedError(
                 ctx.pipeline,
                 ctx.epoch,
                 owner.epoch if owner else 0,
-                self._status_hint(ctx.pipeline),
+                self.store.ledger.inspect_hint.replace("{pipeline}", ctx.pipeline),
                 owner.holder if owner else "",
             )
-        attempts = sorted(int(r["attempt"]) for r in results if r["rows"])
-        rows = sum(int(r["rows"]) for r in results)
+        attempts = sorted(r.attempt for r in results if r.rows)
+        rows = sum(r.rows for r in results)
         return Staged(rows, (seq, attempts, list(plan.columns)))
 
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
@@ -499,7 +480,7 @@ class PostgresTwoPhaseSink(PostgresSink):
     def _collect_after_failure(self, ctx: BatchContext) -> None:
         """Abort: the batch failed, so its pre-commits are garbage. Best effort."""
         try:
-            self._drop_connection()  # the failure may have broken the connection
+            self.store.reconnect()  # the failure may have broken the connection
             self.collect(ctx.pipeline, ctx.epoch)
         except Exception as exc:
             log.warning(
@@ -518,6 +499,47 @@ class PostgresTwoPhaseSink(PostgresSink):
         self._ready = False
 
 
+class PostgresTwoPhaseSink(PostgresSink):
+    """Two-phase-commit sink into PostgreSQL, writing from the executors.
+
+    Guarantee: **effectively-once** (see :mod:`sparkonce.sinks.twophase`): the tasks'
+    pre-committed rows become visible only through the driver's one transaction with the
+    epoch check and the ledger row, and only for the attempts Spark reports successful.
+
+    Same arguments as :class:`~sparkonce.PostgresSink` (``latest_by`` and ``ledger_keep``
+    included). In append
+    mode the name ``table`` is a view over ``<table>__sparkonce_data``; in upsert mode it is
+    a table with a primary key on ``keys``. Spark's ``"complete"`` output mode is refused.
+
+    It is the SQL ledger store plus its stager, :class:`TwoPhaseStager`.
+    """
+
+    stager_type = TwoPhaseStager
+    stager: TwoPhaseStager
+
+    def describe(self) -> str:
+        return super().describe().replace("PostgresTwoPhaseSink(", "PostgresTwoPhaseSink(2pc ", 1)
+
+    @property
+    def precommit_table(self) -> str:
+        """Where the tasks pre-commit: the data table under the view, or the upsert stage."""
+        return self.stager.precommit_table
+
+    # -- lifecycle -------------------------------------------------------------
+    def open_store(self) -> None:
+        super().open_store()
+        self.stager.ensure_attempts_table()
+
+    def after_acquire(self, pipeline: str, owner: Owner) -> None:
+        """Collect the pre-commits older runs left (their epochs are fenced now)."""
+        self.collect(pipeline, owner.epoch)
+
+    def collect(self, pipeline: str, epoch: int) -> int:
+        """Delete the rows of attempts that will never commit (:meth:`TwoPhaseStager.collect`)."""
+        self.open()
+        return self.stager.collect(pipeline, epoch)
+
+
 # --- the task side (runs in Spark's Python workers) -----------------------------------------
 
 
@@ -532,41 +554,29 @@ class _TaskPlan:
     target: str
     epoch: int
     seq: int
+    # The tasks' decisions (sparkonce.commit.tasks); only the simulation's tests plant others.
+    steps: TaskSteps = CORRECT_TASK_STEPS
 
 
 def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     """Pre-commit this task's rows in one transaction, tagged with a fresh attempt id."""
-    import pyarrow as pa
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
-    spark_attempt = ctx.attemptNumber() if ctx is not None else 0
+    task = Task.current(plan.pipeline, plan.epoch, plan.seq, steps=plan.steps)
     attempt = 0
-    out = pa.schema(
-        [
-            ("partition", pa.int32()),
-            ("attempt", pa.int64()),
-            ("rows", pa.int64()),
-            ("fenced", pa.bool_()),
-        ]
-    )
     conn = None
     rows = 0
-    fenced = False
+    fenced: TaskResult | None = None
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             if conn is None:
                 conn = connect(plan.url)
-                attempt = _register(conn, plan, partition)
-                if not attempt:
-                    fenced = True  # a newer run owns the pipeline: write nothing
-                    break
+                attempt, fenced = _register(conn, plan, task)
+                if fenced is not None:
+                    break  # a newer run owns the pipeline: write nothing
             _copy_batch(conn, plan, batch)
             rows += batch.num_rows
-        if conn is not None and not fenced:
+        if conn is not None and fenced is None:
             conn.execute(
                 f"UPDATE {ATTEMPTS_TABLE} SET row_count = %s WHERE attempt_id = %s",
                 (rows, attempt),
@@ -577,34 +587,23 @@ def _precommit_task(plan: _TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     finally:
         if conn is not None:
             conn.close()
-    key = f"{plan.pipeline}:{plan.seq}:{partition}"
-    faults = worker_faults()  # this worker's plan, parsed once
-    if rows and faults.fail_task("write", key, spark_attempt):
-        # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows
-        # exist but Spark retries the task; only the retry's attempt may become visible.
-        raise faults.task_failure(
-            "write",
-            key,
-            spark_attempt,
-            f"injected task failure after the pre-commit of write task {key}",
-        )
-    yield pa.RecordBatch.from_pylist(
-        [
-            {
-                "partition": partition,
-                "attempt": attempt if rows else 0,
-                "rows": rows,
-                "fenced": fenced,
-            }
-        ],
-        schema=out,
+    if fenced is not None:
+        yield from one_result(fenced)
+        return
+    # Fault injection: fail *after* the pre-commit is durable, so this attempt's rows exist
+    # but Spark retries the task; only the retry's attempt may become visible.
+    task.inject_failure(
+        rows, f"injected task failure after the pre-commit of write task {task.key}"
     )
+    yield from one_result(task.written(rows, attempt if rows else 0))
 
 
-def _register(conn: Any, plan: _TaskPlan, partition: int) -> int:
-    """Begin the task's transaction and register its attempt: the transaction's id, which
-    the pre-commit table's attempt column takes as its default. 0: the run is fenced (a
-    newer run owns the pipeline), and the transaction is left open to be rolled back."""
+def _register(conn: Any, plan: _TaskPlan, task: Task) -> tuple[int, TaskResult | None]:
+    """Begin the task's transaction, read the owner epoch and, unless the task is fenced
+    (:meth:`Task.fenced`), register its attempt: the transaction's id, which the pre-commit
+    table's attempt column takes as its default. Returns ``(attempt id, None)``, or ``(0, the
+    fenced result)``: the transaction is then left open, with nothing written, to be
+    rolled back."""
     from psycopg.errors import UniqueViolation
 
     for _ in range(REGISTER_TRIES):
@@ -613,24 +612,26 @@ def _register(conn: Any, plan: _TaskPlan, partition: int) -> int:
             "SELECT epoch, txid_current() FROM sparkonce_owner WHERE pipeline = %s",
             (plan.pipeline,),
         ).fetchone()
-        if row is None or int(row[0]) != plan.epoch:
-            return 0
+        fenced = task.fenced(None if row is None else int(row[0]))
+        if fenced is not None:
+            return 0, fenced
         attempt = int(row[1])
         try:
             conn.execute(
                 f"INSERT INTO {ATTEMPTS_TABLE} (attempt_id, pipeline, target, epoch, seq, "
                 "partition, row_count, state) VALUES (%s, %s, %s, %s, %s, %s, 0, "
                 "'precommitted')",
-                (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, partition),
+                (attempt, plan.pipeline, plan.target, plan.epoch, plan.seq, task.partition),
             )
         except UniqueViolation:
             conn.execute("ROLLBACK")  # nothing was written: take a new transaction, a new id
             continue
-        return attempt
+        return attempt, None
     raise SinkError(
-        f"pipeline {plan.pipeline!r}: task {partition} could not register an attempt id in "
-        f"{ATTEMPTS_TABLE}: {REGISTER_TRIES} transaction ids in a row were registered already. "
-        f"Its rows were not written. Check that {ATTEMPTS_TABLE} belongs to this database."
+        f"pipeline {plan.pipeline!r}: task {task.partition} could not register an attempt id "
+        f"in {ATTEMPTS_TABLE}: {REGISTER_TRIES} transaction ids in a row were registered "
+        f"already. Its rows were not written. Check that {ATTEMPTS_TABLE} belongs to this "
+        "database."
     )
 
 

@@ -134,6 +134,7 @@ class Simulation(Observer):
             self._check_attempts(f"after event {i}")
 
     def _committer(self, run: Run, faults: FaultPlan) -> Committer:
+        run.endpoint.stager.task_steps = self.steps.tasks  # a planted bug's tasks, if any
         return Committer(run.endpoint.store, run.endpoint.stager, faults=faults, steps=self.steps)
 
     def _newest(self) -> Run | None:
@@ -243,7 +244,7 @@ class Simulation(Observer):
             if zombie.froze:
                 run.state, run.zombie = "frozen", zombie
                 self.stats.zombies += 1
-                if frame is not None and frame.wrote:
+                if frame is not None and frame.wrote and self.t.tasks_commit_early:
                     self.partial = run.checkpoint.copy()
                 return
             what = functools.partial(self._what, where, run, batch, ctx)
@@ -362,7 +363,7 @@ class Simulation(Observer):
         if len(self.stamps) == before:  # no ledger entry landed
             self.failed_attempts += zombie.attempts
             # Its tasks ran after the thaw (it froze before them) and wrote: partly committed.
-            if frame is not None and frame.wrote and not wrote_before:
+            if frame is not None and frame.wrote and not wrote_before and self.t.tasks_commit_early:
                 self.partial = run.checkpoint.copy()
         what = f"{where}: zombie run {run.index} (epoch {run.epoch}) batch {batch.batch_id}"
         # Kafka: a zombie frozen before its tasks runs them first on thaw; a task refuses a

@@ -87,11 +87,11 @@ class DeltaTarget(Target):
 
         sink = DeltaSink(self._root, table="sim_out")
         store = ObservedDeltaStore(lambda: sink.table, sink.describe())
-        sink._store = store
-        sink._committer = Committer(store, sink, faults=FaultPlan())
+        sink.store = store
+        sink._committer = Committer(store, sink.stager, faults=FaultPlan())
         if not sink.table.exists():
             sink.validate(self.spark.createDataFrame([], SCHEMA).schema)
-        return Endpoint(store, sink)
+        return Endpoint(store, sink.stager, sink)
 
     def take(self) -> Endpoint:
         return self._new_endpoint()  # a new process: a new view of the ledger
@@ -108,7 +108,7 @@ class DeltaTarget(Target):
     def reset(self) -> None:
         from sparkonce.sinks.inspect import inspector_for
 
-        inspector_for(self._admin.stager).reset(self.pipeline)  # type: ignore[arg-type]
+        inspector_for(self._admin.sink).reset(self.pipeline)
         self._admin = self._new_endpoint()
 
     def visible_rows(self) -> list[Row]:

@@ -3,11 +3,11 @@
 Each target (lane) has its own output topic (2 partitions) and ledger topic, and one
 pipeline. A run's endpoint is a :class:`~sparkonce.sinks.kafka.KafkaSink` whose ledger
 store is :class:`ObservedKafkaStore` (the real store, reporting what each driver
-transaction committed); the sink's own ``prepare`` runs, and so does its task function
-``_write_task``, once per task, on a :class:`~sparkonce.verify.sim.target.TaskFrame`:
-each task initialises its transactional producer (fencing any earlier attempt), reads
-its marker from the ledger topic, and writes its records and marker in one Kafka
-transaction, exactly as in a Spark executor.
+transaction committed); the sink's stager's own ``prepare`` runs, and so does its task
+function ``write_task`` (:mod:`sparkonce.sinks.kafka_tasks`), once per task, on a
+:class:`~sparkonce.verify.sim.target.TaskFrame`: each task initialises its transactional
+producer (fencing any earlier attempt), reads its marker from the ledger topic, and writes
+its records and marker in one Kafka transaction, exactly as in a Spark executor.
 
 A batch has two tasks (task ``p % 2`` writes log partition ``p``'s records; task 0 also
 writes a no-data batch's timer row; a task with no rows writes only its marker). Records are
@@ -101,9 +101,9 @@ class KafkaTarget(Target):
             inspect_hint=sink._status_hint("{pipeline}"),
         )
         store._opened = True  # the ledger topic exists (created with the first endpoint)
-        sink._store = store
+        sink.store = sink.stager.store = store
         sink._opened = True
-        return Endpoint(store, sink)
+        return Endpoint(store, sink.stager)
 
     def take(self) -> Endpoint:
         return self._pool.pop() if self._pool else self._new_endpoint()

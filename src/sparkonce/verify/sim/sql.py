@@ -147,20 +147,19 @@ class SqlTarget(Target):
             tp = PostgresTwoPhaseSink(self.url, self.table)
             # The sink's own connection is the run's store: prepare's fence, the collector
             # and the commit all go through it, as in one driver process.
-            tp._store = store
-            tp._ledger = store.ledger
-            tp._committer = Committer(store, tp, faults=FaultPlan())
-            tp._ready = self._tables_ready
-            tp._attempts_ready = self._tables_ready
-            tp._table_checked = True
-            stager = tp
+            tp.store = tp.stager.store = store
+            tp._committer = Committer(store, tp.stager, faults=FaultPlan())
+            tp.stager._ready = self._tables_ready
+            tp.stager._attempts_ready = self._tables_ready
+            tp.stager._table_checked = True
+            stager = tp.stager
         else:
             from sparkonce.sinks.sql import PostgresSink, SQLiteSink
 
             cls = SQLiteSink if self.dialect.name == "sqlite" else PostgresSink
             sql = cls(self.url, self.table)
-            sql._table_checked = True  # the table is created by _setup
-            stager = sql
+            sql.stager._table_checked = True  # the table is created by _setup
+            stager = sql.stager
         return Endpoint(store, stager)
 
     def take(self) -> Endpoint:
@@ -187,11 +186,11 @@ class SqlTarget(Target):
     def _setup(self) -> None:
         conn = self._admin.store.conn
         if self.sink == "twophase":
-            from sparkonce.sinks.twophase import PostgresTwoPhaseSink
+            from sparkonce.sinks.twophase import TwoPhaseStager
 
             tp = self._admin.stager
-            assert isinstance(tp, PostgresTwoPhaseSink)
-            tp.open()
+            assert isinstance(tp, TwoPhaseStager)
+            tp.ensure_attempts_table()
             tp._ensure_tables(_spark_schema())
             self._tables_ready = True
             self.precommit_table = tp.precommit_table
@@ -271,10 +270,10 @@ class SqlTarget(Target):
         """The sink's own prepare: one pre-commit task per partition of the batch."""
         import pyarrow as pa
 
-        from sparkonce.sinks.twophase import PostgresTwoPhaseSink
+        from sparkonce.sinks.twophase import TwoPhaseStager
 
         sink = run.endpoint.stager
-        assert isinstance(sink, PostgresTwoPhaseSink)
+        assert isinstance(sink, TwoPhaseStager)
         by_task: dict[int, list[Row]] = {}
         for r in rows:
             by_task.setdefault(r[0], []).append(r)

@@ -78,6 +78,7 @@ class Endpoint:
 
     store: Any  # the sink's LedgerStore, subclassed to report commits (observer, lose_ack)
     stager: Stager
+    sink: Any = None  # the sink whose store and stager these are, when the target needs it
 
 
 class Entry(NamedTuple):
@@ -239,7 +240,8 @@ class TaskFrame:
 
     @property
     def wrote(self) -> bool:
-        """Whether a task attempt committed records (Kafka: it did not find its marker)."""
+        """Whether a task attempt wrote its rows (Kafka: committed them, not finding its
+        marker; two-phase: pre-committed them, invisible until the driver's commit)."""
         return any(o.get("skipped") is False for o in (*self.outputs, *self.failed))
 
     def mapInArrow(self, func: Callable[[Iterator[Any]], Iterator[Any]], schema: Any) -> _Mapped:
