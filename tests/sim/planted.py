@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkonce.commit import Committer, CorrectSteps, CorrectTaskSteps, Staged, Task, TaskResult
+from sparkonce.commit import Committing, CorrectSteps, CorrectTaskSteps, Staged, Task, TaskResult
 from sparkonce.errors import FencedError
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.protocol import CrashPoint
@@ -44,7 +44,7 @@ class SkipsEpochCheck(Planted):
 
     caught_as = frozenset({"zombie-not-fenced", "fenced-commit"})
 
-    def check_owner(self, c: Committer, txn: Any | None, ctx: BatchContext) -> None:
+    def check_owner(self, c: Committing, txn: Any | None, ctx: BatchContext) -> None:
         try:
             super().check_owner(c, txn, ctx)
         except FencedError:
@@ -60,13 +60,13 @@ class ChecksCoverageAfterWriting(Planted):
     caught_as = frozenset({"duplicate", "epoch", "repeat"})
 
     def check_coverage(
-        self, c: Committer, txn: Any | None, ctx: BatchContext, last: LedgerEntry | None
+        self, c: Committing, txn: Any | None, ctx: BatchContext, last: LedgerEntry | None
     ) -> CommitResult | None:
         if self.correct:
             return super().check_coverage(c, txn, ctx, last)
         return None  # not before writing: see record
 
-    def record(self, c: Committer, txn: Any, entry: LedgerEntry) -> None:
+    def record(self, c: Committing, txn: Any, entry: LedgerEntry) -> None:
         batch_id = -1 if entry.spark_batch_id is None else entry.spark_batch_id
         ctx = BatchContext(entry.pipeline, entry.epoch, entry.ranges, batch_id, entry.checkpoint_id)
         if super().check_coverage(c, txn, ctx, c.store.last_in(txn, entry.pipeline)):
@@ -81,13 +81,13 @@ class LedgerInSecondTransaction(Planted):
 
     caught_as = frozenset({"duplicate", "outside", "row-count"})
 
-    def record(self, c: Committer, txn: Any, entry: LedgerEntry) -> None:
+    def record(self, c: Committing, txn: Any, entry: LedgerEntry) -> None:
         if self.correct:
             super().record(c, txn, entry)
             return
         self.ran += 1  # not here: in committed(), after the rows' transaction
 
-    def committed(self, c: Committer, ctx: BatchContext, entry: LedgerEntry) -> None:
+    def committed(self, c: Committing, ctx: BatchContext, entry: LedgerEntry) -> None:
         if self.correct:
             return
         with c.store.transaction() as txn:
@@ -101,7 +101,7 @@ class FlipsEveryAttempt(Planted):
 
     caught_as = frozenset({"2pc-visible", "duplicate"})
 
-    def publish(self, c: Committer, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+    def publish(self, c: Committing, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         from sparkonce.sinks.twophase import ATTEMPTS_TABLE
 
         if self.correct:

@@ -176,3 +176,112 @@ def test_reset_asks_first_naming_what_goes(
     with _sink(url) as sink:
         assert sink.owner("p") is None and sink.ledger("p") == []
         assert not sink.stager._declared_types("out")  # the table is gone
+
+
+# The two-phase sink, without Spark: its own prepare and task function run on the protocol
+# simulation's stand-in DataFrame (TaskFrame). Batch 0 commits through the sink's committer;
+# batch 1's task pre-commits its rows, then the driver "dies" before its commit, leaving an
+# invisible pre-commit behind. The process then exits, so its epoch reads as finished.
+RUN_TWO_PHASE = """
+import sys
+import pyarrow as pa
+from pyspark.sql.types import LongType, StructField, StructType
+from sparkonce.ledger import BatchContext
+from sparkonce.offsets import BatchRanges, OffsetRange
+from sparkonce.sinks import PostgresTwoPhaseSink
+from sparkonce.verify.sim import TaskFrame
+
+url, mode = sys.argv[1], sys.argv[2]
+schema = StructType([StructField("v", LongType(), False)])
+
+def frame(values):
+    arrow = pa.schema([pa.field("v", pa.int64(), nullable=False)])
+    return TaskFrame(schema, [pa.RecordBatch.from_pylist([{"v": v} for v in values], arrow)])
+
+keys = ["v"] if mode == "upsert" else ()
+with PostgresTwoPhaseSink(url, "out", mode=mode, keys=keys) as sink:
+    epoch = sink.acquire("p").epoch
+    first = BatchContext("p", epoch, BatchRanges((OffsetRange("ev", 0, 0, 3),)), 0)
+    assert sink.commit(first, frame([1, 2, 3])).row_count == 3
+    second = BatchContext("p", epoch, BatchRanges((OffsetRange("ev", 0, 3, 5),)), 1)
+    sink.stager.prepare(second, frame([4, 5]), 1)
+"""
+
+
+@pytest.fixture
+def pg_db(pg_server: PostgresServer) -> Iterator[str]:
+    name = f"reset_{uuid.uuid4().hex[:8]}"
+    yield pg_server.create_database(name)
+    pg_server.drop_database(name)
+
+
+def _two_phase_run(url: str, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    subprocess.run(
+        [sys.executable, "-c", RUN_TWO_PHASE, url, mode], env=env, check=True, timeout=120
+    )
+
+
+def _pg(url: str, sql: str, *args: Any) -> list[Any]:
+    with _sink(url) as sink:
+        return [tuple(r) for r in sink.conn.execute(sql, args).fetchall()]
+
+
+def _attempts(url: str) -> list[Any]:
+    return _pg(
+        url, "SELECT state, count(*) FROM sparkonce_attempts WHERE pipeline = 'p' GROUP BY 1"
+    )
+
+
+def _relations(url: str) -> list[Any]:
+    return _pg(
+        url,
+        "SELECT relname, relkind FROM pg_class WHERE relname LIKE 'out%%' "
+        "AND relkind IN ('r', 'v') ORDER BY 1",
+    )
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_reset_of_a_two_phase_sink_drops_its_view_tables_and_attempts(
+    pg_db: str, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _two_phase_run(pg_db, mode)
+    assert sorted(r[0] for r in _pg(pg_db, 'SELECT v FROM "out"')) == [1, 2, 3]
+    kind = "v" if mode == "append" else "r"
+    precommit = "out__sparkonce_data" if mode == "append" else "out__sparkonce_stage"
+    assert _relations(pg_db) == sorted([("out", kind), (precommit, "r")])
+    assert ("precommitted", 1) in _attempts(pg_db)  # batch 1's task, never committed
+    capsys.readouterr()
+    args = ["reset", "--pipeline", "p", "--sink", pg_db, "--output-rows", "--table", "out"]
+    assert main([*args, "--yes"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "output deleted" in out
+    assert _relations(pg_db) == []  # the view or table, and the data or stage table
+    assert _attempts(pg_db) == []
+    with _sink(pg_db) as sink:
+        assert sink.owner("p") is None and sink.ledger("p") == []
+
+
+def test_ledger_only_reset_of_a_two_phase_sink_deletes_its_pre_commits(
+    pg_db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _two_phase_run(pg_db, "append")
+    data = 'SELECT count(*) FROM "out__sparkonce_data"'
+    assert _pg(pg_db, data) == [(5,)]  # 3 committed rows, 2 pre-committed ones
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    assert main(["reset", "--pipeline", "p", "--sink", pg_db]) == EXIT_FAIL
+    out = capsys.readouterr().out
+    assert "1 pre-committed attempt of 'p' in sparkonce_attempts" in out
+    assert "invisible pre-commits of batches the reset forgets" in out
+    assert "The output rows are kept" in out
+    assert ("precommitted", 1) in _attempts(pg_db)  # answered no: nothing deleted
+    assert main(["reset", "--pipeline", "p", "--sink", pg_db, "--yes"]) == 0
+    assert "output kept" in capsys.readouterr().out
+    # The output is kept and still visible (its committed attempts stay); the pre-commit
+    # and its rows are gone.
+    assert sorted(r[0] for r in _pg(pg_db, 'SELECT v FROM "out"')) == [1, 2, 3]
+    assert _attempts(pg_db) == [("committed", 1)]
+    assert _pg(pg_db, data) == [(3,)]
+    with _sink(pg_db) as sink:
+        assert sink.owner("p") is None and sink.ledger("p") == []

@@ -69,9 +69,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
         print("reset cancelled: nothing was deleted", file=sys.stderr)
         return EXIT_FAIL
     kept = "deleted" if plan.output else "kept"
+    also = f", {plan.precommits} never-committed pre-commits" if plan.precommits else ""
     print(
-        f"reset pipeline {args.pipeline!r} in {plan.sink}: {plan.batches} ledger entries and "
-        f"the owner epoch deleted, output {kept}; its next run starts from the beginning. "
+        f"reset pipeline {args.pipeline!r} in {plan.sink}: {plan.batches} ledger entries{also} "
+        f"and the owner epoch deleted, output {kept}; its next run starts from the beginning. "
         + CHECKPOINT_NOTE
     )
     return 0

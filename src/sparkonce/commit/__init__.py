@@ -2,7 +2,7 @@
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.commit.committer import COMMIT_ATTEMPTS, Committer
-from sparkonce.commit.steps import CORRECT_STEPS, CommitSteps, CorrectSteps
+from sparkonce.commit.steps import CORRECT_STEPS, CommitSteps, Committing, CorrectSteps
 from sparkonce.commit.tasks import CORRECT_TASK_STEPS, CorrectTaskSteps, Task, TaskResult, TaskSteps
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "CORRECT_TASK_STEPS",
     "CommitSteps",
     "Committer",
+    "Committing",
     "CorrectSteps",
     "CorrectTaskSteps",
     "Staged",

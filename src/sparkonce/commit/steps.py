@@ -27,35 +27,59 @@ from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import Coverage, classify
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sparkonce.commit.base import Staged
-    from sparkonce.commit.committer import Committer
+    from sparkonce.commit.base import Staged, Stager
+    from sparkonce.faults import FaultPlan
+    from sparkonce.ledger.base import LedgerStore
+
+
+class Committing(Protocol):
+    """What a step may use of the :class:`~sparkonce.commit.Committer` that calls it.
+
+    The committer passes itself; a planted bug's step uses the same three parts.
+    """
+
+    @property
+    def store(self) -> LedgerStore:
+        """The sink's ledger store."""
+        ...
+
+    @property
+    def stager(self) -> Stager:
+        """The sink's stager."""
+        ...
+
+    @property
+    def faults(self) -> FaultPlan:
+        """The run's fault plan (its crash points)."""
+        ...
 
 
 class CommitSteps(Protocol):
-    """What the committer calls at each named step (``txn`` None: step 0, no transaction)."""
+    """What the committer calls at each named step (``txn`` None: step 0, no transaction;
+    ``c``: the committer, as :class:`Committing`)."""
 
     # What a pre-committing stager's tasks decide (the stager carries them to the tasks).
     tasks: TaskSteps
 
-    def check_owner(self, c: Committer, txn: Any | None, ctx: BatchContext) -> None:
+    def check_owner(self, c: Committing, txn: Any | None, ctx: BatchContext) -> None:
         """Raise ``FencedError`` unless ``ctx.epoch`` owns the pipeline."""
         ...
 
     def check_coverage(
-        self, c: Committer, txn: Any | None, ctx: BatchContext, last: LedgerEntry | None
+        self, c: Committing, txn: Any | None, ctx: BatchContext, last: LedgerEntry | None
     ) -> CommitResult | None:
         """The skip result if the ledger (last entry ``last``) already holds the batch."""
         ...
 
-    def publish(self, c: Committer, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+    def publish(self, c: Committing, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         """Make exactly the staged rows visible, inside the transaction."""
         ...
 
-    def record(self, c: Committer, txn: Any, entry: LedgerEntry) -> None:
+    def record(self, c: Committing, txn: Any, entry: LedgerEntry) -> None:
         """Insert the ledger entry, inside the same transaction."""
         ...
 
-    def committed(self, c: Committer, ctx: BatchContext, entry: LedgerEntry) -> None:
+    def committed(self, c: Committing, ctx: BatchContext, entry: LedgerEntry) -> None:
         """The transaction that recorded ``entry`` has committed."""
         ...
 
@@ -65,11 +89,11 @@ class CorrectSteps:
 
     tasks: TaskSteps = CORRECT_TASK_STEPS
 
-    def check_owner(self, c: Committer, txn: Any | None, ctx: BatchContext) -> None:
+    def check_owner(self, c: Committing, txn: Any | None, ctx: BatchContext) -> None:
         c.store.check_owner(txn, ctx.pipeline, ctx.epoch)
 
     def check_coverage(
-        self, c: Committer, txn: Any | None, ctx: BatchContext, last: LedgerEntry | None
+        self, c: Committing, txn: Any | None, ctx: BatchContext, last: LedgerEntry | None
     ) -> CommitResult | None:
         coverage = classify(ctx.ranges, {} if last is None else last.end_offsets)
         if coverage is Coverage.NEW:
@@ -86,13 +110,13 @@ class CorrectSteps:
             return CommitResult(True, 0, found.seq, "no-data batch already committed (replay)")
         return None
 
-    def publish(self, c: Committer, txn: Any, ctx: BatchContext, staged: Staged) -> None:
+    def publish(self, c: Committing, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         c.stager.publish(txn, ctx, staged)
 
-    def record(self, c: Committer, txn: Any, entry: LedgerEntry) -> None:
+    def record(self, c: Committing, txn: Any, entry: LedgerEntry) -> None:
         c.store.record(txn, entry)
 
-    def committed(self, c: Committer, ctx: BatchContext, entry: LedgerEntry) -> None:
+    def committed(self, c: Committing, ctx: BatchContext, entry: LedgerEntry) -> None:
         return None
 
 
@@ -100,7 +124,7 @@ CORRECT_STEPS = CorrectSteps()
 
 
 def _find(
-    c: Committer, ctx: BatchContext, last: LedgerEntry | None, txn: Any | None
+    c: Committing, ctx: BatchContext, last: LedgerEntry | None, txn: Any | None
 ) -> LedgerEntry | None:
     if last is not None and _same_batch(last, ctx):
         return last

@@ -32,7 +32,7 @@ from sparkonce.pipeline.plan import PlanFacts, has_watermark, plan_facts, statef
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-    from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.pipeline.spec import PipelineSpec
     from sparkonce.sinks.base import Sink
 
 EFFECTIVELY_ONCE = "effectively-once"
@@ -100,7 +100,7 @@ class Explanation:
         }
 
 
-def explain(pipeline: Pipeline, spark: SparkSession) -> Explanation:
+def explain(pipeline: PipelineSpec, spark: SparkSession) -> Explanation:
     """The guarantee of ``pipeline`` as configured (see the module docstring). Builds the
     transform's query over the source to read Spark's analyzed plan; starts nothing."""
     from sparkonce.pipeline.query import aligned_reads, transform_outputs
@@ -195,7 +195,7 @@ def _rank(verdict: str) -> int:
     return GUARANTEES.index(verdict) if verdict in GUARANTEES else len(GUARANTEES) - 1
 
 
-def _sinks(pipeline: Pipeline) -> dict[str, Sink]:
+def _sinks(pipeline: PipelineSpec) -> dict[str, Sink]:
     outputs = pipeline.output_set
     if outputs is None:
         return {SINGLE_OUTPUT: pipeline.sink}
@@ -212,7 +212,7 @@ def _ours(obj: object) -> bool:
     return type(obj).__module__.startswith("sparkonce.")
 
 
-def _source_part(pipeline: Pipeline) -> Part:
+def _source_part(pipeline: PipelineSpec) -> Part:
     from sparkonce.sources.embedded import EmbeddedLogSource
     from sparkonce.sources.kafka import KafkaSource
 
@@ -274,7 +274,7 @@ def _transform_part(facts: PlanFacts) -> Part:
     )
 
 
-def _state_part(pipeline: Pipeline, spark: SparkSession, facts: PlanFacts) -> Part:
+def _state_part(pipeline: PipelineSpec, spark: SparkSession, facts: PlanFacts) -> Part:
     if not facts.stateful:
         declared = " (declared stateful=True)" if pipeline.stateful else ""
         return Part(
@@ -330,7 +330,7 @@ def _checkpoint_part(info: dict[str, str], stateful: bool) -> Part:
     )
 
 
-def _records_part(pipeline: Pipeline, facts: PlanFacts) -> Part:
+def _records_part(pipeline: PipelineSpec, facts: PlanFacts) -> Part:
     if "DeduplicateWithinWatermark" in facts.stateful:
         return Part(
             "records",

@@ -22,14 +22,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from sparkonce.offsets import TopicPartition
-    from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.pipeline.spec import PipelineSpec
     from sparkonce.sources.base import Source
 
 log = logging.getLogger("sparkonce.run")
 
 
 def output_query(
-    pipeline: Pipeline, spark: SparkSession, start: dict[TopicPartition, int]
+    pipeline: PipelineSpec, spark: SparkSession, start: dict[TopicPartition, int]
 ) -> DataFrame:
     """The transform's streaming output over the source, starting at ``start`` (or fresh),
     as the one DataFrame the query runs (several outputs folded into one)."""
@@ -41,7 +41,7 @@ def output_query(
 
 
 def transform_outputs(
-    pipeline: Pipeline, spark: SparkSession, start: Mapping[TopicPartition, int] | None = None
+    pipeline: PipelineSpec, spark: SparkSession, start: Mapping[TopicPartition, int] | None = None
 ) -> dict[str, DataFrame]:
     """The transform's streaming DataFrames by output name over the source (a pipeline with
     one sink: ``{"output": df}``), checked against the pipeline's outputs. Starts nothing.
@@ -81,7 +81,7 @@ def aligned_reads(source: Source) -> str:
 
 
 def _transform_over(
-    pipeline: Pipeline,
+    pipeline: PipelineSpec,
     source: Source,
     spark: SparkSession,
     start: Mapping[TopicPartition, int] | None,
@@ -142,7 +142,9 @@ def _transform_over(
     return frames
 
 
-def _check_sources(pipeline: Pipeline, stream: DataFrame, frames: Mapping[str, DataFrame]) -> None:
+def _check_sources(
+    pipeline: PipelineSpec, stream: DataFrame, frames: Mapping[str, DataFrame]
+) -> None:
     """Refuse a transform whose query reads another streaming source than the pipeline's:
     each batch must be one set of the source's offset ranges, recorded in the ledger."""
     own = set(streaming_sources(stream))
@@ -170,7 +172,7 @@ def _check_sources(pipeline: Pipeline, stream: DataFrame, frames: Mapping[str, D
         )
 
 
-def check_query(pipeline: Pipeline, spark: SparkSession, out: DataFrame) -> None:
+def check_query(pipeline: PipelineSpec, spark: SparkSession, out: DataFrame) -> None:
     """Spark's checks of the query that would otherwise run only when it starts (after the
     epoch), and ``stateful=False`` against the plan's state operators."""
     if str(spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true")) != "false":

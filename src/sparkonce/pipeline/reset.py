@@ -4,17 +4,20 @@ the source's beginning with epoch 1.
 What a pipeline's progress is depends on the sink's family (see :func:`reset_pipeline`):
 
 - SQLite and PostgreSQL: its rows in ``sparkonce_ledger`` and its row in ``sparkonce_owner``;
+  on a two-phase PostgreSQL sink also its pre-committed attempts that never committed, and
+  their rows (invisible pre-commits of batches the reset forgets);
 - Kafka (``kafka://HOST:PORT/TOPIC``): the records of the ledger topic
   ``TOPIC.sparkonce-ledger``, which Kafka can only drop all together (``delete_records``),
   so the reset is refused while another pipeline's records are in it;
 - Delta (``delta:///ROOT/TABLE``): a version in the table's own Delta log, which goes only
   with the table, so a Delta reset needs ``output_rows=True``.
 
-The user's output is kept unless ``output_rows=True``. The reset is refused, before
-anything is deleted, while the run that holds the pipeline's epoch is alive
-(:func:`~sparkonce.pipeline.status.holder_alive`). The work is done by the store's
-inspector (:meth:`sparkonce.sinks.inspect.Inspector.reset`), the code ``sparkonce verify``
-uses to clean its stores.
+The user's output is kept unless ``output_rows=True`` (a two-phase sink's output is its
+view or table, its data or stage table, and the pipeline's attempts of that output). The
+reset is refused, before anything is deleted, while the run that holds the pipeline's
+epoch is alive (:func:`~sparkonce.pipeline.status.holder_alive`). The work is done by the
+store's inspector (:meth:`sparkonce.sinks.inspect.Inspector.reset`), the code
+``sparkonce verify`` uses to clean its stores.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ class ResetPlan:
     progress: tuple[str, ...]  # the pipeline's progress records that go
     output: tuple[str, ...]  # the output that goes too (empty unless output_rows=True)
     done: bool = False
+    precommits: int = 0  # a two-phase sink's attempts of the pipeline that never committed
 
     @property
     def empty(self) -> bool:
         """Nothing to delete: the pipeline never ran against this sink."""
-        return self.owner is None and self.batches == 0 and not self.output
+        return self.owner is None and self.batches == 0 and not self.output and not self.precommits
 
 
 # A ledger-only reset of a SQL sink names no output table, and the inspector's reset with
@@ -53,13 +57,17 @@ class ResetPlan:
 _LEDGER_ONLY_TABLE = "sparkonce_reset_keeps_the_output"
 
 
-def _open(url: str, table: str | None, output_rows: bool) -> tuple[Sink, str]:
+def _open(pipeline: str, url: str, table: str | None, output_rows: bool) -> tuple[Sink, str]:
     """The sink whose progress reset deletes, opened, and its URL with the password masked.
 
     Reset needs the sink (its inspector deletes the records), not only the ledger that
-    ``status`` reads, so it builds one through the URL registry."""
+    ``status`` reads, so it builds one through the URL registry. A PostgreSQL store that
+    holds a two-phase sink's output ``table`` (its data or stage table exists: names only
+    that sink creates) or attempts of ``pipeline`` gets a two-phase sink, whose inspector
+    also drops the view and the data and stage tables and deletes the attempts."""
     from sparkonce.config import StoreURL, mask_url
     from sparkonce.sinks.registry import sink_for_url, store_kind
+    from sparkonce.sinks.sql import SqlSink
 
     kind = store_kind(url)
     if kind.name in ("kafka", "delta"):
@@ -94,6 +102,20 @@ def _open(url: str, table: str | None, output_rows: bool) -> tuple[Sink, str]:
         raise ConfigError(f"SQLite sink file {str(parsed.path)!r} does not exist")
     sink = sink_for_url(url, table or _LEDGER_ONLY_TABLE)
     sink.open()
+    if parsed.scheme == "postgresql" and isinstance(sink, SqlSink):
+        from sparkonce.sinks.twophase import PostgresTwoPhaseSink, holds_two_phase
+
+        try:
+            two_phase = holds_two_phase(sink.conn, pipeline, table)
+        except BaseException:
+            sink.close()
+            raise
+        if two_phase:
+            sink.close()
+            # Its mode does not matter here: the inspector drops the output by its kind
+            # (view or table), and a reset never writes.
+            sink = PostgresTwoPhaseSink(parsed, table or _LEDGER_ONLY_TABLE)
+            sink.open()
     return sink, str(parsed)
 
 
@@ -118,11 +140,22 @@ def _check_not_running(pipeline: str, owner: Owner | None, holder_stopped: bool)
 
 
 def _describe(
-    sink: Sink, pipeline: str, owner: Owner | None, batches: int, output_rows: bool
+    sink: Sink,
+    pipeline: str,
+    owner: Owner | None,
+    batches: int,
+    output_rows: bool,
+    precommits: dict[str, list[int]],
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     from sparkonce.sinks.delta import DeltaSink
     from sparkonce.sinks.kafka import KafkaSink
     from sparkonce.sinks.sql import SqlSink
+    from sparkonce.sinks.twophase import (
+        ATTEMPTS_TABLE,
+        DATA_SUFFIX,
+        STAGE_SUFFIX,
+        PostgresTwoPhaseSink,
+    )
 
     progress: tuple[str, ...]
     held = f"epoch {owner.epoch}, taken by {owner.holder}" if owner else "none"
@@ -163,7 +196,26 @@ def _describe(
             f"{batches} rows of {pipeline!r} in {LEDGER_TABLE}",
             f"{1 if owner else 0} row of {pipeline!r} in {OWNER_TABLE} ({held})",
         )
-        output = (f"the output table {sink.table}: dropped, every row",) if output_rows else ()
+        if not isinstance(sink, PostgresTwoPhaseSink):
+            output = (f"the output table {sink.table}: dropped, every row",) if output_rows else ()
+            return progress, output
+        n = sum(len(ids) for ids in precommits.values())
+        where = ", ".join(f"{t}{DATA_SUFFIX} or {t}{STAGE_SUFFIX}" for t in sorted(precommits))
+        progress += (
+            f"{n} pre-committed attempt{'' if n == 1 else 's'} of {pipeline!r} in "
+            f"{ATTEMPTS_TABLE}{f', and their rows in {where}' if where else ''}: invisible "
+            "pre-commits of batches the reset forgets (never committed, never shown)",
+        )
+        t = sink.table
+        output = (
+            (
+                f"the two-phase output {t}: its view (or table) {t} and its tables "
+                f"{t}{DATA_SUFFIX} and {t}{STAGE_SUFFIX}, dropped, every row; and the "
+                f"attempts of {pipeline!r} into {t} in {ATTEMPTS_TABLE}",
+            )
+            if output_rows
+            else ()
+        )
         return progress, output
     raise ConfigError(f"{type(sink).__name__} cannot be reset by sparkonce reset")
 
@@ -193,18 +245,32 @@ def reset_pipeline(
     :class:`~sparkonce.errors.StoreUnavailableError` for a store that does not answer.
     Nothing is deleted when it raises before ``confirm``.
     """
-    from sparkonce.sinks.inspect import inspector_for
+    from dataclasses import replace
 
-    sink, label = _open(sink_url, table, output_rows)
+    from sparkonce.sinks.inspect import inspector_for
+    from sparkonce.sinks.twophase import PostgresTwoPhaseSink, precommitted
+
+    sink, label = _open(pipeline, sink_url, table, output_rows)
     try:
         owner = sink.owner(pipeline)
         batches = len(sink.ledger(pipeline))
         _check_not_running(pipeline, owner, holder_stopped)
-        progress, output = _describe(sink, pipeline, owner, batches, output_rows)
-        plan = ResetPlan(pipeline, label, owner, batches, progress, output)
+        pending = (
+            precommitted(sink.conn, pipeline) if isinstance(sink, PostgresTwoPhaseSink) else {}
+        )
+        progress, output = _describe(sink, pipeline, owner, batches, output_rows, pending)
+        plan = ResetPlan(
+            pipeline,
+            label,
+            owner,
+            batches,
+            progress,
+            output,
+            precommits=sum(len(ids) for ids in pending.values()),
+        )
         if plan.empty or (confirm is not None and not confirm(plan)):
             return plan
         inspector_for(sink).reset(pipeline, output=output_rows)
-        return ResetPlan(pipeline, label, owner, batches, progress, output, done=True)
+        return replace(plan, done=True)
     finally:
         sink.close()

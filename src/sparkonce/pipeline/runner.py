@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.pipeline.spec import PipelineSpec
 
 log = logging.getLogger("sparkonce.run")
 
@@ -75,7 +75,7 @@ class _BatchHandler:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: PipelineSpec,
         epoch: int,
         checkpoint: Checkpoint,
         report: RunReport,
@@ -220,7 +220,7 @@ def _name_batch(exc: SparkOnceError, pipeline: str, batch_id: int, ranges: Batch
 
 
 def _resume_point(
-    pipeline: Pipeline,
+    pipeline: PipelineSpec,
     checkpoint: Checkpoint,
     ledger_end: dict[TopicPartition, int],
     last: LedgerEntry | None,
@@ -292,7 +292,7 @@ def _resume_point(
     return "checkpoint"
 
 
-def _outputs_named(pipeline: Pipeline) -> str:
+def _outputs_named(pipeline: PipelineSpec) -> str:
     outputs = pipeline.output_set
     if outputs is None:
         return f"the output ({pipeline.sink.describe()})"
@@ -300,7 +300,9 @@ def _outputs_named(pipeline: Pipeline) -> str:
     return f"the rows of every output ({named})"
 
 
-def _check_identity(pipeline: Pipeline, checkpoint: Checkpoint, last: LedgerEntry | None) -> None:
+def _check_identity(
+    pipeline: PipelineSpec, checkpoint: Checkpoint, last: LedgerEntry | None
+) -> None:
     """Refuse another query's checkpoint: Spark's query id (the checkpoint's ``metadata``,
     recorded in every ledger entry as ``checkpoint_id``) must be one this pipeline's ledger
     knows, whatever the positions. Passes a checkpoint started from the ledger that has
@@ -329,7 +331,7 @@ def _check_identity(pipeline: Pipeline, checkpoint: Checkpoint, last: LedgerEntr
 
 
 def run_pipeline(
-    pipeline: Pipeline,
+    pipeline: PipelineSpec,
     spark: SparkSession,
     *,
     timeout: float | None = None,
@@ -387,7 +389,7 @@ def run_pipeline(
 
 
 def _run(
-    pipeline: Pipeline,
+    pipeline: PipelineSpec,
     spark: SparkSession,
     *,
     timeout: float | None,
@@ -542,7 +544,7 @@ class _ProgressNotes:
     steps did goes to the log and ``report.dedup``. Monitoring only: a failure to read it
     is logged at debug level and changes nothing."""
 
-    def __init__(self, pipeline: Pipeline, report: RunReport) -> None:
+    def __init__(self, pipeline: PipelineSpec, report: RunReport) -> None:
         self.pipeline = pipeline
         self.report = report
         self.seen = -1  # the last Spark batch id whose progress was read
@@ -583,7 +585,7 @@ class _ProgressNotes:
 
 
 def _stopped(
-    pipeline: Pipeline, handler: _BatchHandler, stop: threading.Event | None
+    pipeline: PipelineSpec, handler: _BatchHandler, stop: threading.Event | None
 ) -> RunStopped:
     signum = getattr(stop, "signal_number", None) if stop is not None else None
     import signal as _signal
@@ -603,7 +605,7 @@ def _stopped(
 
 
 def _failure(
-    pipeline: Pipeline, checkpoint: Checkpoint, handler: _BatchHandler, exc: BaseException
+    pipeline: PipelineSpec, checkpoint: Checkpoint, handler: _BatchHandler, exc: BaseException
 ) -> SparkOnceError:
     """One error whose message names the cause, the batch and its offset ranges."""
     text = "\n".join(str(e) for e in (handler.error, exc) if e is not None)
@@ -626,7 +628,7 @@ def _failure(
     )
 
 
-def _fenced(pipeline: Pipeline, handler: _BatchHandler) -> FencedError | None:
+def _fenced(pipeline: PipelineSpec, handler: _BatchHandler) -> FencedError | None:
     """A FencedError when the sink's owner epoch is newer than this run's, else None."""
     try:
         owner = pipeline.sink.owner(pipeline.name)
@@ -638,7 +640,7 @@ def _fenced(pipeline: Pipeline, handler: _BatchHandler) -> FencedError | None:
     return FencedError(pipeline.name, handler.epoch, owner.epoch, holder=owner.holder)
 
 
-def _failed_batch(pipeline: Pipeline, checkpoint: Checkpoint, handler: _BatchHandler) -> str:
+def _failed_batch(pipeline: PipelineSpec, checkpoint: Checkpoint, handler: _BatchHandler) -> str:
     if handler.current is not None:
         batch_id, ranges = handler.current
         return f"batch {batch_id} [{ranges}]"

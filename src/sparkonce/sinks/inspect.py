@@ -44,6 +44,7 @@ from sparkonce.sinks.twophase import (
     DATA_SUFFIX,
     STAGE_SUFFIX,
     PostgresTwoPhaseSink,
+    forget_precommits,
 )
 
 
@@ -88,7 +89,9 @@ class Inspector(ABC):
         for a verify trial, or ``sparkonce reset``; never called by a run.
 
         ``output=False`` keeps the output and drops only the owner and ledger, where the
-        store can (a :class:`~sparkonce.errors.ConfigError` says why not otherwise)."""
+        store can (a :class:`~sparkonce.errors.ConfigError` says why not otherwise). A
+        two-phase sink's reset also deletes the pipeline's pre-committed attempts that never
+        committed, and their rows, either way."""
 
     # -- other sinks -------------------------------------------------------------------
     @abstractmethod
@@ -119,6 +122,7 @@ class SqlInspector(Inspector):
         with write_transaction(conn, sink.dialect):
             if output:
                 self._drop_output(conn, pipeline)
+            self._forget(conn, pipeline)
             for t in (LEDGER_TABLE, OWNER_TABLE):
                 conn.execute(sink.dialect.q(f"DELETE FROM {t} WHERE pipeline = %s"), (pipeline,))
         if output:
@@ -127,6 +131,10 @@ class SqlInspector(Inspector):
     def _drop_output(self, conn: Any, pipeline: str) -> None:
         """Inside reset's transaction: drop what holds the output."""
         conn.execute(f"DROP TABLE IF EXISTS {qi(self.sink.table)}")
+
+    def _forget(self, conn: Any, pipeline: str) -> None:
+        """Inside reset's transaction: delete what else of the pipeline's progress the
+        store keeps (the ledger and owner rows aside)."""
 
     def relocated(self, url: str | StoreURL) -> SqlSink:
         parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
@@ -141,15 +149,24 @@ class TwoPhaseInspector(SqlInspector):
     sink: PostgresTwoPhaseSink
 
     def _drop_output(self, conn: Any, pipeline: str) -> None:
-        """The view, the data, stage and upsert tables, and the pipeline's attempts."""
+        """The view (append) or table (upsert), the data or stage table, and the pipeline's
+        attempts of this output."""
         sink = self.sink
-        conn.execute(f"DROP VIEW IF EXISTS {qi(sink.table)}")
-        for t in (sink.table, sink.table + DATA_SUFFIX, sink.table + STAGE_SUFFIX):
+        row = conn.execute(
+            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (qi(sink.table),)
+        ).fetchone()
+        if row is not None:  # DROP VIEW refuses a table, and DROP TABLE a view
+            conn.execute(f"DROP {'VIEW' if row[0] == 'v' else 'TABLE'} {qi(sink.table)}")
+        for t in (sink.table + DATA_SUFFIX, sink.table + STAGE_SUFFIX):
             conn.execute(f"DROP TABLE IF EXISTS {qi(t)}")
         conn.execute(
             f"DELETE FROM {ATTEMPTS_TABLE} WHERE pipeline = %s AND target = %s",
             (pipeline, sink.table),
         )
+
+    def _forget(self, conn: Any, pipeline: str) -> None:
+        """The pipeline's pre-committed attempts (of every output) and their rows."""
+        forget_precommits(conn, pipeline)
 
     def pending(self, pipeline: str) -> int:
         """How many pre-committed, not yet committed or collected attempts ``pipeline`` has."""

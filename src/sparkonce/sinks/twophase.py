@@ -491,12 +491,66 @@ class TwoPhaseStager(PostgresStager):
             )
 
     def _relation_exists(self, name: str) -> bool:
-        row = self.conn.execute("SELECT to_regclass(%s)", (qi(name),)).fetchone()
-        return row is not None and row[0] is not None
+        return relation_exists(self.conn, name)
 
     def _output_dropped(self) -> None:
         super()._output_dropped()
         self._ready = False
+
+
+def relation_exists(conn: Any, name: str) -> bool:
+    """Whether the table or view ``name`` exists (in the connection's search path)."""
+    row = conn.execute("SELECT to_regclass(%s)", (qi(name),)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def holds_two_phase(conn: Any, pipeline: str, table: str | None) -> bool:
+    """Whether a PostgreSQL store holds a two-phase sink's output ``table`` (its data or
+    stage table, names only this sink creates, exists) or attempts of ``pipeline``."""
+    if table is not None and any(
+        relation_exists(conn, table + suffix) for suffix in (DATA_SUFFIX, STAGE_SUFFIX)
+    ):
+        return True
+    if not relation_exists(conn, ATTEMPTS_TABLE):
+        return False
+    row = conn.execute(
+        f"SELECT 1 FROM {ATTEMPTS_TABLE} WHERE pipeline = %s LIMIT 1", (pipeline,)
+    ).fetchone()
+    return row is not None
+
+
+def precommitted(conn: Any, pipeline: str) -> dict[str, list[int]]:
+    """``pipeline``'s attempts that pre-committed and never committed, by output table
+    (``target``); none when the store has no attempts table."""
+    found: dict[str, list[int]] = {}
+    if not relation_exists(conn, ATTEMPTS_TABLE):
+        return found
+    for attempt, target in conn.execute(
+        f"SELECT attempt_id, target FROM {ATTEMPTS_TABLE} WHERE pipeline = %s "
+        "AND state = 'precommitted' ORDER BY attempt_id",
+        (pipeline,),
+    ).fetchall():
+        found.setdefault(str(target), []).append(int(attempt))
+    return found
+
+
+def forget_precommits(conn: Any, pipeline: str) -> int:
+    """In the caller's transaction: delete ``pipeline``'s pre-committed attempts that never
+    committed, and their rows in each output's data or stage table; returns how many.
+
+    For ``sparkonce reset``: they are invisible pre-commits of batches the reset makes the
+    pipeline forget, which no collector of a later run would look for. Committed attempts
+    stay (in append mode they are what makes the kept output visible through the view).
+    """
+    found = precommitted(conn, pipeline)
+    for target, ids in found.items():
+        for suffix in (DATA_SUFFIX, STAGE_SUFFIX):
+            if relation_exists(conn, target + suffix):
+                conn.execute(
+                    f"DELETE FROM {qi(target + suffix)} WHERE {ATTEMPT_COLUMN} = ANY(%s)", (ids,)
+                )
+        conn.execute(f"DELETE FROM {ATTEMPTS_TABLE} WHERE attempt_id = ANY(%s)", (ids,))
+    return sum(len(ids) for ids in found.values())
 
 
 class PostgresTwoPhaseSink(PostgresSink):

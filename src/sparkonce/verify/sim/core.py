@@ -16,13 +16,11 @@ from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.offsets import BatchRanges, TopicPartition, check_chain, plan_batch
 from sparkonce.protocol import CrashPoint
 from sparkonce.verify.sim.schedule import Event, Grow, Repeat, Schedule, Stale, Start, Step, Thaw
-from sparkonce.verify.sim.target import Observer
+from sparkonce.verify.sim.target import Observer, Planned, Row
 from sparkonce.verify.sim.world import (
     Checkpoint,
     Failure,
     InjectedFailure,
-    Planned,
-    Row,
     Run,
     SimCrash,
     Stats,

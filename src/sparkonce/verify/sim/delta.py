@@ -28,12 +28,20 @@ from sparkonce.errors import SinkUnavailableError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import Owner
 from sparkonce.ledger.delta import DeltaLedgerStore
-from sparkonce.verify.sim.target import Endpoint, Entry, Observer, StageFn, Target
-from sparkonce.verify.sim.world import InjectedFailure, Row
+from sparkonce.verify.sim.target import (
+    Endpoint,
+    Entry,
+    Observer,
+    Planned,
+    Row,
+    Running,
+    StageFn,
+    Target,
+)
+from sparkonce.verify.sim.world import InjectedFailure
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.ledger.base import BatchContext
-    from sparkonce.verify.sim.world import Planned, Run
 
 SCHEMA = "p long, o long, v string, epoch long"
 
@@ -126,7 +134,7 @@ class DeltaTarget(Target):
 
     # -- staging -------------------------------------------------------------------------
     def stage(
-        self, run: Run, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
+        self, run: Running, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
     ) -> tuple[StageFn, list[int], list[int]]:
         if fail:
 

@@ -35,15 +35,16 @@ from sparkonce.verify.sim.target import (
     Entry,
     FrameStage,
     ObservedStore,
+    Planned,
+    Row,
+    Running,
     StageFn,
     Target,
     TaskFrame,
 )
-from sparkonce.verify.sim.world import Row
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.ledger.base import BatchContext
-    from sparkonce.verify.sim.world import Planned, Run
 
 OUTPUT_PARTITIONS = 2
 TASKS = 2  # Spark tasks per batch: log partition p's rows go to task p % 2 (timer rows: 0)
@@ -221,7 +222,7 @@ class KafkaTarget(Target):
 
     # -- staging -------------------------------------------------------------------------
     def stage(
-        self, run: Run, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
+        self, run: Running, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
     ) -> tuple[StageFn, list[int], list[int]]:
         import pyarrow as pa
 

@@ -30,15 +30,17 @@ from sparkonce.verify.sim.target import (
     Endpoint,
     Entry,
     ObservedStore,
+    Planned,
+    Row,
+    Running,
     StageFn,
     Target,
     TaskFrame,
 )
-from sparkonce.verify.sim.world import InjectedFailure, Row
+from sparkonce.verify.sim.world import InjectedFailure
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.ledger.base import BatchContext
-    from sparkonce.verify.sim.world import Planned, Run
 
 COLUMNS = ("p", "o", "v", "epoch")
 
@@ -243,7 +245,7 @@ class SqlTarget(Target):
 
     # -- staging -------------------------------------------------------------------------
     def stage(
-        self, run: Run, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
+        self, run: Running, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
     ) -> tuple[StageFn, list[int], list[int]]:
         attempts: list[int] = []
         failed: list[int] = []
@@ -260,7 +262,7 @@ class SqlTarget(Target):
 
     def _twophase_stage(
         self,
-        run: Run,
+        run: Running,
         ctx: BatchContext,
         rows: list[Row],
         fail: bool,

@@ -15,6 +15,7 @@ number. With ``fail``, each task's first attempt fails and is retried, as Spark 
 
 from __future__ import annotations
 
+import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -24,12 +25,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sparkonce.commit import Stager
 from sparkonce.ledger.base import LedgerEntry, LedgerStore, Owner
-from sparkonce.offsets import BatchRanges
+from sparkonce.offsets import BatchRanges, TopicPartition
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.commit import Staged
     from sparkonce.ledger.base import BatchContext
-    from sparkonce.verify.sim.world import Planned, Row, Run
 
 
 class Observer(Protocol):
@@ -79,6 +79,30 @@ class Endpoint:
     store: Any  # the sink's LedgerStore, subclassed to report commits (observer, lose_ack)
     stager: Stager
     sink: Any = None  # the sink whose store and stager these are, when the target needs it
+
+
+class Running(Protocol):
+    """What a target reads of one run (``world.Run``): the endpoint its driver holds."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+
+Row = tuple[Any, ...]  # an output row as the simulation writes and reads it: (p, o, v, epoch)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One batch in a checkpoint's offset log."""
+
+    batch_id: int
+    ranges: BatchRanges
+    nodata: bool
+    quiet: bool = False  # a no-data batch that emits no row
+
+    @functools.cached_property
+    def ends(self) -> dict[TopicPartition, int]:
+        return self.ranges.ends()
 
 
 class Entry(NamedTuple):
@@ -155,7 +179,7 @@ class Target(ABC):
 
     @abstractmethod
     def stage(
-        self, run: Run, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
+        self, run: Running, ctx: BatchContext, batch: Planned, rows: list[Row], fail: bool
     ) -> tuple[StageFn, list[int], list[int]]:
         """The stage function of a commit.
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from sparkonce.offsets import BatchRanges, TopicPartition
+from sparkonce.offsets import TopicPartition
+from sparkonce.verify.sim.target import Planned
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.commit import Committer, Staged
@@ -40,20 +40,6 @@ class Failure:
 
     def __str__(self) -> str:
         return f"[{self.kind}] {self.detail}"
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One batch in a checkpoint's offset log."""
-
-    batch_id: int
-    ranges: BatchRanges
-    nodata: bool
-    quiet: bool = False  # a no-data batch that emits no row
-
-    @functools.cached_property
-    def ends(self) -> dict[TopicPartition, int]:
-        return self.ranges.ends()
 
 
 @dataclass
@@ -238,6 +224,3 @@ def spans(offsets: list[int]) -> str:
         if o is not None:
             start = prev = o
     return ",".join(out)
-
-
-Row = tuple[Any, ...]
