@@ -148,6 +148,13 @@ def test_proportional_planning_of_a_skewed_topic() -> None:
     assert proportional_shares({("t", 0): 5, ("t", 1): 0}, 10) == {("t", 0): 5, ("t", 1): 0}
 
 
+@pytest.mark.parametrize("budget", [0, -3])
+def test_proportional_shares_refuse_a_budget_below_one(budget: int) -> None:
+    # a batch limit of 0 would plan empty batches for ever: the error names the value
+    with pytest.raises(ConfigError, match=rf"^budget must be >= 1, got {budget}$"):
+        proportional_shares({("t", 0): 5}, budget)
+
+
 @settings(max_examples=150, deadline=None)
 @given(start_latest(), LIMIT, LIMIT)
 def test_repeated_planning_consumes_everything_without_gaps(
