@@ -593,3 +593,21 @@ def test_a_sqlite_connection_lost_at_every_attempt_is_sink_unavailable(
     assert store.tries == 3 and stager.calls == ["prepare:0"] + ["publish"] * 3 + ["abort"]
     assert SqlLedgerStore(url, dialect_for(url)).entries(pipeline) == []
     store.close()
+
+
+def test_a_no_data_batch_without_a_checkpoint_identity_is_never_taken_for_a_replay(
+    sqlite_store, pipeline
+) -> None:
+    # A no-data batch is recognised only by its Spark identity (checkpoint id, batch id);
+    # without a checkpoint id there is none, and the ledger's last entry must not stand
+    # for one: skipping the batch would drop the rows it emits (a timer's output).
+    epoch = sqlite_store.acquire(pipeline).epoch
+    committer = Committer(sqlite_store, RecordingStager(rows=2), faults=FaultPlan())
+
+    def anonymous(batch: BatchRanges, batch_id: int) -> BatchContext:
+        return BatchContext(pipeline, epoch, batch, batch_id, checkpoint_id=None)
+
+    committer.commit(anonymous(ranges(0, 5), 1), NO_FRAME)
+    assert committer.commit(anonymous(ranges(5, 5), 2), NO_FRAME).seq == 1
+    again = committer.commit(anonymous(ranges(5, 5), 2), NO_FRAME)
+    assert (again.skipped, again.seq) == (False, 2)
