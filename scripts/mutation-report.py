@@ -144,6 +144,8 @@ def merge(reports: list[dict[str, Any]], commit: str | None) -> dict[str, Any]:
             "mutants": r["mutants"],
             "killed": r["killed"],
             "run_seconds": r["run_seconds"],
+            "commit": r["commit"],
+            "generated": r["generated"],
         }
         for r in reports
     }
