@@ -611,3 +611,25 @@ def test_a_no_data_batch_without_a_checkpoint_identity_is_never_taken_for_a_repl
     assert committer.commit(anonymous(ranges(5, 5), 2), NO_FRAME).seq == 1
     again = committer.commit(anonymous(ranges(5, 5), 2), NO_FRAME)
     assert (again.skipped, again.seq) == (False, 2)
+
+
+def test_a_retried_commit_says_why_and_which_attempt_in_one_warning(
+    tmp_path: Path, pipeline: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The only trace of a lost connection that the retry repaired: operators count these.
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    plan = FaultPlan(drop_connection=(CrashPoint.AFTER_ROWS, 1))
+    with caplog.at_level("WARNING", logger="sparkonce.commit.committer"):
+        Committer(store, RecordingStager(), faults=plan).commit(
+            ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+        )
+    [retry] = [r for r in caplog.records if r.name == "sparkonce.commit.committer"]
+    assert retry.levelname == "WARNING"
+    assert retry.getMessage().startswith(
+        f"pipeline {pipeline!r} batch {ranges(0, 5)}: connection to {store.describe()} lost "
+        "during commit ("
+    )
+    assert retry.getMessage().endswith("); retrying on a new connection (attempt 2/3)")
+    store.close()
