@@ -4,14 +4,16 @@ Reads mutmut's per-file results (mutants/**/*.py.meta), and for every mutant no 
 killed (survived, or no test reached it) its diff and a reason: the explanation in
 tests/mutation-equivalent.json (mutant name -> why it is equivalent), or "unexplained".
 Timeouts are listed apart: a mutant whose tests never finish (an endless loop) counts as
-caught, but not as killed.
+caught (as in Stryker's mutation score), but not as killed. The goal applies to the caught
+share, score_with_timeouts = (killed + timeouts) / mutants; explained survivors count
+against it like any other.
 
 Run from the repository root, with the venv that holds mutmut:
     .venv/bin/python scripts/mutation-report.py [--out FILE] [--only GLOB...]
     .venv/bin/python scripts/mutation-report.py --merge GROUP.json... [--out FILE]
 ``--only`` reports the mutants of one group (``mutmut run GLOB``); ``--merge`` adds up the
 reports of groups run apart (tests/mutation/test_mutation_score.py, one per group).
-Exit code 1 when the killed share is below --goal (default 0.95), a mutant was not
+Exit code 1 when the caught share is below --goal (default 0.95), a mutant was not
 checked, or a survivor is unexplained.
 """
 
@@ -64,11 +66,13 @@ def main() -> int:
     total = report["mutants"]
     print(
         f"all: {report['killed']}/{total} killed ({report['score'] or 0:.1%}), "
+        f"{report['timeouts']} timeouts (caught: {report['score_with_timeouts'] or 0:.1%}), "
         f"{len(report['survivors'])} survivors ({report['unexplained']} unexplained); wrote {out}"
     )
     if report["not_checked"]:
         print(f"warning: {report['not_checked']} mutants not checked (the run did not finish)")
-    if not total or report["not_checked"] or report["score"] < args.goal or report["unexplained"]:
+    caught = report["score_with_timeouts"]
+    if not total or report["not_checked"] or caught < args.goal or report["unexplained"]:
         return 1
     return 0
 
