@@ -131,7 +131,13 @@ def merge(reports: list[dict[str, Any]], commit: str | None) -> dict[str, Any]:
         for source, m in r["modules"].items():
             counts.setdefault(source, Counter()).update(m["statuses"])
     modules = {source: _module(c) for source, c in sorted(counts.items())}
-    survivors = [s for r in reports for s in r["survivors"]]
+    # explanations added since a group ran apply to its survivors
+    reasons: dict[str, str] = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    survivors = [
+        {**s, "reason": reasons.get(s["mutant"], s["reason"])}
+        for r in reports
+        for s in r["survivors"]
+    ]
     timeouts = [t for r in reports for t in r["timeout_mutants"]]
     seconds = sum(r["run_seconds"] or 0 for r in reports)
     report = _report(
@@ -141,7 +147,7 @@ def merge(reports: list[dict[str, Any]], commit: str | None) -> dict[str, Any]:
         sum(r["not_checked"] for r in reports),
         seconds,
         commit or reports[0]["commit"],
-        None,
+        [g for r in reports for g in r["mutants_selected"]],
     )
     report["groups"] = {
         " ".join(r["mutants_selected"]): {
