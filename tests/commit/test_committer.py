@@ -633,3 +633,11 @@ def test_a_retried_commit_says_why_and_which_attempt_in_one_warning(
     )
     assert retry.getMessage().endswith("); retrying on a new connection (attempt 2/3)")
     store.close()
+
+
+def test_a_committer_may_make_a_single_attempt_but_not_none(sqlite_store, pipeline) -> None:
+    epoch = sqlite_store.acquire(pipeline).epoch
+    once = Committer(sqlite_store, RecordingStager(), faults=FaultPlan(), attempts=1)
+    assert once.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME).seq == 0
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        Committer(sqlite_store, RecordingStager(), attempts=0)

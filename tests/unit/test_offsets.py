@@ -341,8 +341,23 @@ def test_the_gap_error_says_nothing_was_committed_and_what_to_do() -> None:
 
 
 def test_classify_partial_overlap_raises() -> None:
-    with pytest.raises(LedgerError, match="only in part"):
+    with pytest.raises(LedgerError, match="only in part") as info:
         classify(_b(("t", 0, 3, 9)), {("t", 0): 5})
+    assert str(info.value).endswith(  # what to do about it
+        "nothing was committed. Check that the checkpoint belongs to this pipeline and sink."
+    )
+
+
+def test_the_ledger_text_of_a_batch_is_canonical() -> None:
+    # The SQL ledger finds a batch by comparing this text with the stored one: the same
+    # batch must always give the same text (keys sorted as text, so "10" before "2").
+    batch = _b(("t", 2, 0, 5), ("t", 10, 0, 5), ("a", 0, 1, 2))
+    assert batch.to_json() == '{"a":{"0":[1,2]},"t":{"10":[0,5],"2":[0,5]}}'
+
+
+def test_offset_ranges_that_are_not_an_object_are_refused_with_what_was_given() -> None:
+    with pytest.raises(ConfigError, match=r"^offset ranges must be a JSON object, got \[1, 2\]$"):
+        BatchRanges.from_json("[1, 2]")
 
 
 def test_classify_mixed_new_and_old_raises() -> None:
