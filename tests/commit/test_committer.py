@@ -142,6 +142,7 @@ def test_a_new_batch_commits_once_and_its_replay_stages_nothing(new_store, pipel
     stager.calls.clear()
     again = committer.commit(ctx(pipeline, epoch, ranges(0, 10), spark_batch_id=7), NO_FRAME)
     assert again.skipped and again.seq == 0
+    assert (again.row_count, again.reason) == (0, "offsets already in the ledger (replay)")
     assert stager.calls == []  # nothing staged, no task would have run
     # The next batch follows; a batch planned differently (a lost checkpoint) is refused.
     assert committer.commit(ctx(pipeline, epoch, ranges(10, 15), 1), NO_FRAME).seq == 1
@@ -276,11 +277,11 @@ def test_no_data_batches_commit_only_with_rows_and_replay_by_spark_identity(
     assert emitting.commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME).seq == 1
     # Its replay (same query and batch id) is skipped; the next no-data batch is not.
     stager = RecordingStager(rows=1)
-    assert (
-        Committer(store, stager, faults=FaultPlan())
-        .commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME)
-        .skipped
+    replayed = Committer(store, stager, faults=FaultPlan()).commit(
+        ctx(pipeline, epoch, at_end, 2), NO_FRAME
     )
+    assert (replayed.skipped, replayed.row_count, replayed.seq) == (True, 0, 1)
+    assert replayed.reason == "no-data batch already committed (replay)"
     assert stager.calls == []
     assert (
         Committer(store, stager, faults=FaultPlan())
