@@ -251,8 +251,11 @@ def test_batch_from_offsets_examples() -> None:
 
 
 def test_plan_batch_raises_when_log_is_behind_start() -> None:
-    with pytest.raises(LedgerError, match=r"t\[1\].*offset 3.*resume offset 5"):
+    with pytest.raises(LedgerError, match=r"t\[1\].*offset 3.*resume offset 5") as info:
         plan_batch({("t", 0): 0, ("t", 1): 5}, {("t", 0): 9, ("t", 1): 3})
+    assert str(info.value).endswith(  # what to check
+        "already committed; check that the source is the one this pipeline was started on."
+    )
 
 
 @pytest.mark.parametrize("kw", [{"max_per_partition": 0}, {"max_total": 0}, {"max_total": -2}])
@@ -363,6 +366,9 @@ def test_offset_ranges_that_are_not_an_object_are_refused_with_what_was_given() 
 def test_classify_mixed_new_and_old_raises() -> None:
     with pytest.raises(LedgerError, match="mixes"):
         classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6)), {("t", 0): 5, ("t", 1): 4})
+    with pytest.raises(LedgerError) as info:  # each side listed, ranges comma-separated
+        classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6), ("t", 2, 0, 1)), {("t", 0): 5, ("t", 1): 4})
+    assert "already committed (t[0]:0..5) with new ones (t[1]:4..6, t[2]:0..1);" in str(info.value)
 
 
 def test_advance_never_moves_an_end_back() -> None:
