@@ -59,6 +59,7 @@ def _copy_tree(dest: Path) -> None:
 def test_mutation_score(group: str, tmp_path: Path) -> None:
     globs = GROUPS[group]
     work = tmp_path / "tree"
+    commit = _head()  # the commit of the tree copied (uncommitted changes included)
     _copy_tree(work)
     bindir = Path(sys.executable).parent
     env = {**os.environ, **ENV}
@@ -80,7 +81,7 @@ def test_mutation_score(group: str, tmp_path: Path) -> None:
     only = [arg for g in globs for arg in ("--only", g)]
     report_args = ["--out", str(out), "--goal", str(GOAL), "--seconds", str(seconds)]
     report_run = subprocess.run(
-        [sys.executable, "scripts/mutation-report.py", *report_args, "--commit", _head(), *only],
+        [sys.executable, "scripts/mutation-report.py", *report_args, "--commit", commit, *only],
         cwd=work,
         env=env,
         capture_output=True,
