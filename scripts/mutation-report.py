@@ -1,28 +1,33 @@
-"""Write benchmarks/results/mutation.json from a finished `mutmut run` (see `make mutation`).
+"""Write benchmarks/results/mutation.json from finished mutmut runs (see `make mutation`).
 
 Reads mutmut's per-file results (mutants/**/*.py.meta), and for every mutant no test
 killed (survived, or no test reached it) its diff and a reason: the explanation in
 tests/mutation-equivalent.json (mutant name -> why it is equivalent), or "unexplained".
 Timeouts are listed apart: a mutant whose tests never finish (an endless loop) counts as
-caught, but not as killed.
+caught (as in Stryker's mutation score), but not as killed. The goal applies to the caught
+share, score_with_timeouts = (killed + timeouts) / mutants; explained survivors count
+against it like any other.
 
 Run from the repository root, with the venv that holds mutmut:
-    .venv/bin/python scripts/mutation-report.py [--out benchmarks/results/mutation.json]
-Exit code 1 when the killed share is below --goal (default 0.95) or a survivor is
-unexplained.
+    .venv/bin/python scripts/mutation-report.py [--out FILE] [--only GLOB...]
+    .venv/bin/python scripts/mutation-report.py --merge GROUP.json... [--out FILE]
+``--only`` reports the mutants of one group (``mutmut run GLOB``); ``--merge`` adds up the
+reports of groups run apart (tests/mutation/test_mutation_score.py, one per group).
+Exit code 1 when the caught share is below --goal (default 0.95), a mutant was not
+checked, or a survivor is unexplained.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
+import subprocess
 import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-
-from mutmut.mutation.diff_apply import get_diff_for_mutant
-from mutmut.stats import status_by_exit_code
+from typing import Any
 
 EQUIVALENT = Path("tests/mutation-equivalent.json")
 NOT_KILLED = ("survived", "no tests", "suspicious", "skipped", "segfault")
@@ -33,40 +38,76 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/mutation.json")
     parser.add_argument("--goal", type=float, default=0.95)
     parser.add_argument("--seconds", type=float, help="the run's wall time, for the report")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="report only the mutants whose name matches (repeatable; `mutmut run GLOB`)",
+    )
+    parser.add_argument("--commit", help="the commit the run tested (default: git's HEAD)")
+    parser.add_argument("--merge", nargs="+", metavar="REPORT", help="group reports to add up")
     args = parser.parse_args()
+    if args.merge:
+        report = merge([json.loads(Path(p).read_text()) for p in args.merge], args.commit)
+    else:
+        built = from_mutants(args.only, args.seconds, args.commit)
+        if built is None:
+            print("error: no mutmut results in mutants/; run `mutmut run` first", file=sys.stderr)
+            return 2
+        report = built
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    for source, m in report["modules"].items():
+        print(
+            f"{source:<40} {m['killed']:>4}/{m['mutants']:<4} killed ({m['score']:.1%}), "
+            f"{m['timeouts']} timeouts, {m['survived']} not killed"
+        )
+    total = report["mutants"]
+    print(
+        f"all: {report['killed']}/{total} killed ({report['score'] or 0:.1%}), "
+        f"{report['timeouts']} timeouts (caught: {report['score_with_timeouts'] or 0:.1%}), "
+        f"{len(report['survivors'])} survivors ({report['unexplained']} unexplained); wrote {out}"
+    )
+    if report["not_checked"]:
+        print(f"warning: {report['not_checked']} mutants not checked (the run did not finish)")
+    caught = report["score_with_timeouts"]
+    if not total or report["not_checked"] or caught < args.goal or report["unexplained"]:
+        return 1
+    return 0
+
+
+def from_mutants(
+    only: list[str] | None, seconds: float | None, commit: str | None
+) -> dict[str, Any] | None:
+    """The report of the mutants in mutants/ (those matching ``only``), or None if none."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
 
     metas = sorted(Path("mutants").glob("src/**/*.py.meta"))
     if not metas:
-        print("error: no mutmut results in mutants/; run `mutmut run` first", file=sys.stderr)
-        return 2
+        return None
     reasons: dict[str, str] = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
-    modules: dict[str, dict[str, object]] = {}
+    modules: dict[str, dict[str, Any]] = {}
     survivors: list[dict[str, str]] = []
     timeouts: list[str] = []
-    totals: Counter[str] = Counter()
+    unchecked_total = 0
     for meta in metas:
         source = str(meta.relative_to("mutants"))[: -len(".meta")]
         codes = json.loads(meta.read_text())["exit_code_by_key"]
+        if only:
+            codes = {n: c for n, c in codes.items() if any(fnmatch.fnmatch(n, g) for g in only)}
         if not codes:
             continue
         statuses = {name: status_by_exit_code[code] for name, code in sorted(codes.items())}
         unchecked = [n for n, s in statuses.items() if s == "not checked"]  # an unfinished run
-        totals["not checked"] += len(unchecked)
+        unchecked_total += len(unchecked)
         statuses = {n: s for n, s in statuses.items() if s != "not checked"}
         if not statuses:
             continue
         count = Counter(statuses.values())
-        totals.update(count)
         count["not checked"] = len(unchecked)
-        killed = count["killed"]
-        modules[source] = {
-            "mutants": len(statuses),
-            "killed": killed,
-            "timeouts": count["timeout"],
-            "survived": sum(count[s] for s in NOT_KILLED),
-            "score": round(killed / len(statuses), 4),
-            "statuses": dict(count),
-        }
+        modules[source] = _module(count)
         for name, status in statuses.items():
             if status == "timeout":
                 timeouts.append(name)
@@ -80,43 +121,106 @@ def main() -> int:
                         "diff": get_diff_for_mutant(name, path=source),
                     }
                 )
-    unchecked_total = totals.pop("not checked", 0)
-    total = sum(totals.values())
-    unexplained = [s["mutant"] for s in survivors if s["reason"] == "unexplained"]
-    report = {
+    return _report(modules, survivors, timeouts, unchecked_total, seconds, commit, only)
+
+
+def merge(reports: list[dict[str, Any]], commit: str | None) -> dict[str, Any]:
+    """One report adding up ``reports`` (groups of disjoint mutants)."""
+    counts: dict[str, Counter[str]] = {}
+    for r in reports:
+        for source, m in r["modules"].items():
+            counts.setdefault(source, Counter()).update(m["statuses"])
+    modules = {source: _module(c) for source, c in sorted(counts.items())}
+    # explanations added since a group ran apply to its survivors
+    reasons: dict[str, str] = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    survivors = [
+        {**s, "reason": reasons.get(s["mutant"], s["reason"])}
+        for r in reports
+        for s in r["survivors"]
+    ]
+    timeouts = [t for r in reports for t in r["timeout_mutants"]]
+    seconds = sum(r["run_seconds"] or 0 for r in reports)
+    report = _report(
+        modules,
+        survivors,
+        timeouts,
+        sum(r["not_checked"] for r in reports),
+        seconds,
+        commit or reports[0]["commit"],
+        [g for r in reports for g in r["mutants_selected"]],
+    )
+    report["groups"] = {
+        " ".join(r["mutants_selected"]): {
+            "mutants": r["mutants"],
+            "killed": r["killed"],
+            "run_seconds": r["run_seconds"],
+            "commit": r["commit"],
+            "generated": r["generated"],
+        }
+        for r in reports
+    }
+    return report
+
+
+def _module(count: Counter[str]) -> dict[str, Any]:
+    statuses = {s: n for s, n in count.items() if s != "not checked"}
+    total = sum(statuses.values())
+    killed = count["killed"]
+    return {
+        "mutants": total,
+        "killed": killed,
+        "timeouts": count["timeout"],
+        "survived": sum(count[s] for s in NOT_KILLED),
+        "score": round(killed / total, 4) if total else None,
+        "statuses": dict(count),
+    }
+
+
+def _report(
+    modules: dict[str, dict[str, Any]],
+    survivors: list[dict[str, str]],
+    timeouts: list[str],
+    unchecked: int,
+    seconds: float | None,
+    commit: str | None,
+    only: list[str] | None,
+) -> dict[str, Any]:
+    total = sum(m["mutants"] for m in modules.values())
+    killed = sum(m["killed"] for m in modules.values())
+    timed_out = sum(m["timeouts"] for m in modules.values())
+    explained = [s for s in survivors if s["reason"] != "unexplained"]
+    return {
         "generated": datetime.now(UTC).isoformat(timespec="seconds"),
         "tool": "mutmut 3 (make mutation)",
-        "run_seconds": args.seconds,
+        "commit": commit or _head(),
+        "mutants_selected": only or ["all"],
+        "run_seconds": seconds,
         "mutants": total,
-        "not_checked": unchecked_total,
-        "killed": totals["killed"],
-        "timeouts": totals["timeout"],
-        "score": round(totals["killed"] / total, 4) if total else None,
-        "score_with_timeouts": round((totals["killed"] + totals["timeout"]) / total, 4)
-        if total
+        "not_checked": unchecked,
+        "killed": killed,
+        "timeouts": timed_out,
+        "score": round(killed / total, 4) if total else None,
+        "score_with_timeouts": round((killed + timed_out) / total, 4) if total else None,
+        # the share killed among the mutants not explained as equivalent or unreachable
+        "score_without_explained": round(killed / (total - len(explained)), 4)
+        if total > len(explained)
         else None,
-        "unexplained": len(unexplained),
+        "explained": len(explained),
+        "unexplained": len(survivors) - len(explained),
         "modules": modules,
         "survivors": survivors,
         "timeout_mutants": timeouts,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    for source, m in modules.items():
-        print(
-            f"{source:<40} {m['killed']:>4}/{m['mutants']:<4} killed ({m['score']:.1%}), "
-            f"{m['timeouts']} timeouts, {m['survived']} not killed"
+
+
+def _head() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         )
-    print(
-        f"all: {totals['killed']}/{total} killed ({report['score']:.1%}), "
-        f"{len(survivors)} survivors ({len(unexplained)} unexplained); wrote {out}"
-    )
-    if unchecked_total:
-        print(f"warning: {unchecked_total} mutants not checked (the run did not finish)")
-    if not total or unchecked_total or totals["killed"] / total < args.goal or unexplained:
-        return 1
-    return 0
+    except (OSError, subprocess.CalledProcessError):
+        return None  # not a git checkout (a copy made for the run)
+    return out.stdout.strip()
 
 
 if __name__ == "__main__":

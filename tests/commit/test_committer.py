@@ -142,6 +142,7 @@ def test_a_new_batch_commits_once_and_its_replay_stages_nothing(new_store, pipel
     stager.calls.clear()
     again = committer.commit(ctx(pipeline, epoch, ranges(0, 10), spark_batch_id=7), NO_FRAME)
     assert again.skipped and again.seq == 0
+    assert (again.row_count, again.reason) == (0, "offsets already in the ledger (replay)")
     assert stager.calls == []  # nothing staged, no task would have run
     # The next batch follows; a batch planned differently (a lost checkpoint) is refused.
     assert committer.commit(ctx(pipeline, epoch, ranges(10, 15), 1), NO_FRAME).seq == 1
@@ -276,11 +277,11 @@ def test_no_data_batches_commit_only_with_rows_and_replay_by_spark_identity(
     assert emitting.commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME).seq == 1
     # Its replay (same query and batch id) is skipped; the next no-data batch is not.
     stager = RecordingStager(rows=1)
-    assert (
-        Committer(store, stager, faults=FaultPlan())
-        .commit(ctx(pipeline, epoch, at_end, 2), NO_FRAME)
-        .skipped
+    replayed = Committer(store, stager, faults=FaultPlan()).commit(
+        ctx(pipeline, epoch, at_end, 2), NO_FRAME
     )
+    assert (replayed.skipped, replayed.row_count, replayed.seq) == (True, 0, 1)
+    assert replayed.reason == "no-data batch already committed (replay)"
     assert stager.calls == []
     assert (
         Committer(store, stager, faults=FaultPlan())
@@ -447,6 +448,7 @@ def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
             ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
         )
     text = str(info.value)
+    assert type(info.value) is SinkError  # exit 1: not SinkUnavailableError (a lost store)
     assert "disk full" in text and "events[0]:0..5" in text
     assert (  # the default stager's own words
         "The transaction was rolled back; nothing of the batch is visible and the ledger "
@@ -464,3 +466,179 @@ def test_a_store_error_rolls_back_names_the_batch_and_says_what_is_visible(
         Committer(
             store, TasksCommitFirst(fail_publish=RuntimeError("x")), faults=FaultPlan()
         ).commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME)
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[SqlLedgerStore]:
+    """One store on a fresh SQLite ledger (for what does not depend on the store)."""
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    yield store
+    store.close()
+
+
+class HandStager(RecordingStager):
+    """Records the context and staged object each hook receives; ``fail_prepare`` raises."""
+
+    def __init__(self, *, fail_prepare: bool = False, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.fail_prepare = fail_prepare
+        self.seen: list[tuple[str, BatchContext, Staged | None]] = []
+        self.frames: list[Any] = []
+
+    def prepare(self, ctx: BatchContext, df: Any, seq: int) -> Staged:
+        self.frames.append(df)
+        if self.fail_prepare:
+            raise RuntimeError("the tasks failed")
+        staged = super().prepare(ctx, df, seq)
+        self.seen.append(("prepare", ctx, staged))
+        return staged
+
+    def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
+        super().abort(ctx, staged)
+        self.seen.append(("abort", ctx, staged))
+
+    def after_commit(self, ctx: BatchContext) -> None:
+        super().after_commit(ctx)
+        self.seen.append(("after_commit", ctx, None))
+
+
+def test_the_stager_cleans_up_the_batch_it_staged(sqlite_store, pipeline) -> None:
+    # abort must get the failed batch and exactly what its prepare returned (the attempts
+    # to roll back), after_commit the committed batch: a stager that got another batch's
+    # context or nothing would leave pre-committed rows behind.
+    epoch = sqlite_store.acquire(pipeline).epoch
+    ok = HandStager()
+    first = ctx(pipeline, epoch, ranges(0, 5))
+    frame = cast("DataFrame", object())  # stands for the batch's DataFrame: never read here
+    Committer(sqlite_store, ok, faults=FaultPlan()).commit(first, frame)
+    assert ok.frames == [frame]  # the batch's own rows are what gets staged
+    [(_, ctx_p, staged)] = [s for s in ok.seen if s[0] == "prepare"]
+    assert ok.seen == [("prepare", first, staged), ("after_commit", first, None)]
+    assert ctx_p is first and ok.seen[1][1] is first
+
+    failing = HandStager(fail_publish=RuntimeError("disk full"))
+    second = ctx(pipeline, epoch, ranges(5, 9))
+    with pytest.raises(SinkError):
+        Committer(sqlite_store, failing, faults=FaultPlan()).commit(second, NO_FRAME)
+    (_, _, staged), aborted = failing.seen
+    assert aborted[0] == "abort" and aborted[1] is second and aborted[2] is staged
+
+    unstaged = HandStager(fail_prepare=True)
+    with pytest.raises(RuntimeError, match="the tasks failed"):
+        Committer(sqlite_store, unstaged, faults=FaultPlan()).commit(second, NO_FRAME)
+    assert unstaged.seen == [("abort", second, None)]  # nothing was staged
+    assert [e.seq for e in sqlite_store.entries(pipeline)] == [0]
+
+
+def test_the_result_times_each_step_of_the_commit(sqlite_store, pipeline) -> None:
+    epoch = sqlite_store.acquire(pipeline).epoch
+    committer = Committer(sqlite_store, SlowStager(), faults=FaultPlan())
+    began = time.monotonic()
+    result = committer.commit(ctx(pipeline, epoch, ranges(0, 10)), NO_FRAME)
+    took = time.monotonic() - began
+    assert list(result.timings) == ["look", "stage", "commit", "after"]
+    assert all(0 <= s <= took for s in result.timings.values()), result.timings
+    assert 0.3 <= result.timings["stage"] <= sum(result.timings.values()) <= took + 0.001
+
+
+def test_a_stager_that_stages_in_tasks_names_itself_when_given_collected_rows() -> None:
+    # Only stagers with stages_on_driver take collected (Arrow) rows; another one says
+    # which stager was asked, for the caller that did not check.
+    assert RecordingStager.stages_on_driver is False
+    with pytest.raises(NotImplementedError, match=r"^RecordingStager stages its rows in Spark"):
+        RecordingStager().prepare_arrow(ctx(P, 1, ranges(0, 1)), None, cast("Any", None), 0)
+
+
+def test_a_stateful_batch_that_commits_is_not_computed_a_second_time(
+    sqlite_store, pipeline
+) -> None:
+    # Only a stateful query's replay, which stages nothing, runs its DataFrame into the
+    # no-op sink; a batch that was staged has run already (a second run would compute it
+    # twice). NO_FRAME has no .write: a second run would raise here.
+    epoch = sqlite_store.acquire(pipeline).epoch
+    stateful = BatchContext(pipeline, epoch, ranges(0, 5), 0, checkpoint_id="q1", stateful=True)
+    stager = HandStager()
+    result = Committer(sqlite_store, stager, faults=FaultPlan()).commit(stateful, NO_FRAME)
+    assert (result.skipped, result.seq) == (False, 0) and stager.frames == [NO_FRAME]
+
+
+def test_a_sqlite_connection_lost_at_every_attempt_is_sink_unavailable(
+    tmp_path: Path, pipeline: str
+) -> None:
+    """SQLite's connection is closed before each try's COMMIT: every attempt is retried on
+    a new one, then SinkUnavailableError (exit 4), naming the batch; nothing committed."""
+    from sparkonce.cli import EXIT_UNAVAILABLE, _report
+
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+
+    class AlwaysLost(SqlLedgerStore):
+        tries = 0
+
+        @contextmanager
+        def transaction(self) -> Iterator[Any]:
+            with super().transaction() as txn:
+                yield txn
+                self.tries += 1
+                txn.close()  # the COMMIT then meets a closed connection
+
+    store = AlwaysLost(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager(rows=5)
+    with pytest.raises(SinkUnavailableError) as info:
+        Committer(store, stager, faults=FaultPlan()).commit(
+            ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+        )
+    assert "events[0]:0..5" in str(info.value) and "closed" in str(info.value)
+    assert _report(info.value) == EXIT_UNAVAILABLE
+    assert store.tries == 3 and stager.calls == ["prepare:0"] + ["publish"] * 3 + ["abort"]
+    assert SqlLedgerStore(url, dialect_for(url)).entries(pipeline) == []
+    store.close()
+
+
+def test_a_no_data_batch_without_a_checkpoint_identity_is_never_taken_for_a_replay(
+    sqlite_store, pipeline
+) -> None:
+    # A no-data batch is recognised only by its Spark identity (checkpoint id, batch id);
+    # without a checkpoint id there is none, and the ledger's last entry must not stand
+    # for one: skipping the batch would drop the rows it emits (a timer's output).
+    epoch = sqlite_store.acquire(pipeline).epoch
+    committer = Committer(sqlite_store, RecordingStager(rows=2), faults=FaultPlan())
+
+    def anonymous(batch: BatchRanges, batch_id: int) -> BatchContext:
+        return BatchContext(pipeline, epoch, batch, batch_id, checkpoint_id=None)
+
+    committer.commit(anonymous(ranges(0, 5), 1), NO_FRAME)
+    assert committer.commit(anonymous(ranges(5, 5), 2), NO_FRAME).seq == 1
+    again = committer.commit(anonymous(ranges(5, 5), 2), NO_FRAME)
+    assert (again.skipped, again.seq) == (False, 2)
+
+
+def test_a_retried_commit_says_why_and_which_attempt_in_one_warning(
+    tmp_path: Path, pipeline: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The only trace of a lost connection that the retry repaired: operators count these.
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    plan = FaultPlan(drop_connection=(CrashPoint.AFTER_ROWS, 1))
+    with caplog.at_level("WARNING", logger="sparkonce.commit.committer"):
+        Committer(store, RecordingStager(), faults=plan).commit(
+            ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+        )
+    [retry] = [r for r in caplog.records if r.name == "sparkonce.commit.committer"]
+    assert retry.levelname == "WARNING"
+    assert retry.getMessage().startswith(
+        f"pipeline {pipeline!r} batch {ranges(0, 5)}: connection to {store.describe()} lost "
+        "during commit ("
+    )
+    assert retry.getMessage().endswith("); retrying on a new connection (attempt 2/3)")
+    store.close()
+
+
+def test_a_committer_may_make_a_single_attempt_but_not_none(sqlite_store, pipeline) -> None:
+    epoch = sqlite_store.acquire(pipeline).epoch
+    once = Committer(sqlite_store, RecordingStager(), faults=FaultPlan(), attempts=1)
+    assert once.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME).seq == 0
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        Committer(sqlite_store, RecordingStager(), attempts=0)

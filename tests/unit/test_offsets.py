@@ -149,6 +149,13 @@ def test_proportional_planning_of_a_skewed_topic() -> None:
     assert proportional_shares({("t", 0): 5, ("t", 1): 0}, 10) == {("t", 0): 5, ("t", 1): 0}
 
 
+@pytest.mark.parametrize("budget", [0, -3])
+def test_proportional_shares_refuse_a_budget_below_one(budget: int) -> None:
+    # a batch limit of 0 would plan empty batches for ever: the error names the value
+    with pytest.raises(ConfigError, match=rf"^budget must be >= 1, got {budget}$"):
+        proportional_shares({("t", 0): 5}, budget)
+
+
 @settings(max_examples=150, deadline=None)
 @given(start_latest(), LIMIT, LIMIT)
 def test_repeated_planning_consumes_everything_without_gaps(
@@ -245,8 +252,11 @@ def test_batch_from_offsets_examples() -> None:
 
 
 def test_plan_batch_raises_when_log_is_behind_start() -> None:
-    with pytest.raises(LedgerError, match=r"t\[1\].*offset 3.*resume offset 5"):
+    with pytest.raises(LedgerError, match=r"t\[1\].*offset 3.*resume offset 5") as info:
         plan_batch({("t", 0): 0, ("t", 1): 5}, {("t", 0): 9, ("t", 1): 3})
+    assert str(info.value).endswith(  # what to check
+        "already committed; check that the source is the one this pipeline was started on."
+    )
 
 
 @pytest.mark.parametrize("kw", [{"max_per_partition": 0}, {"max_total": 0}, {"max_total": -2}])
@@ -335,13 +345,31 @@ def test_the_gap_error_says_nothing_was_committed_and_what_to_do() -> None:
 
 
 def test_classify_partial_overlap_raises() -> None:
-    with pytest.raises(LedgerError, match="only in part"):
+    with pytest.raises(LedgerError, match="only in part") as info:
         classify(_b(("t", 0, 3, 9)), {("t", 0): 5})
+    assert str(info.value).endswith(  # what to do about it
+        "nothing was committed. Check that the checkpoint belongs to this pipeline and sink."
+    )
+
+
+def test_the_ledger_text_of_a_batch_is_canonical() -> None:
+    # The SQL ledger finds a batch by comparing this text with the stored one: the same
+    # batch must always give the same text (keys sorted as text, so "10" before "2").
+    batch = _b(("t", 2, 0, 5), ("t", 10, 0, 5), ("a", 0, 1, 2))
+    assert batch.to_json() == '{"a":{"0":[1,2]},"t":{"10":[0,5],"2":[0,5]}}'
+
+
+def test_offset_ranges_that_are_not_an_object_are_refused_with_what_was_given() -> None:
+    with pytest.raises(ConfigError, match=r"^offset ranges must be a JSON object, got \[1, 2\]$"):
+        BatchRanges.from_json("[1, 2]")
 
 
 def test_classify_mixed_new_and_old_raises() -> None:
     with pytest.raises(LedgerError, match="mixes"):
         classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6)), {("t", 0): 5, ("t", 1): 4})
+    with pytest.raises(LedgerError) as info:  # each side listed, ranges comma-separated
+        classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6), ("t", 2, 0, 1)), {("t", 0): 5, ("t", 1): 4})
+    assert "already committed (t[0]:0..5) with new ones (t[1]:4..6, t[2]:0..1);" in str(info.value)
 
 
 def test_advance_never_moves_an_end_back() -> None:

@@ -144,6 +144,8 @@ class Committer:
         except FencedError:
             raise
         except Exception as exc:  # the store is unreachable: the original error stands
+            # A debug line, then ignored: its wording is no behaviour (not mutation tested).
+            # pragma: no mutate block
             log.debug("pipeline %r: owner check after a failed stage: %s", ctx.pipeline, exc)
 
     def _look(self, ctx: BatchContext) -> LedgerEntry | None:
