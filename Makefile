@@ -149,7 +149,7 @@ soak: setup
 # killed or on an unexplained survivor. mutmut keeps results in mutants/ and re-runs only
 # what changed, but this target always starts afresh: 756 mutants, never yet run whole
 # (the rotation's groups of 57-92 took 3 to 8 min each: tests/shard-durations.json). The
-# CI rotation runs the same in ten groups (tests/mutation/test_mutation_score.py).
+# CI rotation runs the same in twenty groups (tests/mutation/test_mutation_score.py).
 .PHONY: mutation
 mutation: setup
 	rm -rf mutants
