@@ -1,5 +1,6 @@
 """What the side-by-side benchmarks share: the machine line, memory and CPU readings of a
-process, percentiles, and how several runs of one variant become one result.
+process, percentiles, how several runs of one variant become one result, and how a results
+file is written (:func:`write_results`, which keeps the file's dated ``notes``).
 
 Each benchmark puts the repository root on ``sys.path`` and imports this module as
 ``benchmarks._common``.
@@ -7,9 +8,11 @@ Each benchmark puts the repository root on ``sys.path`` and imports this module 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -140,3 +143,25 @@ def warm_coordinators(bootstrap: str, topic: str) -> float:
     finally:
         consumer.close()
     return time.perf_counter() - started
+
+
+def write_results(path: Path, report: dict[str, Any], *, indent: int = 2) -> None:
+    """Write ``report`` to the results file ``path``, keeping the ``notes`` the file holds.
+
+    A results file's ``notes`` (``{"date", "commit", "text"}`` each) are the dated findings
+    of its earlier runs, shown under its table on the docs' performance page; a new run
+    replaces every measurement but keeps them, before any notes of its own.
+    """
+    old: list[Any] = []
+    if path.exists():
+        try:
+            previous = json.loads(path.read_text())
+        except ValueError:
+            previous = None
+        if isinstance(previous, dict) and isinstance(previous.get("notes"), list):
+            old = previous["notes"]
+    new = report.get("notes") or []
+    if old or new:
+        report = {**report, "notes": old + [n for n in new if n not in old]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=indent) + "\n")

@@ -221,7 +221,9 @@ def main() -> None:
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cluster-checkpoint.json").write_text(json.dumps(report, indent=2) + "\n")
+    from benchmarks._common import write_results  # the repository root is on the path (above)
+
+    write_results(RESULTS / "cluster-checkpoint.json", report)
     for key, value in summary.items():
         console.print(key, json.dumps(value.get("median_ms", value)))
     console.print("wrote benchmarks/results/cluster-checkpoint.json")

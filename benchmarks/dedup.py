@@ -182,6 +182,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
+from benchmarks._common import write_results  # noqa: E402
 from benchmarks.sinks import _fmt, _mem_gib, _pct, peak_rss_mb  # noqa: E402
 from benchmarks.stable_output import _git_head, _median, tree_cpu_s  # noqa: E402
 
@@ -699,7 +700,7 @@ def main() -> None:
     report = summarize(runs, args, manifest, facts)
     print_report(console, report)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "dedup.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results(RESULTS / "dedup.json", report)
     chart(report, RESULTS / "dedup.png")
     console.print(
         "wrote benchmarks/results/dedup.json and benchmarks/results/dedup.png "

@@ -95,6 +95,7 @@ from benchmarks._common import (  # noqa: E402  (after the path)
     pool_runs,
     tree_cpu_seconds,
     warm_coordinators,
+    write_results,
 )
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -800,7 +801,7 @@ def main() -> None:
     report = summarize(results, args, produce_s, runs)
     print_table(console, report)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(out_json, report)
     if results:
         chart(report, out_png)
     console.print(f"wrote {out_json} and {out_png}")

@@ -16,7 +16,6 @@ Python workers), then ``--repeat`` timed runs, alternating. Prints a table and w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+from benchmarks._common import write_results  # noqa: E402
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "kafka-source.json"
 
@@ -251,7 +252,7 @@ def _run(args: Any, bootstrap: str, console: Any, table_cls: Any, broker_service
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.output, report)
     console.print(f"wrote {args.output}")
     return 0 if all("error" not in r for r in results.values()) else 1
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import platform
 import statistics
 import sys
@@ -34,6 +33,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+from benchmarks._common import write_results  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "precommit-mechanism.json"
 
@@ -204,22 +205,18 @@ def main() -> None:
     finally:
         if server is not None:
             postgres.stop(server)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(
-        json.dumps(
-            {
-                "benchmark": "precommit-mechanism",
-                "date": time.strftime("%Y-%m-%d"),
-                "machine": f"{platform.machine()}, {platform.system()} {platform.release()}",
-                "rows": args.rows,
-                "attempts": args.attempts,
-                "note": "one extra, failed attempt of the first chunk is pre-committed, never "
-                "committed; readers must not see it",
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        OUT,
+        {
+            "benchmark": "precommit-mechanism",
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, {platform.system()} {platform.release()}",
+            "rows": args.rows,
+            "attempts": args.attempts,
+            "note": "one extra, failed attempt of the first chunk is pre-committed, never "
+            "committed; readers must not see it",
+            "results": results,
+        },
     )
     print(f"wrote {OUT.relative_to(REPO)}")
 

@@ -57,7 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
-from benchmarks._common import machine, pct, peak_rss_mb, pool_runs  # noqa: E402
+from benchmarks._common import machine, pct, peak_rss_mb, pool_runs, write_results  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 CACHE = REPO / ".cache" / "bench"
@@ -499,7 +499,7 @@ def main() -> None:
         )
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results(RESULTS / f"{args.out}.json", report)
     chart(report, RESULTS / f"{args.out}.png")
     console.print(f"wrote benchmarks/results/{args.out}.json and benchmarks/results/{args.out}.png")
 

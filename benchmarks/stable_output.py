@@ -101,6 +101,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
+from benchmarks._common import write_results  # noqa: E402
 from benchmarks.sinks import _fmt, _log_records, _mem_gib, _pct, make_log, peak_rss_mb  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -497,7 +498,7 @@ def main() -> None:
     report = summarize(runs, args, facts)
     print_report(console, report)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "stable-output.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results(RESULTS / "stable-output.json", report)
     chart(report, RESULTS / "stable-output.png")
     console.print(
         "wrote benchmarks/results/stable-output.json and benchmarks/results/stable-output.png "

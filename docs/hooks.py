@@ -8,14 +8,18 @@ replaces it with:
   of ``sparkonce.cli`` (``build_parser()``), walked recursively;
 - ``environment``: every environment variable ``src/`` reads, with the options that read it
   (their ``--help``) or :data:`ENV_NOTES`;
-- ``performance``: one table per ``benchmarks/results/*.json``, naming the file and the
-  date, machine and commit it records;
+- ``results NAME``: the table of ``benchmarks/results/NAME.json``, naming the file and the
+  date, machine and commit it records, then its chart (``NAME.png``, where there is one)
+  and its dated ``notes`` (a list of ``{"date", "commit", "text"}``) in a folded block;
+- ``performance``: the same for every results file that no ``results NAME`` marker of the
+  page shows;
 - ``errors``: every class of ``sparkonce.errors`` with its base, the exit code the CLI gives
   it (the CLI's own mapping, ``sparkonce.cli.common._report``), its docstring and a link to
   its runbook (:data:`RUNBOOK_OF`, for the class or its nearest base class listed there).
 
 The code comes from this checkout's ``src/``, not from whatever is installed. A marker no
-generator knows fails the build.
+generator knows, or a ``results`` marker naming no file, fails the build. :func:`on_files`
+puts the results' charts on the site as ``results/NAME.png``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.M)
+MARKER = re.compile(r"^<!-- generated: (\w+)(?: ([\w.-]+))? -->$", re.M)
 HELP_COLUMNS = "100"
 
 
@@ -372,35 +376,78 @@ def _facts(data: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in facts.items() if v}
 
 
-def performance_markdown() -> str:
+def _notes(data: dict[str, Any]) -> list[str]:
+    """The file's ``notes``, oldest first, as a folded block (markdown, indented)."""
+    notes = data.get("notes") or []
+    if not notes:
+        return []
+    lines = ["", f'??? note "Notes of the runs ({len(notes)}), kept in the results file"', ""]
+    for note in notes:
+        when = "; ".join(f"{k} {note[k]}" for k in ("date", "commit") if note.get(k)) or "undated"
+        text = note["text"].strip().split("\n")
+        lines.append(f"    - **{when}:** {text[0]}")
+        lines += [f"      {t}" if t else "" for t in text[1:]]
+    return lines
+
+
+def results_section(path: Path, level: str = "###", chart_base: str = "") -> str:
+    """One results file: heading, provenance line, table, chart and notes."""
     import json
 
-    sections = []
-    for path in sorted(RESULTS.glob("*.json")):
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            continue
-        facts = _facts(data)
-        line = f"From `benchmarks/results/{path.name}`"
-        if facts:
-            line += ": " + "; ".join(f"{k} {v}" for k, v in facts.items())
-        missing = [k for k in ("date", "machine", "commit") if k not in facts]
-        if missing:
-            line += f"; not recorded in it: {', '.join(missing)}"
-            last = _git_last_commit(path)
-            if last:
-                line += f" (the file was last committed in {last})"
-        parts = [f"### {path.stem}", "", line + "."]
-        table = _rows_of(data)
-        if table is None:
-            shown = {"date", "when", "generated", "machine", "commit"}
-            plain = {k: v for k, v in _scalars(data, depth=0).items() if k not in shown}
-            parts += ["", "| value | |", "|---|---:|"]
-            parts += [f"| `{k}` | {_cell(v)} |" for k, v in plain.items()]
-        else:
-            parts += ["", _table(*table)]
-        sections.append("\n".join(parts) + "\n")
-    return "\n".join(sections)
+    data = json.loads(path.read_text())
+    facts = _facts(data)
+    line = f"From `benchmarks/results/{path.name}`"
+    if facts:
+        line += ": " + "; ".join(f"{k} {v}" for k, v in facts.items())
+    missing = [k for k in ("date", "machine", "commit") if k not in facts]
+    if missing:
+        line += f"; not recorded in it: {', '.join(missing)}"
+        last = _git_last_commit(path)
+        if last:
+            line += f" (the file was last committed in {last})"
+    parts = [f"{level} {path.stem}", "", line + "."]
+    table = _rows_of(data)
+    if table is None:
+        shown = {"date", "when", "generated", "machine", "commit"}
+        plain = {k: v for k, v in _scalars(data, depth=0).items() if k not in shown}
+        parts += ["", "| value | |", "|---|---:|"]
+        parts += [f"| `{k}` | {_cell(v)} |" for k, v in plain.items()]
+    else:
+        parts += ["", _table(*table)]
+    if chart_base and path.with_suffix(".png").exists():
+        parts += ["", f"![{path.stem}]({chart_base}{path.stem}.png)"]
+    parts += _notes(data)
+    return "\n".join(parts) + "\n"
+
+
+def _results_files() -> list[Path]:
+    import json
+
+    return [
+        p for p in sorted(RESULTS.glob("*.json")) if isinstance(json.loads(p.read_text()), dict)
+    ]
+
+
+def performance_markdown(skip: frozenset[str] = frozenset(), chart_base: str = "") -> str:
+    """One section per results file, except those named in ``skip``."""
+    return "\n".join(
+        results_section(p, chart_base=chart_base) for p in _results_files() if p.stem not in skip
+    )
+
+
+def _chart_base(page: Any) -> str:
+    """The path from ``page`` to the site's ``results/`` directory."""
+    src = getattr(getattr(page, "file", None), "src_uri", "performance.md")
+    return "../" * src.count("/") + "results/"
+
+
+def on_files(files: Any, config: Any, **kwargs: object) -> Any:
+    """The results' charts on the site, as ``results/NAME.png``."""
+    from mkdocs.structure.files import File
+
+    for png in sorted(RESULTS.glob("*.png")):
+        files.append(File.generated(config, f"results/{png.name}", abs_src_path=str(png)))
+    return files
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
@@ -412,9 +459,19 @@ GENERATORS: dict[str, Callable[[], str]] = {
 }
 
 
-def on_page_markdown(markdown: str, **kwargs: object) -> str:
+def on_page_markdown(markdown: str, page: Any = None, **kwargs: object) -> str:
+    chart_base = _chart_base(page)
+    named = frozenset(n for g, n in MARKER.findall(markdown) if g == "results")
+
     def replace(m: re.Match[str]) -> str:
-        name = m.group(1)
+        name, arg = m.group(1), m.group(2)
+        if name == "results":
+            path = RESULTS / f"{arg}.json"
+            if not path.exists():
+                raise ValueError(f"<!-- generated: results {arg} -->: no file {path}")
+            return results_section(path, level="####", chart_base=chart_base)
+        if name == "performance":
+            return performance_markdown(skip=named, chart_base=chart_base)
         if name not in GENERATORS:
             raise ValueError(f"unknown generated section {name!r}; known: {sorted(GENERATORS)}")
         return GENERATORS[name]()

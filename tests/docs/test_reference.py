@@ -183,3 +183,49 @@ def test_performance_page_has_one_table_per_results_file() -> None:
         commit = data.get("commit") or (data.get("environment") or {}).get("commit")
         if commit:
             assert f"commit {commit}" in section, path.name
+
+
+def _rendered(page: str) -> str:
+    """``docs/PAGE`` as the site build renders its generated parts."""
+    return str(hooks().on_page_markdown((DOCS / page).read_text(), page=None))
+
+
+def test_performance_page_shows_every_results_file_once_with_its_chart() -> None:
+    rendered = _rendered("performance.md")
+    assert "<!-- generated:" not in rendered
+    for path in sorted((REPO / "benchmarks" / "results").glob("*.json")):
+        provenance = f"From `benchmarks/results/{path.name}`"
+        assert rendered.count(provenance) == 1, path.name
+        chart = f"results/{path.stem}.png)"
+        assert (chart in rendered) == path.with_suffix(".png").exists(), path.name
+
+
+def test_the_notes_of_a_results_file_appear_under_its_table() -> None:
+    import json
+
+    rendered = _rendered("performance.md")
+    with_notes = 0
+    for path in sorted((REPO / "benchmarks" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not data.get("notes"):
+            continue
+        with_notes += 1
+        start = rendered.index(f"From `benchmarks/results/{path.name}`")
+        section = rendered[start : rendered.find("\n#", start)]
+        assert f"Notes of the runs ({len(data['notes'])})" in section, path.name
+        for note in data["notes"]:
+            assert note["text"].strip().split("\n")[0] in section, (path.name, note)
+            if note.get("date"):
+                assert f"date {note['date']}" in section, (path.name, note)
+    assert with_notes >= 10
+
+
+def test_contributing_shows_the_measured_test_times() -> None:
+    rendered = _rendered("contributing.md")
+    assert "From `benchmarks/results/test-times.json`" in rendered
+    assert "| 70 min 18 s |" in rendered  # the CI run at 413ebfd
+
+
+def test_a_results_marker_naming_no_file_fails_the_build() -> None:
+    with pytest.raises(ValueError, match="no-such-results"):
+        hooks().on_page_markdown("<!-- generated: results no-such-results -->\n", page=None)
