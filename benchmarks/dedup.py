@@ -182,8 +182,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
-from benchmarks._common import write_results  # noqa: E402
-from benchmarks.sinks import _fmt, _mem_gib, _pct, peak_rss_mb  # noqa: E402
+from benchmarks._common import mem_gib as _mem_gib  # noqa: E402
+from benchmarks._common import pct as _pct  # noqa: E402
+from benchmarks._common import peak_rss_mb, write_results  # noqa: E402
+from benchmarks.sinks import _fmt  # noqa: E402
 from benchmarks.stable_output import _git_head, _median, tree_cpu_s  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
