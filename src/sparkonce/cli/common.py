@@ -458,3 +458,20 @@ def add_spark_options(p: argparse.ArgumentParser, log_file_help: str) -> None:
         default=_env("SPARKONCE_LOG_FILE"),
         help=_help(log_file_help, "SPARKONCE_LOG_FILE"),
     )
+
+
+def add_pipeline_and_sink(p: argparse.ArgumentParser, sink_help: str = "sink URL") -> None:
+    """``--pipeline`` and ``--sink`` as ``status`` and ``reset`` take them: checked when
+    parsed, from SPARKONCE_PIPELINE and SPARKONCE_SINK when not given (the URL masked)."""
+    p.add_argument(
+        "--pipeline",
+        type=_env_checked("--pipeline", PIPELINE_NAME_EXPECTED, _check_pipeline_name),
+        default=_env("SPARKONCE_PIPELINE"),
+        help=_help("pipeline name", "SPARKONCE_PIPELINE"),
+    )
+    p.add_argument(
+        "--sink",
+        type=_env_checked("--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True),
+        default=_env("SPARKONCE_SINK"),
+        help=_help(sink_help, "SPARKONCE_SINK"),
+    )

@@ -9,13 +9,7 @@ from typing import TYPE_CHECKING
 
 from sparkonce.cli.common import (
     EXIT_FAIL,
-    PIPELINE_NAME_EXPECTED,
-    SINK_URL_EXPECTED,
-    _check_pipeline_name,
-    _check_sink_url,
-    _env,
-    _env_checked,
-    _help,
+    add_pipeline_and_sink,
 )
 from sparkonce.errors import ConfigError
 
@@ -80,16 +74,5 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add_parser(sub: SubParsers) -> None:
     p = sub.add_parser("status", help="owner epoch, committed offsets, lag, rows committed")
-    p.add_argument(
-        "--pipeline",
-        type=_env_checked("--pipeline", PIPELINE_NAME_EXPECTED, _check_pipeline_name),
-        default=_env("SPARKONCE_PIPELINE"),
-        help=_help("pipeline name", "SPARKONCE_PIPELINE"),
-    )
-    p.add_argument(
-        "--sink",
-        type=_env_checked("--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True),
-        default=_env("SPARKONCE_SINK"),
-        help=_help("sink URL", "SPARKONCE_SINK"),
-    )
+    add_pipeline_and_sink(p)
     p.set_defaults(func=cmd_status)

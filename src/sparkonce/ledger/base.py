@@ -140,9 +140,9 @@ class LedgerStore(ABC):
     def last(self, pipeline: str) -> LedgerEntry | None:
         """The newest ledger entry, read outside any commit (a cheap look before staging)."""
 
+    @abstractmethod
     def pipelines(self) -> list[str]:
         """Every pipeline that has taken an epoch in this store (outside any commit)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot list its pipelines")
 
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +39,7 @@ MAX_RESTARTS = 4
 KILL_RESCALES = 2
 
 
-class Injection:
+class Injection(ABC):
     """Starting drivers and injecting a trial's fault (a mixin of
     :class:`~sparkonce.verify.campaign.Campaign`, which sets these attributes)."""
 
@@ -55,11 +56,13 @@ class Injection:
     _trial_source: Source | None
     _aborted: threading.Event
 
+    @abstractmethod
     def _ledger_len(self) -> int:
-        raise NotImplementedError
+        """The pipeline's ledger entries in the sink (the campaign's)."""
 
+    @abstractmethod
     def clean(self, run: str = "run") -> None:
-        raise NotImplementedError
+        """Remove a trial's checkpoint and reset its stores (the campaign's)."""
 
     def _driver_args(self, master: str | None = None) -> tuple[str, ...]:
         master = master or self.master
