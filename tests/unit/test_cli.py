@@ -322,7 +322,18 @@ def _sparkonce(*args: str, **kwargs: object) -> subprocess.Popen[str]:
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     log_dir = tmp_path / "log"
     assert main(["log", "create", str(log_dir), "t", "--partitions", "1"]) == 0
-    proc = _sparkonce("log", "produce", str(log_dir), "t", stdin=subprocess.PIPE)
+    # Ctrl-C's default action in the child even when this run inherited SIGINT ignored (a
+    # background job of a non-interactive shell, such as a campaign script), which exec
+    # would pass on: Python then installs no KeyboardInterrupt handler, and the produce
+    # ends at EOF with exit 0.
+    proc = _sparkonce(
+        "log",
+        "produce",
+        str(log_dir),
+        "t",
+        stdin=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     # Wait until it has opened the topic, i.e. is reading stdin inside main().
     deadline = time.monotonic() + 60
     fds = Path(f"/proc/{proc.pid}/fd")
