@@ -46,6 +46,35 @@ SLICE = (
     "test_windows_closed_by_a_no_data_batch_reach_every_sink_family",
     "tests/spark/test_stateful_detection.py::test_every_stateful_api_refuses_a_lost_checkpoint",
 )
+# A transformWithStateInPandas query checked before its epoch, with a protobuf older than
+# PySpark's generated state messages: refused with the pip command that fixes it, not a dead
+# Python worker at the first batch.
+OLD_PROTOBUF = "protobuf==6.33.0"
+STATE_CHECK = """
+from types import SimpleNamespace
+import pandas as pd
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+from sparkonce.errors import ConfigError
+from sparkonce.pipeline.query import check_state_messages
+
+class Count(StatefulProcessor):
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n long")
+    def handleInputRows(self, key, rows, timerValues):
+        yield pd.DataFrame({"key": [key[0]], "n": [sum(len(r) for r in rows)]})
+    def close(self):
+        pass
+
+spark = SparkSession.builder.master("local[1]").getOrCreate()
+rows = spark.readStream.format("rate").load().selectExpr("CAST(value % 3 AS STRING) AS key")
+out = rows.groupBy("key").transformWithStateInPandas(
+    Count(), "key string, n long", outputMode="Update", timeMode="None")
+try:
+    check_state_messages(SimpleNamespace(name="p"), out)
+except ConfigError as exc:
+    print(exc)
+"""
 VERSIONS = """
 import importlib.metadata as md, sys, sparkonce
 print(sparkonce.__file__)
@@ -149,3 +178,8 @@ def test_an_end_of_the_ranges_runs_the_demo_and_the_slice(end: str, tmp_path: Pa
         1500,
     )
     assert " passed" in slice_out and "failed" not in slice_out, slice_out[-3000:]
+
+    if end == "oldest":  # a user's older protobuf, against the wheel's range
+        _ok([py, "-m", "pip", "install", "-q", "--no-deps", OLD_PROTOBUF], env, tmp_path, 300)
+        said = _ok([py, "-c", STATE_CHECK], env, tmp_path, 300)
+        assert 'pip install "protobuf>=6.33.5,<7"' in said and "no epoch" in said, said
