@@ -4,21 +4,36 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Our own runs install the exact versions of the lock (the wheel itself declares ranges, in
+# pyproject.toml). `make lock` brings it up to date with pyproject.toml, keeping every
+# version it can; `make lock UPGRADE=1` moves everything to the newest the ranges allow.
+LOCK := requirements/lock.txt
 
-.PHONY: demo test test-crash setup lint unit bench jars pg-start pg-stop kafka-start kafka-stop clean docs-serve
+.PHONY: demo test test-crash setup lock lint unit bench jars pg-start pg-stop kafka-start kafka-stop clean docs-serve
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" || { echo "error: Python 3.11 is needed (set PYTHON=...)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[dev]"
 	@# Byte-compile the installed packages: with PYTHONDONTWRITEBYTECODE set, nothing writes
 	@# .pyc files, and every driver and Spark Python worker would recompile pandas, pyspark
 	@# and numpy on start (about 2.5 s each here).
 	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true  # an optimisation only
 	touch $(STAMP)
+
+# The lock of our runs (Python 3.11, every extra), and the two ends of the ranges that the
+# compatibility check installs (tests/packaging/test_compat.py): the lowest version of each
+# direct requirement on Python 3.11, the newest on 3.13. uv resolves each.
+lock: setup
+	$(VENV)/bin/uv pip compile --quiet pyproject.toml --all-extras --python-version 3.11.7 \
+		$(if $(UPGRADE),--upgrade) --output-file $(LOCK)
+	$(VENV)/bin/uv pip compile --quiet pyproject.toml --extra postgres --extra kafka \
+		--python-version 3.11.7 --resolution lowest-direct --output-file requirements/oldest.txt
+	$(VENV)/bin/uv pip compile --quiet pyproject.toml --extra postgres --extra kafka \
+		--python-version 3.13 $(if $(UPGRADE),--upgrade) --output-file requirements/newest-py313.txt
 
 demo: setup
 	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/sparkonce demo

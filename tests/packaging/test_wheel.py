@@ -4,9 +4,11 @@ A user installs ``sparkonce`` (or ``sparkonce[postgres]``, ``[kafka]``, ``[verif
 ``[metrics]``, ``[ui]``), not
 the dev environment. This builds a wheel of the working tree (``pip wheel --no-deps``),
 installs it with ``--no-deps`` into a fresh venv (no system site-packages) together with
-the runtime requirements the wheel's own metadata declares, and checks each extra's import
-path: without it, a clear message naming ``pip install 'sparkonce[extra]'``; with it, the
-code path works. PyPI (or pip's cache) must be reachable. A few minutes.
+the runtime requirements the wheel's own metadata declares (at the versions of
+requirements/lock.txt; tests/packaging/test_compat.py installs the ends of the ranges), and
+checks each extra's import path: without it, a clear message naming
+``pip install 'sparkonce[extra]'``; with it, the code path works. PyPI (or pip's cache) must
+be reachable. A few minutes.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _ok(sys.executable, "-m", "venv", venv)  # clean: no system site-packages
     py, cli = venv / "bin" / "python", venv / "bin" / "sparkonce"
-    pip = (py, "-m", "pip", "install", "-q")
+    # The versions of our own runs (the wheel's ranges would let pip take any newer one).
+    pip = (py, "-m", "pip", "install", "-q", "-c", ROOT / "requirements" / "lock.txt")
     _ok(*pip, "--no-deps", wheel)
     _ok(*pip, *reqs[None], timeout=600)
 

@@ -191,6 +191,7 @@ def check_query(pipeline: PipelineSpec, spark: SparkSession, out: DataFrame) -> 
                 f"output_mode={pipeline.output_mode!r}: {short_error(exc)}. Fix the transform or "
                 "the output mode; nothing was changed (no epoch was taken)."
             ) from None
+    check_state_messages(pipeline, out)
     if pipeline.stateful is False:
         facts = plan_facts(out)
         if facts.stateful:
@@ -202,6 +203,33 @@ def check_query(pipeline: PipelineSpec, spark: SparkSession, out: DataFrame) -> 
                 "from zero. Operator action: remove stateful=False; if the checkpoint was "
                 "lost, restore it. Nothing was changed (no epoch was taken)."
             )
+
+
+# Spark's transformWithStateInPandas operators and the protobuf messages their Python
+# workers exchange with the state server, generated into pyspark by protoc.
+_STATE_SERVER_NODES = ("TransformWithStateInPySpark", "TransformWithStateInPandas")
+_STATE_MESSAGES = "pyspark.sql.streaming.proto.StateMessage_pb2"
+
+
+def check_state_messages(pipeline: PipelineSpec, out: DataFrame) -> None:
+    """Refuse, before the epoch, a query whose ``transformWithStateInPandas`` workers could
+    not load PySpark's state-server messages: with a protobuf runtime older than the code
+    PySpark generated, each worker dies at its first batch with no word of why."""
+    import importlib
+
+    try:
+        importlib.import_module(_STATE_MESSAGES)
+        return
+    except Exception as exc:  # protobuf's VersionError, or an ImportError
+        why = short_error(exc)
+    used = [n for n in plan_facts(out).stateful if n in _STATE_SERVER_NODES]
+    if used:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: the query uses transformWithStateInPandas "
+            f"({', '.join(used)}), whose Python workers cannot load PySpark's state "
+            f"messages here ({why.rstrip('.')}). Install a protobuf that PySpark accepts: "
+            'pip install "protobuf>=6.33.5,<7". Nothing was changed (no epoch was taken).'
+        )
 
 
 def _combined(outputs: OutputSet, out: Mapping[str, DataFrame]) -> DataFrame:
