@@ -514,12 +514,13 @@ def _read_committed(bootstrap: str, topic: str) -> Counter[Any]:
         deadline = time.monotonic() + 60
         while left and time.monotonic() < deadline:
             for m in consumer.consume(500, timeout=1):
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
                         left.discard(m.partition())
                     continue
-                seen[tuple(int(x) for x in m.value().decode().split("/"))] += 1
-                if m.offset() + 1 >= ends[m.partition()]:
+                seen[tuple(int(x) for x in (m.value() or b"").decode().split("/"))] += 1
+                if (m.offset() or 0) + 1 >= ends[m.partition()]:
                     left.discard(m.partition())
         assert not left, f"read_committed reader stalled on partitions {sorted(left)}"
     finally:
