@@ -20,7 +20,11 @@ are written by the driver's transactional producer, whose ``transactional.id``
 ``acquire`` calls ``init_transactions()`` before it reads the ledger, which fences
 every older run's producer (take over by writing before reading). A fenced run's
 commit therefore fails at step 5 even if its step 1 passed: that is the "lock" that
-step 1 holds until the transaction ends.
+step 1 holds until the transaction ends. Before it reads, ``acquire`` also aborts the task
+transactions a dead run left open on the ledger topic (``init_transactions`` with each
+one's ``transactional.id``, named by its marker), so a restart does not wait out their
+``transaction_timeout_ms``; :meth:`KafkaLedgerStore.acquire` says why that keeps the
+marker's exactly-once rule.
 
 **Snapshots: start-up does not read the whole history.** A pipeline that commits for a
 year leaves millions of records in its ledger topic, and folding them all from offset 0
