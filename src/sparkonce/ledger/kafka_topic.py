@@ -587,16 +587,19 @@ class KafkaLedgerStore(LedgerStore):
         try:
             end = uncommitted.watermarks()[1]  # every transaction below it began before now
             deadline = time.monotonic() + self.clear_timeout_s
+            looked = -1  # the last stable offset whose open records were looked at
             while True:
                 stable = self._ledger.watermarks()[1]
                 if stable >= end:
                     return
-                records, _ = uncommitted.read(stable)
-                for marker in _markers(pipeline, records, below=end):
-                    tid = transactional_id(pipeline, self.topic, marker.task)
-                    if tid not in self.last_fenced:
-                        self._fence(pipeline, tid, marker)
-                        self.last_fenced.append(tid)
+                if stable != looked:
+                    looked = stable
+                    records, _ = uncommitted.read(stable)
+                    for marker in _markers(pipeline, records, below=end):
+                        tid = transactional_id(pipeline, self.topic, marker.task)
+                        if tid not in self.last_fenced:
+                            self._fence(pipeline, tid, marker)
+                            self.last_fenced.append(tid)
                 if time.monotonic() > deadline:
                     blocked = self._open_transaction(pipeline, uncommitted, stable)
                     raise KafkaUnavailableError(
@@ -659,8 +662,8 @@ class KafkaLedgerStore(LedgerStore):
             f"{stable} ({what}), and read_committed readers see nothing past it until it ends. "
             "A new run aborts the open task transactions a dead run of this pipeline left; "
             "this one is not such a transaction, or it began after this run started. It ends "
-            "when its producer commits "
-            "or aborts it, or when the broker aborts it after its transaction timeout "
+            "when its producer commits or aborts it, or when the broker aborts it after its "
+            "transaction timeout "
             f"(this sink's transaction_timeout_ms: {self.transaction_timeout_ms}); then run "
             "again"
         )
