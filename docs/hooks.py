@@ -182,6 +182,8 @@ ENV_NOTES = {
     "named point, `NAME[@N]`; see `sparkonce.protocol`",
     "SPARKONCE_FAIL_TASKS": "fault injection: `read`, `write` or both: about half of those "
     "Spark tasks fail once; see `sparkonce.protocol`",
+    "SPARKONCE_PAUSE_TASKS": "fault injection: `write`: each Kafka sink task stops itself "
+    "(SIGSTOP) before its commit, its transaction open; see `sparkonce.protocol`",
     "SPARKONCE_FAULT_EVENTS": "a file where each injected fault is recorded as it fires",
     "SPARKONCE_JAR_CACHE": "a directory holding the fetched jars by kind (`delta/`, `s3/`, "
     "`spark-kafka/`), default `.cache/jars` of the checkout",

@@ -33,13 +33,13 @@ one object (:class:`FaultEvent`, its codec) with these keys:
     :class:`~sparkonce.errors.RecordVersionError` (see :mod:`sparkonce.records`).
 
 ``event``
-    ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"``, ``"fenced"``,
-    ``"resend-pause"``, ``"resend-done"`` or ``"phase"``.
+    ``"crash"``, ``"pause"``, ``"drop-connection"``, ``"task-failure"``, ``"task-pause"``,
+    ``"fenced"``, ``"resend-pause"``, ``"resend-done"`` or ``"phase"``.
 ``pid``, ``at``
     The process that wrote the line, and when (Unix time, seconds).
 ``point``, ``hit`` (crash, pause, drop-connection)
     The crash point, and which time this process reached it (1 = first).
-``stage``, ``task``, ``attempt`` (task-failure)
+``stage``, ``task``, ``attempt`` (task-failure, task-pause)
     ``"read"`` or ``"write"``, the task's data (``topic:partition:start:end``
     for a read, ``pipeline:seq:partition`` for a write, where a Kafka sink's task names
     its partition by its task key), and Spark's attempt number.
@@ -88,6 +88,7 @@ from sparkonce.protocol import (
     DROP_CONNECTION_ENV,
     FAIL_TASKS_ENV,
     PAUSE_ENV,
+    PAUSE_TASKS_ENV,
     CrashPoint,
     kill_self,
     parse_crash_spec,
@@ -100,6 +101,7 @@ EVENT_KINDS = (
     "pause",
     "drop-connection",
     "task-failure",
+    "task-pause",
     "fenced",
     "resend-pause",
     "resend-done",
@@ -166,6 +168,7 @@ class FaultPlan:
     pause: Spec | None = None
     drop_connection: Spec | None = None
     fail_tasks: frozenset[str] = frozenset()
+    pause_tasks: frozenset[str] = frozenset()
     events: Path | None = None
     # What a crash does: SIGKILL this process (and its group) in real runs. The protocol
     # simulation raises an exception instead, so one process can play many runs.
@@ -189,19 +192,28 @@ class FaultPlan:
                 f"{FAIL_TASKS_ENV}={env.get(FAIL_TASKS_ENV)!r}: unknown stage(s) "
                 f"{sorted(unknown)}; use read, write or read,write"
             )
+        paused = frozenset(s.strip() for s in env.get(PAUSE_TASKS_ENV, "").split(",") if s.strip())
+        if paused - {"write"}:
+            raise ConfigError(
+                f"{PAUSE_TASKS_ENV}={env.get(PAUSE_TASKS_ENV)!r}: unknown stage(s) "
+                f"{sorted(paused - {'write'})}; only write (a Kafka sink task) can pause"
+            )
         events = env.get(EVENTS_ENV, "").strip()
         return cls(
             crash=specs["crash"],
             pause=specs["pause"],
             drop_connection=specs["drop"],
             fail_tasks=stages,
+            pause_tasks=paused,
             events=Path(events) if events else None,
         )
 
     @property
     def empty(self) -> bool:
         """Whether this plan injects nothing (it may still record a fencing)."""
-        return not (self.crash or self.pause or self.drop_connection or self.fail_tasks)
+        return not (
+            self.crash or self.pause or self.drop_connection or self.fail_tasks or self.pause_tasks
+        )
 
     # -- driver hooks -------------------------------------------------------------------
     def crash_point(self, point: CrashPoint) -> bool:
@@ -248,6 +260,13 @@ class FaultPlan:
         # keys that differ in one character (task 0, 1, 2) would all fail or none would.
         return hashlib.blake2b(key.encode(), digest_size=1).digest()[0] % 2 == 0
 
+    def pause_task(self, stage: str, key: str, attempt: int) -> None:
+        """Stop this worker (SIGSTOP) if the plan pauses first attempts of ``stage`` here."""
+        if stage not in self.pause_tasks or attempt > 0:
+            return
+        self.record("task-pause", stage=stage, task=key, attempt=attempt)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+
     def task_failure(self, stage: str, key: str, attempt: int, message: str) -> InjectedTaskFailure:
         """Record a task failure the plan asked for; returns the error for the task to raise."""
         self.record("task-failure", stage=stage, task=key, attempt=attempt)
@@ -287,7 +306,7 @@ def worker_faults() -> FaultPlan:
     return plan
 
 
-WORKER_VARIABLES = (FAIL_TASKS_ENV, EVENTS_ENV)
+WORKER_VARIABLES = (FAIL_TASKS_ENV, PAUSE_TASKS_ENV, EVENTS_ENV)
 """The variables task hooks read (:func:`worker_faults`)."""
 
 

@@ -32,6 +32,13 @@ failed attempt's rows exist, and only the retry's may become visible. The two
 combine: ``SPARKONCE_FAIL_TASKS=read,write``. Spark's Python workers read this
 variable themselves, once per worker process.
 
+``SPARKONCE_PAUSE_TASKS=write`` makes each Kafka sink task stop itself (SIGSTOP) on its
+first attempt once its records and its marker are sent, before it commits its Kafka
+transaction: the transaction stays open, holding the ledger's last stable offset. Kill
+the driver then, and the run dies with its tasks' transactions open, as a machine that
+fails mid-batch leaves them (a test that a new run aborts them). Spark's Python workers
+read it, as ``SPARKONCE_FAIL_TASKS``.
+
 ``SPARKONCE_PAUSE_AT`` takes the same ``NAME[@N]`` form but SIGSTOPs this
 process instead: a driver that looks dead but is not. Sent SIGCONT later, it
 carries on from that point: this is how the zombie tests make an old run
@@ -53,6 +60,7 @@ CRASH_ENV = "SPARKONCE_CRASH_AT"
 PAUSE_ENV = "SPARKONCE_PAUSE_AT"
 DROP_CONNECTION_ENV = "SPARKONCE_DROP_CONNECTION_AT"
 FAIL_TASKS_ENV = "SPARKONCE_FAIL_TASKS"
+PAUSE_TASKS_ENV = "SPARKONCE_PAUSE_TASKS"
 
 
 class CrashPoint(StrEnum):

@@ -22,8 +22,10 @@ PostgreSQL and the zombie test in ``make test-campaign``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -33,12 +35,12 @@ import pytest
 
 from sparkonce.faults import FaultPlan
 from sparkonce.offsets import check_chain
-from sparkonce.protocol import FAIL_TASKS_ENV, PAUSE_ENV, CrashPoint
+from sparkonce.protocol import FAIL_TASKS_ENV, PAUSE_ENV, PAUSE_TASKS_ENV, CrashPoint
 from sparkonce.sinks import sink_from_url
 from sparkonce.sinks.inspect import inspector_for
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 from sparkonce.verify.injection import RETRY_MASTER
-from tests.crash.conftest import run_driver, wait_until_stopped
+from tests.crash.conftest import process_state, run_driver, wait_until_stopped
 
 RECORDS = 1200
 PARTITIONS = 3
@@ -462,3 +464,142 @@ def test_zombie_run_is_fenced_on_kafka(
     assert _output(sink_url) == after_successor
     entries = _ledger(sink_url)
     assert check_chain(e.ranges for e in entries) == []
+
+
+_DEAD_TASKS_FILE = '''"""The dead-task test's pipeline (tests/crash/test_kafka_crash.py)."""
+
+from pyspark.sql import functions as F
+
+from sparkonce import KafkaSink, KafkaSource, Pipeline
+
+pipeline = Pipeline(
+    name={name!r},
+    source=KafkaSource({bootstrap!r}, {topic!r}, max_records_per_partition={limit}),
+    transform=lambda df: df.select(
+        F.col("record_id").alias("key"),
+        F.concat_ws(
+            "/", F.col("partition").cast("string"), F.col("offset").cast("string"),
+            F.col("value").cast("string"),
+        ).alias("value"),
+    ),
+    sink=KafkaSink({bootstrap!r}, {out!r}, transaction_timeout_ms=300_000),
+    checkpoint={checkpoint!r},
+)
+'''
+
+
+def _read_committed(bootstrap: str, topic: str) -> Counter[Any]:
+    """Every record of ``topic`` as a plain confluent-kafka consumer sees it at
+    ``read_committed`` (not sparkonce's reader): a multiset of (partition, offset, value)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"independent-{os.getpid()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    seen: Counter[Any] = Counter()
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in partitions
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        left = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            for m in consumer.consume(500, timeout=1):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        left.discard(m.partition())
+                    continue
+                seen[tuple(int(x) for x in (m.value() or b"").decode().split("/"))] += 1
+                if (m.offset() or 0) + 1 >= ends[m.partition()]:
+                    left.discard(m.partition())
+        assert not left, f"read_committed reader stalled on partitions {sorted(left)}"
+    finally:
+        consumer.close()
+    return seen
+
+
+def _open_on_ledger(bootstrap: str, ledger_topic: str) -> list[dict[str, Any]]:
+    """The ledger records in open (or aborted) transactions past the last stable offset."""
+    from sparkonce.kafka.client import KafkaConnection
+    from sparkonce.ledger.kafka_topic import LedgerTopic
+
+    conn = KafkaConnection(bootstrap, {})
+    stable = LedgerTopic(conn, ledger_topic).watermarks()[1]
+    records, _ = LedgerTopic(conn, ledger_topic, isolation_level="read_uncommitted").read(stable)
+    return records
+
+
+@pytest.mark.crash
+@pytest.mark.crash_lane  # two driver runs, about a minute
+def test_a_restart_aborts_the_open_task_transactions_of_a_killed_driver(
+    tmp_path: Path,
+    kafka_broker: Any,
+    kafka_topic: Callable[..., str],
+    drivers: list[Driver],
+) -> None:
+    """Issue 44: run 1 (transaction_timeout_ms=300000) is SIGKILLed while its tasks have
+    sent their records and markers and not committed (each stops itself there:
+    SPARKONCE_PAUSE_TASKS=write), so the ledger's last stable offset stays behind their
+    markers for 5 minutes. Run 2 must abort those transactions itself: it commits its first
+    batch within 30 s of its start, and a plain read_committed consumer reads every input
+    record exactly once. Before, run 2 waited 30 s on its owner record and exited 4."""
+    topic = kafka_topic("in", partitions=PARTITIONS)
+    _produce(kafka_broker.bootstrap, topic)
+    out = kafka_topic("out", partitions=2)
+    pipeline_file = tmp_path / "pipeline.py"
+    pipeline_file.write_text(
+        _DEAD_TASKS_FILE.format(
+            name=NAME,
+            bootstrap=kafka_broker.bootstrap,
+            topic=topic,
+            out=out,
+            limit=LIMIT * 4,
+            checkpoint=str(tmp_path / "chk"),
+        )
+    )
+    first = Driver(pipeline_file, tmp_path / "run1.log", env={PAUSE_TASKS_ENV: "write"})
+    drivers.append(first.start())
+    deadline = time.monotonic() + 240
+    paused: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and first.poll() is None:
+        paused = [e for e in first.events("task-pause") if process_state(e["pid"]) == "T"]
+        if len(paused) >= 2:  # both task slots of local[2]
+            break
+        time.sleep(0.2)
+    assert paused, f"no task paused before its commit:\n{first.log_tail()}"
+    first.kill()
+    first.wait(timeout=60)
+    for e in paused:  # the tasks die with their driver (their daemon is in another group)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(e["pid"], signal.SIGKILL)
+    ledger_topic = f"{out}.sparkonce-ledger"
+    open_markers = [
+        r for r in _open_on_ledger(kafka_broker.bootstrap, ledger_topic) if r["type"] == "marker"
+    ]
+    assert len(open_markers) >= len(paused), f"the premise: open markers {open_markers}"
+
+    second = Driver(pipeline_file, tmp_path / "run2.log")
+    drivers.append(second.start())
+    code = run_driver(second)
+    assert code == 0, f"run 2 exited {code}:\n{second.log_tail()}"
+    assert "aborted the open Kafka transaction of transactional id" in second.full_log()
+    entries = _ledger(f"kafka://{kafka_broker.bootstrap}/{out}")
+    assert entries and {e.epoch for e in entries} == {2}, entries
+    started = second.started_wall + second.phases()["run-started"]
+    first_commit = entries[0].committed_at.timestamp() - started
+    assert first_commit < 30, f"run 2 committed its first batch {first_commit:.0f} s after start"
+    got = _read_committed(kafka_broker.bootstrap, out)
+    assert sorted(v for (_, _, v) in got.elements()) == list(range(1, RECORDS + 1))
+    assert set(got.values()) == {1}
+    assert check_chain(e.ranges for e in entries) == []
+    assert sum(e.row_count for e in entries) == RECORDS

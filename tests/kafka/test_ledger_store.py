@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -9,9 +10,10 @@ from typing import Any
 import pytest
 
 from sparkonce import FencedError
+from sparkonce.errors import KafkaUnavailableError
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.ledger.base import BatchContext, LedgerEntry
-from sparkonce.ledger.kafka_topic import KafkaLedgerStore
+from sparkonce.ledger.kafka_topic import KafkaLedgerStore, transactional_id
 from sparkonce.offsets import BatchRanges, OffsetRange
 
 P = "ls1"
@@ -121,6 +123,10 @@ def test_the_driver_store_reads_through_one_consumer_until_closed(
     monkeypatch.setattr(consumer_module.KafkaReader, "__init__", counting_init)
     store = new_store()
     epoch = store.acquire(P).epoch
+    # acquire's look at open transactions (read_uncommitted) has its own, closed at once.
+    [uncommitted] = [r for r in opened if r.isolation_level == "read_uncommitted"]
+    assert uncommitted._closed
+    opened.remove(uncommitted)
     for seq in range(3):
         ranges = BatchRanges(
             tuple(OffsetRange("events", p, 100 * seq, 100 * seq + 100) for p in range(2))
@@ -136,3 +142,80 @@ def test_the_driver_store_reads_through_one_consumer_until_closed(
     assert opened[0]._closed
     assert store.last(P) is not None and store.last(P).seq == 2
     assert len(opened) == 3  # the reading store's own, and a new one after close()
+
+
+def _dead_task(store: KafkaLedgerStore, pipeline: str, task: str, epoch: int) -> Any:
+    """A task of a run that died before its commit: its output record and its marker sent in
+    a Kafka transaction that stays open (timeout 5 min). Returns its producer (a zombie)."""
+    from confluent_kafka import Producer
+
+    from sparkonce.ledger.kafka_marker import Marker
+
+    producer = Producer(
+        store.conn.transactional_config(transactional_id(pipeline, store.topic, task), 300_000)
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(store.topic, value=f"row of task {task}".encode())
+    marker = Marker(pipeline, int(task), task, 0, BATCH, epoch, rows=1)
+    producer.produce(
+        store.ledger_topic, key=f"m:{pipeline}:{task}", value=marker.encode(), partition=0
+    )
+    assert producer.flush(30) == 0
+    return producer
+
+
+def test_a_new_owner_aborts_the_open_task_transactions_of_a_dead_run(new_store) -> None:
+    """Two tasks of run 1 sent their records and markers, and the run died before they
+    committed (transaction timeout 5 min): the ledger's last stable offset stays behind their
+    markers. The next run's acquire aborts both through their transactional ids and takes
+    epoch 2 within seconds; nothing of the dead tasks becomes visible, and a task that wakes
+    up later cannot commit (its producer is fenced)."""
+    from confluent_kafka import KafkaException
+
+    from sparkonce.kafka.consumer import KafkaReader
+
+    first = new_store()
+    assert first.acquire(P).epoch == 1
+    zombies = [_dead_task(first, P, task, 1) for task in ("0", "1")]
+    started = time.monotonic()
+    second = new_store()
+    owner = second.acquire(P)
+    took = time.monotonic() - started
+    assert owner.epoch == 2 and took < 10, f"acquire took {took:.1f} s"
+    assert sorted(second.last_fenced) == [transactional_id(P, second.topic, t) for t in "01"]
+    assert new_store().folded(P).pending == []  # no dead marker became visible
+    for zombie in zombies:
+        with pytest.raises(KafkaException, match=r"(?i)fenc"):
+            zombie.commit_transaction(30)
+    with KafkaReader(second.conn) as reader:  # read_committed: nothing of the dead tasks
+        low, high = reader.watermarks(second.topic, 0)
+        assert list(reader.read(second.topic, 0, low, high)) == []
+    # A clean start finds nothing to abort.
+    third = new_store()
+    assert third.acquire(P).epoch == 3 and third.last_fenced == []
+
+
+def test_an_open_transaction_it_cannot_abort_stops_the_start_naming_it(new_store) -> None:
+    """Another pipeline's task left its marker open on a shared ledger topic: a new owner of
+    P does not abort it (it is not P's), waits, then stops with a message that says a
+    transaction is still open and whose it is, and writes no owner record."""
+    first = new_store()
+    assert first.acquire(P).epoch == 1
+    other = _dead_task(first, "other", "4", 7)
+    try:
+        second = new_store()
+        second.clear_timeout_s = 1.0
+        with pytest.raises(KafkaUnavailableError) as info:
+            second.acquire(P)
+        message = str(info.value)
+        assert "a transaction is still open on the ledger topic" in message, message
+        assert "task 4 of pipeline 'other'" in message, message
+        assert transactional_id("other", second.topic, "4") in message, message
+        assert "did not answer" not in message, message
+        assert second.last_fenced == []
+    finally:
+        other.abort_transaction(30)
+    third = new_store()
+    assert third.owner(P) is not None and third.owner(P).epoch == 1  # no owner record
+    assert third.acquire(P).epoch == 2

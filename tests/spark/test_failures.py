@@ -323,3 +323,41 @@ def test_kafka_killed_while_a_write_task_produces_is_unavailable_exit_4(
         assert inspector_for(sink).fresh().ledger("killed") == []
     finally:
         kafka_service.stop(tmp_path / "broker", timeout=0.0)
+
+
+@pytest.mark.kafka
+@pytest.mark.crash_lane  # about 40 s: a broker of its own, killed after batch 0
+def test_a_kafka_commit_failing_on_the_driver_names_the_batch_and_its_ranges(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 44 item 4, on the Kafka sink: the broker is killed after batch 0, so batch 1's
+    commit fails on the driver (its look at the ledger topic, before any task starts). The
+    one line names the batch and its ranges before the log file, as a task's failure does."""
+    from tests.services import kafka as kafka_service
+
+    from sparkonce.errors import KafkaUnavailableError
+    from sparkonce.sinks.kafka import KafkaSink
+
+    broker = kafka_service.start(tmp_path / "broker")
+    try:
+        broker.create_topic("out", 1)
+        pipeline = Pipeline(
+            name="gone",
+            source=EmbeddedLogSource(
+                _log_with_a_bad_value(tmp_path / "log"), "events", max_records_per_partition=5
+            ),
+            sink=KafkaSink(broker.bootstrap, "out"),
+            checkpoint=tmp_path / "chk",
+            transform=lambda df: df.select(F.col("value").cast("string").alias("value")),
+        )
+        with pytest.raises(KafkaUnavailableError) as info:
+            pipeline.run(spark, timeout=180, on_batch=lambda report: broker.kill())
+    finally:
+        kafka_service.stop(tmp_path / "broker", timeout=0.0)
+    info.value.log_file = tmp_path / "run.log"  # type: ignore[attr-defined]
+    assert _report(info.value) == EXIT_UNAVAILABLE
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"sparkonce: unavailable: Kafka at bootstrap servers {broker.bootstrap}")
+    assert line.endswith(
+        f"(pipeline 'gone', batch 1 [events[0]:5..10]) (full log: {tmp_path / 'run.log'})"
+    ), line

@@ -7,6 +7,7 @@ as the driver and Spark's Python workers do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -84,6 +85,7 @@ def test_an_empty_environment_is_the_no_op_plan() -> None:
         (PAUSE_ENV, "before-commit@0", ">= 1"),
         (DROP_CONNECTION_ENV, "after-rows@x", "must be an integer"),
         (FAIL_TASKS_ENV, "read,sideways", "unknown stage"),
+        ("SPARKONCE_PAUSE_TASKS", "read", "only write"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(var: str, value: str, match: str) -> None:
@@ -483,3 +485,28 @@ def test_task_fault_variables_reach_a_clusters_executors_through_spark_settings(
         "spark.executorEnv.SPARKONCE_FAULT_EVENTS": "/tmp/events.jsonl",
     }
     assert worker_fault_conf({"SPARKONCE_FAIL_TASKS": ""}) == {}
+
+
+def test_a_paused_task_stops_itself_on_its_first_attempt_only(tmp_path: Path) -> None:
+    """SPARKONCE_PAUSE_TASKS=write: the hook SIGSTOPs the worker (here a forked child) on a
+    first attempt, after recording the event; a retry, or another stage, goes on."""
+    events = tmp_path / "events.jsonl"
+    plan = FaultPlan.from_env({"SPARKONCE_PAUSE_TASKS": "write", EVENTS_ENV: str(events)})
+    assert not plan.empty and plan.pause_tasks == {"write"}
+    plan.pause_task("write", "p:0:1", attempt=1)  # a retry: not paused
+    plan.pause_task("read", "p:0:1", attempt=0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        plan.pause_task("write", "p:0:1", attempt=0)
+        os._exit(7)
+    try:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGSTOP
+        [event] = read_events(events)
+        assert (event["event"], event["task"], event["pid"]) == ("task-pause", "p:0:1", pid)
+        os.kill(pid, signal.SIGCONT)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 7
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

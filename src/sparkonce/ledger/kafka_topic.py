@@ -20,7 +20,11 @@ are written by the driver's transactional producer, whose ``transactional.id``
 ``acquire`` calls ``init_transactions()`` before it reads the ledger, which fences
 every older run's producer (take over by writing before reading). A fenced run's
 commit therefore fails at step 5 even if its step 1 passed: that is the "lock" that
-step 1 holds until the transaction ends.
+step 1 holds until the transaction ends. Before it reads, ``acquire`` also aborts the task
+transactions a dead run left open on the ledger topic (``init_transactions`` with each
+one's ``transactional.id``, named by its marker), so a restart does not wait out their
+``transaction_timeout_ms``; :meth:`KafkaLedgerStore.acquire` says why that keeps the
+marker's exactly-once rule.
 
 **Snapshots: start-up does not read the whole history.** A pipeline that commits for a
 year leaves millions of records in its ledger topic, and folding them all from offset 0
@@ -70,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -81,12 +86,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkonce.config import check_pipeline_name
-from sparkonce.errors import FencedError, SparkOnceError
+from sparkonce.errors import FencedError, KafkaUnavailableError, SparkOnceError
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
 from sparkonce.ledger.kafka_marker import Marker
 from sparkonce.ledger.records import KAFKA_ENTRY
+
+log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0  # seconds: reading the ledger topic, initializing and committing transactions
 _FENCED_CODES = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
@@ -160,7 +167,14 @@ class LedgerTopic:
     Used on the driver and in Spark tasks (which read their markers).
     """
 
-    def __init__(self, conn: KafkaConnection, topic: str, *, keep_reader: bool = False) -> None:
+    def __init__(
+        self,
+        conn: KafkaConnection,
+        topic: str,
+        *,
+        keep_reader: bool = False,
+        isolation_level: str = "read_committed",
+    ) -> None:
         """``keep_reader``: one consumer for every read until :meth:`close` (the driver's
         store reads the topic several times per batch; a new consumer each time costs a
         connection and a metadata round trip, measured at 30 ms to 0.7 s). Without it,
@@ -169,23 +183,33 @@ class LedgerTopic:
         The kept consumer fetches with a short broker wait (``FETCH_WAIT_MS``): a fetch
         left waiting at the end of the topic by one read (500 ms by default) would hold up
         the next read's first fetch, which made each commit slower than a new consumer
-        did. Between reads it holds no partition, so it fetches nothing."""
+        did. Between reads it holds no partition, so it fetches nothing.
+
+        ``isolation_level``: ``read_committed`` for everything that folds the ledger;
+        ``read_uncommitted`` only to look at the records of open transactions
+        (:meth:`KafkaLedgerStore.acquire` finds a dead run's task transactions so)."""
         self.conn = conn
         self.topic = topic
         self.keep_reader = keep_reader
+        self.isolation_level = isolation_level
         self._reader: KafkaReader | None = None
         self._lock = threading.Lock()
 
     @contextmanager
     def _reading(self) -> Iterator[KafkaReader]:
         if not self.keep_reader:
-            with KafkaReader(self.conn, timeout=TIMEOUT_S) as reader:
+            with KafkaReader(
+                self.conn, timeout=TIMEOUT_S, isolation_level=self.isolation_level
+            ) as reader:
                 yield reader
             return
         with self._lock:
             if self._reader is None:
                 self._reader = KafkaReader(
-                    self.conn, timeout=TIMEOUT_S, settings={"fetch.wait.max.ms": FETCH_WAIT_MS}
+                    self.conn,
+                    timeout=TIMEOUT_S,
+                    isolation_level=self.isolation_level,
+                    settings={"fetch.wait.max.ms": FETCH_WAIT_MS},
                 )
             try:
                 yield self._reader
@@ -223,7 +247,8 @@ class LedgerTopic:
             return records, max(pos, high)
 
     def watermarks(self) -> tuple[int, int]:
-        """(log start offset, last stable offset) of the ledger topic."""
+        """(log start offset, last stable offset) of the ledger topic (under
+        ``read_uncommitted``: its high watermark instead of the last stable offset)."""
         with self._reading() as reader:
             return reader.watermarks(self.topic, 0)
 
@@ -413,6 +438,11 @@ class KafkaLedgerStore(LedgerStore):
         # Offsets the last load of a pipeline read (the snapshot search and the fold), for
         # the tests and the benchmark.
         self.last_load: dict[str, int] = {}
+        # How long acquire waits for the ledger's open transactions to end once it has
+        # aborted the dead run's (seconds; the tests make it short).
+        self.clear_timeout_s = TIMEOUT_S
+        # The transactional ids the last acquire fenced (for the tests and the log).
+        self.last_fenced: list[str] = []
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
@@ -522,11 +552,164 @@ class KafkaLedgerStore(LedgerStore):
                 return
             time.sleep(0.05)
         if offset >= 0:
+            blocked = self._open_transaction(pipeline)
+            if blocked is not None:
+                raise KafkaUnavailableError(
+                    f"pipeline {pipeline!r}: ledger offset {offset} did not become readable "
+                    f"within {TIMEOUT_S:g} s because {blocked}"
+                )
             raise self.conn.unavailable(f"waiting for ledger offset {offset} to become readable")
+
+    # -- a dead run's open transactions --------------------------------------------------
+    def _clear_dead_transactions(self, pipeline: str) -> None:
+        """Abort the open task transactions a dead run left on the ledger, then wait until
+        the ledger is readable up to its end as it is now (see :meth:`acquire`).
+
+        A task's marker is the last record of its transaction, so a task that died (or
+        hangs) between writing it and committing holds the ledger's last stable offset
+        behind it: ``read_committed`` readers see nothing after it until the transaction
+        ends, at the latest after ``transaction_timeout_ms``. The records of open
+        transactions are read with ``read_uncommitted`` (only those, from the last stable
+        offset to the end); each of this pipeline's markers among them names its task key,
+        and so the ``transactional.id`` its task used (:func:`transactional_id`).
+        ``init_transactions()`` on that id aborts the open transaction and bumps the
+        producer epoch. Anything else still open when :attr:`clear_timeout_s` has passed
+        (another pipeline's task on a shared ledger topic, a transaction that opened since)
+        raises :class:`~sparkonce.errors.KafkaUnavailableError` naming it, before this run
+        has written anything.
+        """
+        self.last_fenced = []
+        if not self._opened:
+            self.open()
+        uncommitted = LedgerTopic(
+            self.conn, self.ledger_topic, keep_reader=True, isolation_level="read_uncommitted"
+        )
+        try:
+            end = uncommitted.watermarks()[1]  # every transaction below it began before now
+            deadline = time.monotonic() + self.clear_timeout_s
+            looked = -1  # the last stable offset whose open records were looked at
+            while True:
+                stable = self._ledger.watermarks()[1]
+                if stable >= end:
+                    return
+                if stable != looked:
+                    looked = stable
+                    records, _ = uncommitted.read(stable)
+                    for marker in _markers(pipeline, records, below=end):
+                        tid = transactional_id(pipeline, self.topic, marker.task)
+                        if tid not in self.last_fenced:
+                            self._fence(pipeline, tid, marker)
+                            self.last_fenced.append(tid)
+                if time.monotonic() > deadline:
+                    blocked = self._open_transaction(pipeline, uncommitted, stable)
+                    raise KafkaUnavailableError(
+                        f"pipeline {pipeline!r}: cannot take the pipeline over yet: "
+                        f"{blocked or 'a transaction is still open on the ledger topic'}. "
+                        "No owner record was written."
+                    )
+                time.sleep(0.05)
+        finally:
+            uncommitted.close()
+
+    def _fence(self, pipeline: str, tid: str, marker: Marker) -> None:
+        """``init_transactions()`` with ``tid``: aborts its open transaction, fences its task."""
+        from confluent_kafka import Producer
+
+        try:
+            producer = Producer(self.conn.transactional_config(tid, self.transaction_timeout_ms))
+            producer.init_transactions(TIMEOUT_S)
+        except Exception as exc:
+            raise self.conn.unavailable(
+                f"aborting the open transaction of transactional id {tid!r}", exc
+            ) from None
+        log.warning(
+            "pipeline %s: aborted the open Kafka transaction of transactional id %s (task %s "
+            "of %s, epoch %d, attempt %d), left by a run that stopped before its commit; "
+            "its records never become visible, and its task is fenced",
+            pipeline,
+            tid,
+            marker.task,
+            f"batch {marker.ranges}" if not marker.ranges.empty else "a no-data batch",
+            marker.epoch,
+            marker.attempt,
+        )
+
+    def _open_transaction(
+        self, pipeline: str, uncommitted: LedgerTopic | None = None, stable: int | None = None
+    ) -> str | None:
+        """What holds the ledger's last stable offset back (an open transaction), in words;
+        None when nothing does or it cannot be told (the cluster does not answer)."""
+        own = uncommitted is None
+        if uncommitted is None:
+            uncommitted = LedgerTopic(
+                self.conn, self.ledger_topic, isolation_level="read_uncommitted"
+            )
+        try:
+            if stable is None:
+                stable = self._ledger.watermarks()[1]
+            end = uncommitted.watermarks()[1]
+            if stable >= end:
+                return None
+            records = [r for r in uncommitted.read(stable)[0] if r.get("_offset") == stable]
+        except SparkOnceError:
+            return None
+        finally:
+            if own:
+                uncommitted.close()
+        what = _who_wrote(records[0], self.topic) if records else "a transaction"
+        return (
+            f"a transaction is still open on the ledger topic {self.ledger_topic!r} at offset "
+            f"{stable} ({what}), and read_committed readers see nothing past it until it ends. "
+            "A new run aborts the open task transactions a dead run of this pipeline left; "
+            "this one is not such a transaction, or it began after this run started. It ends "
+            "when its producer commits or aborts it, or when the broker aborts it after its "
+            "transaction timeout "
+            f"(this sink's transaction_timeout_ms: {self.transaction_timeout_ms}); then run "
+            "again"
+        )
 
     # -- outside a commit -------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
         """Take ``epoch + 1``: fence older runs' producers first, then read, then write.
+
+        In this order:
+
+        1. ``init_transactions()`` on the driver's producer: every older run's driver is
+           fenced, and its open transaction (an owner or batch record) aborted.
+        2. The dead run's open task transactions are aborted
+           (:meth:`_clear_dead_transactions`): ``init_transactions()`` on the
+           transactional id of each of this pipeline's task markers still in an open
+           transaction; then the ledger must be readable (``read_committed``) up to its
+           end as it was at this step. A restart after a driver crash so proceeds within
+           seconds, whatever ``transaction_timeout_ms`` is, instead of waiting for the
+           broker to time those transactions out.
+        3. The ledger is read, and only then is the epoch chosen and the owner record
+           written. Nothing is written when step 2 gives up: a start that cannot read the
+           whole ledger never writes an owner record of an epoch it may have read wrong
+           (when a dead task's open marker held the ledger back, each failed start used to
+           write one more owner record with the same epoch).
+
+        Why step 2 keeps the marker's exactly-once rule (DESIGN.md section 6, step 3: a
+        task's output is visible iff its marker is, and a task writes only if no marker
+        of its task key for the batch is committed when it reads the ledger after its own
+        ``init_transactions()``):
+
+        * aborting only takes away what was never decided: the dead run's driver wrote a
+          batch's ledger entry only after every task's commit had returned, and a
+          committed transaction cannot be aborted. An aborted task's marker and records
+          never become visible, so its batch is not complete, and the replay's task of
+          the same key (same transactional id) writes them once.
+        * a transaction open at step 2 cannot commit after it: its producer epoch is
+          bumped, so the zombie task's commit fails (fenced) even if the task is only
+          paused and wakes up later. So no such marker can appear after this run read
+          the ledger at step 3.
+        * a task of the old run that starts (``init_transactions``) after step 2 reads
+          the ledger after its own ``init_transactions``, as every task does: once this
+          run's owner record is readable it finds a newer epoch and writes nothing;
+          before, it may commit (as without step 2), and then the replay's task of its
+          key finds its marker and writes nothing again. The owner record's own wait
+          (:meth:`_await_visible`) ends only once every such transaction that began
+          before it has ended, so the state this method returns includes them.
 
         The owner record's transaction also holds a snapshot of the state just read (its
         ``through`` is what was read), so the next start reads from here on.
@@ -534,6 +717,7 @@ class KafkaLedgerStore(LedgerStore):
         check_pipeline_name(pipeline)
         self._driver = None
         self._driver_producer(pipeline)  # write before read: the fencing write comes first
+        self._clear_dead_transactions(pipeline)
         state = self.refresh(pipeline)
         epoch = (state.owner.epoch if state.owner else 0) + 1
         self._epoch = epoch
@@ -700,6 +884,40 @@ class KafkaLedgerStore(LedgerStore):
                 self._driver = None
                 return exc
         return None
+
+
+def _markers(pipeline: str, records: list[dict[str, Any]], *, below: int) -> list[Marker]:
+    """``pipeline``'s task markers among ``records`` at offsets below ``below``."""
+    return [
+        Marker.from_record(r)
+        for r in records
+        if r.get("type") == "marker"
+        and r.get("pipeline") == pipeline
+        and int(r.get("_offset", below)) < below
+    ]
+
+
+def _who_wrote(record: dict[str, Any], topic: str) -> str:
+    """Who wrote a ledger record of an open transaction, in words (with its transactional id
+    when the record tells it)."""
+    pipeline = record.get("pipeline")
+    kind = record.get("type")
+    if kind == "marker":
+        try:
+            marker = Marker.from_record(record)
+        except SparkOnceError:
+            return f"a task marker of pipeline {pipeline!r}"
+        return (
+            f"the marker of task {marker.task} of pipeline {pipeline!r}, epoch {marker.epoch}, "
+            f"whose transactional id is {transactional_id(str(pipeline), topic, marker.task)!r} "
+            "when it writes to this sink's topic"
+        )
+    if kind in ("owner", "batch", "snapshot"):
+        return (
+            f"a {kind} record of pipeline {pipeline!r}, by the driver whose transactional id "
+            f"is {transactional_id(str(pipeline), topic, 'driver')!r}"
+        )
+    return "a record sparkonce did not write"
 
 
 def _search(entries: list[LedgerEntry], ctx: BatchContext) -> tuple[LedgerEntry | None, bool]:

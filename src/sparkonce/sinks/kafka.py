@@ -69,7 +69,9 @@ Limits, stated plainly:
   ``transaction_timeout_ms`` (a paused executor, say) is aborted by the
   coordinator: nothing of it becomes visible, the task fails, Spark retries it.
   The timeout aborts before the commit decision, so it never loses data that
-  was reported committed.
+  was reported committed. A run that dies with task transactions open does not make the
+  next run wait for the timeout: its ``acquire`` aborts them
+  (:meth:`~sparkonce.ledger.kafka_topic.KafkaLedgerStore.acquire`).
 * **``read_uncommitted`` readers** see the records of aborted and zombie
   attempts too: duplicates are possible for them. Only ``read_committed``
   consumers get the guarantee.

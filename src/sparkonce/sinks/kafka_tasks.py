@@ -22,6 +22,7 @@ from typing import Any
 
 from sparkonce.commit.tasks import CORRECT_TASK_STEPS, Task, TaskSteps, one_result
 from sparkonce.errors import SinkError, SinkUnavailableError
+from sparkonce.faults import worker_faults
 from sparkonce.kafka.client import KafkaConnection
 from sparkonce.ledger.kafka_marker import Marker
 from sparkonce.ledger.kafka_topic import TIMEOUT_S, LedgerState, LedgerTopic
@@ -199,6 +200,8 @@ def write_task(plan: TaskPlan, batches: Iterator[Any]) -> Iterator[Any]:
     producer.flush(TIMEOUT_S)
     if errors:
         raise _delivery_failed(plan, key, producer, errors)
+    # Fault injection: a pause here leaves the transaction open (a test kills the driver).
+    worker_faults().pause_task("write", f"{plan.pipeline}:{plan.seq}:{key}", task.attempt)
     # Fault injection: the records and marker are sent, the transaction not committed;
     # Spark's retry fences this attempt (init_transactions) and writes them again.
     task.inject_failure(
