@@ -1,0 +1,75 @@
+"""The wiring every transactional sink shares (sinks/base.py TransactionalSink), on SQLite
+and without Spark: the run's fault plan reaches the committer whether it is given before
+or after the sink opens, and taking an epoch checks the pipeline name, then says which
+epoch was taken where."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import types as T
+
+from sparkonce.config import StoreURL
+from sparkonce.errors import ConfigError
+from sparkonce.faults import FaultPlan
+from sparkonce.ledger.base import BatchContext
+from sparkonce.offsets import BatchRanges, OffsetRange
+from sparkonce.protocol import CrashPoint
+from sparkonce.sinks import KafkaSink, SQLiteSink
+
+SCHEMA = T.StructType([T.StructField("id", T.LongType())])
+BATCH = BatchRanges((OffsetRange("t", 0, 0, 2),))
+
+
+@pytest.fixture
+def sink(store_url: StoreURL) -> Iterator[SQLiteSink]:
+    s = SQLiteSink(store_url, "out")
+    yield s
+    s.close()
+
+
+def _retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sparkonce.commit.committer"
+        and "retrying on a new connection" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("when", ["before open", "after open"])
+def test_the_runs_fault_plan_reaches_the_committer(
+    sink: SQLiteSink, when: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A dropped connection inside the commit is the fault a test can see and survive: the
+    # committer retries it on a new connection, and says so.
+    plan = FaultPlan(drop_connection=(CrashPoint.AFTER_ROWS, 1))
+    if when == "before open":
+        sink.use_faults(plan)
+    epoch = sink.acquire("p").epoch  # opens the sink: builds its committer
+    if when == "after open":
+        sink.use_faults(plan)
+    with caplog.at_level("WARNING", logger="sparkonce.commit.committer"):
+        result = sink.commit_rows(BatchContext("p", epoch, BATCH, 0, "cp"), SCHEMA, ["id"], [(1,)])
+    assert (result.skipped, result.seq) == (False, 0)
+    assert len(_retries(caplog)) == 1
+    assert len(sink.ledger("p")) == 1
+
+
+def test_taking_an_epoch_says_which_pipeline_epoch_and_sink(
+    sink: SQLiteSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="sparkonce.sinks.base"):
+        sink.acquire("p")
+        sink.acquire("p")
+    said = [r.getMessage() for r in caplog.records if r.name == "sparkonce.sinks.base"]
+    assert said == [f"pipeline 'p' took epoch {n} in {sink.describe()}" for n in (1, 2)]
+
+
+def test_a_bad_pipeline_name_is_refused_by_name_before_the_store_is_reached() -> None:
+    # KafkaSink checks the name (its topics' transactional ids carry it) before it connects:
+    # no broker listens on port 1, and none is needed to refuse the name.
+    sink = KafkaSink("127.0.0.1:1", "out")
+    with pytest.raises(ConfigError, match=r"^pipeline name 'bad name' is invalid"):
+        sink.acquire("bad name")
