@@ -172,6 +172,40 @@ def test_find_no_data_batch(conn: Any, ledger: SqlLedger) -> None:
     assert ledger.find_no_data_batch(conn, "q", "cp1", 1) == 0
 
 
+def test_the_newest_no_data_batch_of_a_spark_identity_is_found(
+    conn: Any, ledger: SqlLedger
+) -> None:
+    # A restored checkpoint can commit a no-data batch of the same identity again: the
+    # newest entry answers (rows are sorted by seq in Python, not by the query).
+    for seq in (1, 3, 2):
+        _record(ledger, conn, seq, _b(("t", 0, 5, 5)), batch_id=7, checkpoint="cp1")
+    assert ledger.find_no_data_batch(conn, "p", "cp1", 7) == 3
+
+
+def test_entry_reads_one_entry_of_its_pipeline_or_none(conn: Any, ledger: SqlLedger) -> None:
+    _record(ledger, conn, 0, _b(("t", 0, 0, 5)), rows=5)
+    entry = ledger.entry(conn, "p", 0)
+    assert entry is not None and (entry.pipeline, entry.seq, entry.row_count) == ("p", 0, 5)
+    assert ledger.entry(conn, "p", 1) is None
+
+
+def test_pruning_an_empty_ledger_deletes_nothing(conn: Any, ledger: SqlLedger) -> None:
+    assert ledger.prune(conn, "p", 1) == 0
+
+
+@pytest.mark.parametrize("no_data", [1, 101])
+def test_pruning_keeps_a_data_batch_that_ends_at_the_ledger_end(
+    conn: Any, ledger: SqlLedger, no_data: int
+) -> None:
+    # The data batch and the no-data batches after it all end at the ledger's end: none is
+    # pruned, however many no-data batches follow (the walk reads 100 entries at a time).
+    _record(ledger, conn, 0, _b(("t", 0, 0, 5)))
+    for seq in range(1, no_data + 1):
+        _record(ledger, conn, seq, _b(("t", 0, 5, 5)))
+    assert ledger.prune(conn, "p", 1) == 0
+    assert len(ledger.entries(conn, "p")) == no_data + 1
+
+
 def test_a_ledger_table_from_an_older_sparkonce_gets_the_new_columns(tmp_path: Any) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
