@@ -382,6 +382,9 @@ def test_classify_mixed_new_and_old_raises() -> None:
     with pytest.raises(LedgerError) as info:  # each side listed, ranges comma-separated
         classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6), ("t", 2, 0, 1)), {("t", 0): 5, ("t", 1): 4})
     assert "already committed (t[0]:0..5) with new ones (t[1]:4..6, t[2]:0..1);" in str(info.value)
+    with pytest.raises(LedgerError) as info:  # several old ranges: comma-separated too
+        classify(_b(("t", 0, 0, 5), ("t", 1, 0, 4), ("t", 2, 0, 1)), {("t", 0): 5, ("t", 1): 4})
+    assert "already committed (t[0]:0..5, t[1]:0..4) with new ones (t[2]:0..1);" in str(info.value)
 
 
 def test_advance_never_moves_an_end_back() -> None:
