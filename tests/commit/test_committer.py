@@ -705,5 +705,5 @@ def test_a_committer_may_make_a_single_attempt_but_not_none(sqlite_store, pipeli
     epoch = sqlite_store.acquire(pipeline).epoch
     once = Committer(sqlite_store, RecordingStager(), faults=FaultPlan(), attempts=1)
     assert once.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME).seq == 0
-    with pytest.raises(ValueError, match="attempts must be >= 1"):
+    with pytest.raises(ValueError, match=r"^attempts must be >= 1$"):
         Committer(sqlite_store, RecordingStager(), attempts=0)
