@@ -55,10 +55,14 @@ def test_the_runs_fault_plan_reaches_the_committer(
     epoch = sink.acquire("p").epoch  # opens the sink: builds its committer
     if when == "after open":
         sink.use_faults(plan)
-    with caplog.at_level("WARNING", logger="sparkonce.commit.committer"):
+    with caplog.at_level("WARNING"):
         result = sink.commit_rows(BatchContext("p", epoch, BATCH, 0, "cp"), SCHEMA, ["id"], [(1,)])
     assert (result.skipped, result.seq) == (False, 0)
     assert len(_retries(caplog)) == 1
+    # The injected fault says itself what it did, so a run's log tells faults from failures.
+    assert [r.getMessage() for r in caplog.records if r.name == "sparkonce.ledger.sql"] == [
+        f"fault injection: dropping the connection to {sink.store.describe()} mid-commit"
+    ]
     assert len(sink.ledger("p")) == 1
 
 
