@@ -701,6 +701,16 @@ def test_a_connection_lost_at_the_early_look_is_retried_and_says_so(
     store.close()
 
 
+def test_a_replay_of_an_older_batch_names_its_entry(sqlite_store, pipeline) -> None:
+    # Not the ledger's last entry: the store looks the batch up by its ranges.
+    epoch = sqlite_store.acquire(pipeline).epoch
+    committer = Committer(sqlite_store, RecordingStager(), faults=FaultPlan())
+    committer.commit(ctx(pipeline, epoch, ranges(0, 5), 0), NO_FRAME)
+    committer.commit(ctx(pipeline, epoch, ranges(5, 9), 1), NO_FRAME)
+    again = committer.commit(ctx(pipeline, epoch, ranges(0, 5), 0), NO_FRAME)
+    assert (again.skipped, again.row_count, again.seq) == (True, 0, 0)
+
+
 def test_a_committer_may_make_a_single_attempt_but_not_none(sqlite_store, pipeline) -> None:
     epoch = sqlite_store.acquire(pipeline).epoch
     once = Committer(sqlite_store, RecordingStager(), faults=FaultPlan(), attempts=1)

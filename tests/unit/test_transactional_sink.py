@@ -134,7 +134,7 @@ class OwnSink(Sink):
         return None
 
     def ledger(self, pipeline: str) -> list[LedgerEntry]:
-        return self.entries
+        return [e for e in self.entries if e.pipeline == pipeline]
 
     def describe(self) -> str:
         return "OwnSink()"
@@ -148,5 +148,9 @@ def test_a_sink_outside_the_committer_gets_the_base_defaults(sink: SQLiteSink) -
     assert OwnSink([]).last_entry("p") is None
     with pytest.raises(NotImplementedError, match=r"^OwnSink cannot list its store's pipelines$"):
         OwnSink([]).pipelines()
-    with pytest.raises(ConfigError, match=r"^OwnSink does not commit through sparkonce's "):
+    with pytest.raises(ConfigError) as err:
         OwnSink([]).committer_parts()
+    assert str(err.value) == (
+        "OwnSink does not commit through sparkonce's committer, so it cannot be one of a "
+        "pipeline's outputs; use it as the pipeline's only sink"
+    )
