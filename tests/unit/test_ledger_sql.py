@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from sparkonce.config import StoreURL
-from sparkonce.db import SQLiteDialect, connect
+from sparkonce.db import SQLiteDialect, connect, dialect_for
 from sparkonce.errors import FencedError, SinkError
-from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE, SqlLedger
+from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE, SqlLedger, SqlLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 
 
@@ -204,6 +204,21 @@ def test_pruning_keeps_a_data_batch_that_ends_at_the_ledger_end(
         _record(ledger, conn, seq, _b(("t", 0, 5, 5)))
     assert ledger.prune(conn, "p", 1) == 0
     assert len(ledger.entries(conn, "p")) == no_data + 1
+
+
+def test_only_a_closed_sqlite_connection_is_a_lost_connection(tmp_path: Any) -> None:
+    # The committer retries what the store calls a lost connection: on SQLite, only the
+    # error of using a closed connection; another error that says "closed" is the batch's.
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    conn = store.conn
+    conn.close()
+    with pytest.raises(sqlite3.ProgrammingError) as closed:
+        conn.execute("SELECT 1")
+    assert store.is_connection_error(closed.value)
+    assert not store.is_connection_error(ValueError("I/O operation on closed file"))
+    assert not store.is_connection_error(sqlite3.ProgrammingError("Incorrect number of bindings"))
+    store.reconnect()
 
 
 def test_a_ledger_table_from_an_older_sparkonce_gets_the_new_columns(tmp_path: Any) -> None:
