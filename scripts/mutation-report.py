@@ -143,41 +143,40 @@ def merge(
     commit: str | None,
     rechecks: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One report adding up ``reports`` (groups of disjoint mutants); each of ``rechecks``
-    ran again, by name, mutants the reports list as survivors or timeouts, and its
-    statuses replace theirs."""
+    """One report adding up ``reports`` (groups of disjoint mutants); each of ``rechecks``,
+    in order, ran again by name mutants the reports (or an earlier recheck) list as
+    survivors or timeouts, and its statuses replace theirs."""
     counts: dict[str, Counter[str]] = {}
     for r in reports:
         for source, m in r["modules"].items():
             counts.setdefault(source, Counter()).update(m["statuses"])
-    rechecks = rechecks or []
-    again = {name for r in rechecks for name in r["mutants_selected"]}
-    if any(ch in name for name in again for ch in "*?["):
-        raise SystemExit("error: a recheck report must name its mutants (no globs)")
-    earlier = {s["mutant"]: (s["module"], s["status"]) for r in reports for s in r["survivors"]}
-    earlier.update(
-        {t: (_module_of(t, reports), "timeout") for r in reports for t in r["timeout_mutants"]}
-    )
-    missing = sorted(again - set(earlier))
-    if missing:
-        raise SystemExit(
-            "error: a recheck may only run again what the reports list as survivors or "
-            f"timeouts (their other statuses are not kept by name): {', '.join(missing)}"
+    for recheck in rechecks or []:  # in order: a recheck may run again a recheck's survivors
+        again = set(recheck["mutants_selected"])
+        if any(ch in name for name in again for ch in "*?["):
+            raise SystemExit("error: a recheck report must name its mutants (no globs)")
+        earlier = {s["mutant"]: (s["module"], s["status"]) for r in reports for s in r["survivors"]}
+        earlier.update(
+            {t: (_module_of(t, reports), "timeout") for r in reports for t in r["timeout_mutants"]}
         )
-    for name in again:
-        source, status = earlier[name]
-        counts[source][status] -= 1
-    for r in rechecks:
-        for source, m in r["modules"].items():
+        missing = sorted(again - set(earlier))
+        if missing:
+            raise SystemExit(
+                "error: a recheck may only run again what the reports list as survivors or "
+                f"timeouts (their other statuses are not kept by name): {', '.join(missing)}"
+            )
+        for name in again:
+            source, status = earlier[name]
+            counts[source][status] -= 1
+        for source, m in recheck["modules"].items():
             counts.setdefault(source, Counter()).update(m["statuses"])
-    reports = [
-        {
-            **r,
-            "survivors": [s for s in r["survivors"] if s["mutant"] not in again],
-            "timeout_mutants": [t for t in r["timeout_mutants"] if t not in again],
-        }
-        for r in reports
-    ] + rechecks
+        reports = [
+            {
+                **r,
+                "survivors": [s for s in r["survivors"] if s["mutant"] not in again],
+                "timeout_mutants": [t for t in r["timeout_mutants"] if t not in again],
+            }
+            for r in reports
+        ] + [recheck]
     modules = {source: _module(c) for source, c in sorted(counts.items())}
     # explanations added since a group ran apply to its survivors
     reasons: dict[str, str] = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}

@@ -64,6 +64,14 @@ def test_rechecked_survivors_take_their_new_status() -> None:
     assert merged["modules"][OFFSETS]["statuses"] == {"killed": 8, "survived": 2, "timeout": 0}
 
 
+def test_a_later_recheck_may_run_again_an_earlier_rechecks_survivors() -> None:
+    old = _group({"killed": 3, "survived": 1}, ["sparkonce.offsets.x_a__mutmut_1"], [])
+    first = _recheck(["sparkonce.offsets.x_a__mutmut_1"], 0, ["sparkonce.offsets.x_a__mutmut_1"])
+    second = _recheck(["sparkonce.offsets.x_a__mutmut_1"], 1, [])
+    merged = report_script.merge([old], None, [first, second])
+    assert (merged["mutants"], merged["killed"], merged["survivors"]) == (4, 4, [])
+
+
 def test_a_recheck_may_replace_only_survivors_and_timeouts_named_one_by_one() -> None:
     old = _group({"killed": 3, "survived": 1}, ["sparkonce.offsets.x_a__mutmut_1"], [])
     with pytest.raises(SystemExit, match="only run again what the reports list as survivors"):
