@@ -113,6 +113,7 @@ def test_check_owner_of_an_unknown_pipeline_is_fenced(conn: Any, ledger: SqlLedg
     with pytest.raises(FencedError) as info:
         ledger.check_owner(conn, "never", 1)
     assert info.value.owner_epoch == 0
+    assert info.value.holder == "" and "taken by" not in str(info.value)  # no run holds it
 
 
 def test_check_owner_uses_the_custom_hint(conn: Any) -> None:
