@@ -152,6 +152,11 @@ def merge(
             counts.setdefault(source, Counter()).update(m["statuses"])
     for recheck in rechecks or []:  # in order: a recheck may run again a recheck's survivors
         again = set(recheck["mutants_selected"])
+        if recheck["not_checked"] or recheck["mutants"] != len(again):
+            raise SystemExit(
+                f"error: a recheck must run each mutant it names: {recheck['mutants']} of "
+                f"{len(again)} ran ({recheck['not_checked']} not checked)"
+            )
         if any(ch in name for name in again for ch in "*?["):
             raise SystemExit("error: a recheck report must name its mutants (no globs)")
         earlier = {s["mutant"]: (s["module"], s["status"]) for r in reports for s in r["survivors"]}

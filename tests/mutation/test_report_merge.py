@@ -76,5 +76,8 @@ def test_a_recheck_may_replace_only_survivors_and_timeouts_named_one_by_one() ->
     old = _group({"killed": 3, "survived": 1}, ["sparkonce.offsets.x_a__mutmut_1"], [])
     with pytest.raises(SystemExit, match="only run again what the reports list as survivors"):
         report_script.merge([old], None, [_recheck(["sparkonce.offsets.x_a__mutmut_9"], 1, [])])
+    unfinished = {**_recheck(["sparkonce.offsets.x_a__mutmut_1"], 0, []), "not_checked": 1}
+    with pytest.raises(SystemExit, match="must run each mutant it names: 0 of 1 ran"):
+        report_script.merge([old], None, [unfinished])
     with pytest.raises(SystemExit, match="must name its mutants"):
         report_script.merge([old], None, [_recheck(["sparkonce.offsets.*"], 1, [])])
