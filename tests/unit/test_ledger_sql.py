@@ -56,7 +56,8 @@ def test_acquire_increments_per_pipeline(conn: Any, ledger: SqlLedger) -> None:
     assert ledger.owner(conn, "a") is None
     assert [ledger.acquire(conn, "a").epoch for _ in range(3)] == [1, 2, 3]
     assert [ledger.acquire(conn, "b").epoch for _ in range(2)] == [1, 2]
-    assert ledger.acquire(conn, "a").epoch == 4
+    taken = ledger.acquire(conn, "a")
+    assert (taken.pipeline, taken.epoch) == ("a", 4)
     owner = ledger.owner(conn, "a")
     assert owner is not None
     assert (owner.pipeline, owner.epoch) == ("a", 4)
