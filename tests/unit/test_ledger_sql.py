@@ -56,8 +56,12 @@ def test_acquire_increments_per_pipeline(conn: Any, ledger: SqlLedger) -> None:
     assert ledger.owner(conn, "a") is None
     assert [ledger.acquire(conn, "a").epoch for _ in range(3)] == [1, 2, 3]
     assert [ledger.acquire(conn, "b").epoch for _ in range(2)] == [1, 2]
-    taken = ledger.acquire(conn, "a")
+    taken = ledger.acquire(conn, "a", "sparkonce-log:///data?topic=t")
     assert (taken.pipeline, taken.epoch) == ("a", 4)
+    assert taken == ledger.owner(conn, "a")  # what it returns is what it stored
+    # SQLite keeps times as ISO 8601 text ("T" between date and time), as other readers expect.
+    [(text,)] = conn.execute(f"SELECT acquired_at FROM {OWNER_TABLE} WHERE pipeline = 'a'")
+    assert text == taken.acquired_at.isoformat()
     owner = ledger.owner(conn, "a")
     assert owner is not None
     assert (owner.pipeline, owner.epoch) == ("a", 4)
