@@ -156,14 +156,16 @@ soak: setup
 		--workers $(SOAK_WORKERS) --seed $(SOAK_SEED) $(SOAK_ARGS)
 
 # Mutation testing of the commit protocol (CI rotation, not make test): mutmut mutates
-# src/sparkonce/commit/, offsets.py and protocol.py ([tool.mutmut] in pyproject.toml) and
-# runs the fast tests against each mutant (unit, the committer on SQLite, 300 simulation
-# schedules on SQLite, one process), niced, one mutant at a time (the machine is shared).
+# src/sparkonce/commit/, offsets.py, protocol.py, the SQL ledger store (but its PostgreSQL-only
+# code), the ledger entry and Kafka marker codecs and sinks/base.py ([tool.mutmut] in
+# pyproject.toml) and runs the fast tests against each mutant (unit, the committer on
+# SQLite, 300 simulation schedules on SQLite, one process), niced, one mutant at a time
+# (the machine is shared).
 # Results, with every surviving mutant and the reason it is equivalent
 # (tests/mutation-equivalent.json): benchmarks/results/mutation.json. Fails below 95%
 # killed or on an unexplained survivor. mutmut keeps results in mutants/ and re-runs only
-# what changed, but this target always starts afresh: 756 mutants, never yet run whole
-# (the rotation's groups of 57-92 took 3 to 8 min each: tests/shard-durations.json). The
+# what changed, but this target always starts afresh: 1773 mutants, never yet run whole
+# (the rotation's groups: tests/shard-durations.json). The
 # CI rotation runs the same in twenty groups (tests/mutation/test_mutation_score.py).
 .PHONY: mutation
 mutation: setup

@@ -11,8 +11,11 @@ against it like any other.
 Run from the repository root, with the venv that holds mutmut:
     .venv/bin/python scripts/mutation-report.py [--out FILE] [--only GLOB...]
     .venv/bin/python scripts/mutation-report.py --merge GROUP.json... [--out FILE]
+        [--recheck RECHECK.json...]
 ``--only`` reports the mutants of one group (``mutmut run GLOB``); ``--merge`` adds up the
 reports of groups run apart (tests/mutation/test_mutation_score.py, one per group).
+``--recheck`` takes reports of survivors run again since (``mutmut run NAME...`` and
+``--only NAME...``, exact names): their statuses replace the merged reports' ones.
 Exit code 1 when the caught share is below --goal (default 0.95), a mutant was not
 checked, or a survivor is unexplained.
 """
@@ -46,9 +49,20 @@ def main() -> int:
     )
     parser.add_argument("--commit", help="the commit the run tested (default: git's HEAD)")
     parser.add_argument("--merge", nargs="+", metavar="REPORT", help="group reports to add up")
+    parser.add_argument(
+        "--recheck",
+        nargs="+",
+        metavar="REPORT",
+        default=[],
+        help="with --merge: reports of survivors run again by name; they replace their status",
+    )
     args = parser.parse_args()
     if args.merge:
-        report = merge([json.loads(Path(p).read_text()) for p in args.merge], args.commit)
+        report = merge(
+            [json.loads(Path(p).read_text()) for p in args.merge],
+            args.commit,
+            [json.loads(Path(p).read_text()) for p in args.recheck],
+        )
     else:
         built = from_mutants(args.only, args.seconds, args.commit)
         if built is None:
@@ -124,12 +138,50 @@ def from_mutants(
     return _report(modules, survivors, timeouts, unchecked_total, seconds, commit, only)
 
 
-def merge(reports: list[dict[str, Any]], commit: str | None) -> dict[str, Any]:
-    """One report adding up ``reports`` (groups of disjoint mutants)."""
+def merge(
+    reports: list[dict[str, Any]],
+    commit: str | None,
+    rechecks: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One report adding up ``reports`` (groups of disjoint mutants); each of ``rechecks``,
+    in order, ran again by name mutants the reports (or an earlier recheck) list as
+    survivors or timeouts, and its statuses replace theirs."""
     counts: dict[str, Counter[str]] = {}
     for r in reports:
         for source, m in r["modules"].items():
             counts.setdefault(source, Counter()).update(m["statuses"])
+    for recheck in rechecks or []:  # in order: a recheck may run again a recheck's survivors
+        again = set(recheck["mutants_selected"])
+        if recheck["not_checked"] or recheck["mutants"] != len(again):
+            raise SystemExit(
+                f"error: a recheck must run each mutant it names: {recheck['mutants']} of "
+                f"{len(again)} ran ({recheck['not_checked']} not checked)"
+            )
+        if any(ch in name for name in again for ch in "*?["):
+            raise SystemExit("error: a recheck report must name its mutants (no globs)")
+        earlier = {s["mutant"]: (s["module"], s["status"]) for r in reports for s in r["survivors"]}
+        earlier.update(
+            {t: (_module_of(t, reports), "timeout") for r in reports for t in r["timeout_mutants"]}
+        )
+        missing = sorted(again - set(earlier))
+        if missing:
+            raise SystemExit(
+                "error: a recheck may only run again what the reports list as survivors or "
+                f"timeouts (their other statuses are not kept by name): {', '.join(missing)}"
+            )
+        for name in again:
+            source, status = earlier[name]
+            counts[source][status] -= 1
+        for source, m in recheck["modules"].items():
+            counts.setdefault(source, Counter()).update(m["statuses"])
+        reports = [
+            {
+                **r,
+                "survivors": [s for s in r["survivors"] if s["mutant"] not in again],
+                "timeout_mutants": [t for t in r["timeout_mutants"] if t not in again],
+            }
+            for r in reports
+        ] + [recheck]
     modules = {source: _module(c) for source, c in sorted(counts.items())}
     # explanations added since a group ran apply to its survivors
     reasons: dict[str, str] = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
@@ -160,6 +212,14 @@ def merge(reports: list[dict[str, Any]], commit: str | None) -> dict[str, Any]:
         for r in reports
     }
     return report
+
+
+def _module_of(mutant: str, reports: list[dict[str, Any]]) -> str:
+    """The source file of a mutant named in ``reports`` only as a timeout."""
+    path = "src/" + mutant.split(".x")[0].replace(".", "/") + ".py"
+    if not any(path in r["modules"] for r in reports):
+        raise SystemExit(f"error: no module {path} in the reports for timeout {mutant}")
+    return path
 
 
 def _module(count: Counter[str]) -> dict[str, Any]:

@@ -369,6 +369,38 @@ def test_a_lost_commit_that_went_through_is_reported_as_committed(
     store.close()
 
 
+def test_a_lost_sqlite_commit_that_went_through_is_reported_as_committed(
+    tmp_path: Path, pipeline: str
+) -> None:
+    """As above on SQLite (the fast tests): the COMMIT went through, then the connection
+    closed before the commit returned; the retry finds our own entry, not a replay."""
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+
+    class ReplyLost(SqlLedgerStore):
+        lost = False
+
+        @contextmanager
+        def transaction(self) -> Iterator[Any]:
+            with super().transaction() as txn:
+                yield txn
+            if not self.lost:
+                self.lost = True
+                txn.close()
+                txn.execute("SELECT 1")  # sqlite3.ProgrammingError: a closed database
+
+    store = ReplyLost(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager(rows=5)
+    result = Committer(store, stager, faults=FaultPlan()).commit(
+        ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+    )
+    assert store.lost
+    assert (result.skipped, result.row_count, result.seq) == (False, 5, 0)  # ours, not a replay
+    assert stager.calls == ["prepare:0", "publish", "after_commit"]  # published once
+    assert len(SqlLedgerStore(url, dialect_for(url)).entries(pipeline)) == 1
+    store.close()
+
+
 def test_a_connection_lost_at_every_attempt_is_sink_unavailable(pg_url: str, pipeline: str) -> None:
     """The store's connection is cut at each try of the commit: SinkUnavailableError (exit 4,
     as when the store cannot be reached at all), naming the batch."""
@@ -636,9 +668,52 @@ def test_a_retried_commit_says_why_and_which_attempt_in_one_warning(
     store.close()
 
 
+def test_a_connection_lost_at_the_early_look_is_retried_and_says_so(
+    tmp_path: Path, pipeline: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Step 0 (owner and last entry, before anything is staged) runs under the same retry
+    # policy as the commit; its warning says the connection was lost before the commit.
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+
+    class LostAtLook(SqlLedgerStore):
+        looks = 0
+
+        def last(self, pipeline: str) -> Any:
+            self.looks += 1
+            if self.looks == 1:
+                self.conn.close()  # the read then meets a closed connection
+            return super().last(pipeline)
+
+    store = LostAtLook(url, dialect_for(url))
+    epoch = store.acquire(pipeline).epoch
+    stager = RecordingStager()
+    with caplog.at_level("WARNING", logger="sparkonce.commit.committer"):
+        result = Committer(store, stager, faults=FaultPlan()).commit(
+            ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME
+        )
+    assert (result.skipped, result.seq, store.looks) == (False, 0, 2)
+    assert stager.calls == ["prepare:0", "publish", "after_commit"]
+    [retry] = [r for r in caplog.records if r.name == "sparkonce.commit.committer"]
+    assert retry.getMessage().startswith(
+        f"pipeline {pipeline!r} batch {ranges(0, 5)}: connection to {store.describe()} lost "
+        "before the commit ("
+    )
+    store.close()
+
+
+def test_a_replay_of_an_older_batch_names_its_entry(sqlite_store, pipeline) -> None:
+    # Not the ledger's last entry: the store looks the batch up by its ranges.
+    epoch = sqlite_store.acquire(pipeline).epoch
+    committer = Committer(sqlite_store, RecordingStager(), faults=FaultPlan())
+    committer.commit(ctx(pipeline, epoch, ranges(0, 5), 0), NO_FRAME)
+    committer.commit(ctx(pipeline, epoch, ranges(5, 9), 1), NO_FRAME)
+    again = committer.commit(ctx(pipeline, epoch, ranges(0, 5), 0), NO_FRAME)
+    assert (again.skipped, again.row_count, again.seq) == (True, 0, 0)
+
+
 def test_a_committer_may_make_a_single_attempt_but_not_none(sqlite_store, pipeline) -> None:
     epoch = sqlite_store.acquire(pipeline).epoch
     once = Committer(sqlite_store, RecordingStager(), faults=FaultPlan(), attempts=1)
     assert once.commit(ctx(pipeline, epoch, ranges(0, 5)), NO_FRAME).seq == 0
-    with pytest.raises(ValueError, match="attempts must be >= 1"):
+    with pytest.raises(ValueError, match=r"^attempts must be >= 1$"):
         Committer(sqlite_store, RecordingStager(), attempts=0)

@@ -16,6 +16,7 @@ import sparkonce.faults as faults_module
 from sparkonce.commit.tasks import (
     CORRECT_TASK_STEPS,
     TASK_RESULT_DDL,
+    CorrectTaskSteps,
     Task,
     TaskResult,
     one_result,
@@ -67,6 +68,16 @@ def test_outside_spark_the_task_is_partition_0_attempt_0_keyed_by_its_function()
     task = Task.current("p", 3, 8, key=lambda part: f"key-{part}")
     assert task == Task("p", 3, 8, 0, 0, "key-0", CORRECT_TASK_STEPS)
     assert Task.current("p", 3, 8).key == "0"
+
+
+def test_a_task_built_with_other_steps_decides_with_them() -> None:
+    class NeverFenced(CorrectTaskSteps):  # a planted bug's steps (tests/sim)
+        def fenced(self, task: Task, owner_epoch: int | None) -> bool:
+            return False
+
+    steps = NeverFenced()
+    task = Task.current("p", 3, 8, steps=steps)
+    assert task.steps is steps and task.fenced(4) is None
 
 
 def test_a_task_is_fenced_unless_its_epoch_is_the_owners() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from sparkonce.config import StoreURL
-from sparkonce.db import SQLiteDialect, connect
+from sparkonce.db import SQLiteDialect, connect, dialect_for
 from sparkonce.errors import FencedError, SinkError
-from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE, SqlLedger
+from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE, SqlLedger, SqlLedgerStore
 from sparkonce.offsets import BatchRanges, OffsetRange
 
 
@@ -56,7 +56,12 @@ def test_acquire_increments_per_pipeline(conn: Any, ledger: SqlLedger) -> None:
     assert ledger.owner(conn, "a") is None
     assert [ledger.acquire(conn, "a").epoch for _ in range(3)] == [1, 2, 3]
     assert [ledger.acquire(conn, "b").epoch for _ in range(2)] == [1, 2]
-    assert ledger.acquire(conn, "a").epoch == 4
+    taken = ledger.acquire(conn, "a", "sparkonce-log:///data?topic=t")
+    assert (taken.pipeline, taken.epoch) == ("a", 4)
+    assert taken == ledger.owner(conn, "a")  # what it returns is what it stored
+    # SQLite keeps times as ISO 8601 text ("T" between date and time), as other readers expect.
+    [(text,)] = conn.execute(f"SELECT acquired_at FROM {OWNER_TABLE} WHERE pipeline = 'a'")
+    assert text == taken.acquired_at.isoformat()
     owner = ledger.owner(conn, "a")
     assert owner is not None
     assert (owner.pipeline, owner.epoch) == ("a", 4)
@@ -113,6 +118,7 @@ def test_check_owner_of_an_unknown_pipeline_is_fenced(conn: Any, ledger: SqlLedg
     with pytest.raises(FencedError) as info:
         ledger.check_owner(conn, "never", 1)
     assert info.value.owner_epoch == 0
+    assert info.value.holder == "" and "taken by" not in str(info.value)  # no run holds it
 
 
 def test_check_owner_uses_the_custom_hint(conn: Any) -> None:
@@ -170,6 +176,55 @@ def test_find_no_data_batch(conn: Any, ledger: SqlLedger) -> None:
     assert ledger.find_no_data_batch(conn, "p", "cp2", 1) is None
     assert ledger.find_no_data_batch(conn, "p", None, 1) is None
     assert ledger.find_no_data_batch(conn, "q", "cp1", 1) == 0
+
+
+def test_the_newest_no_data_batch_of_a_spark_identity_is_found(
+    conn: Any, ledger: SqlLedger
+) -> None:
+    # A restored checkpoint can commit a no-data batch of the same identity again: the
+    # newest entry answers (rows are sorted by seq in Python, not by the query).
+    for seq in (1, 3, 2):
+        _record(ledger, conn, seq, _b(("t", 0, 5, 5)), batch_id=7, checkpoint="cp1")
+    assert ledger.find_no_data_batch(conn, "p", "cp1", 7) == 3
+
+
+def test_entry_reads_one_entry_of_its_pipeline_or_none(conn: Any, ledger: SqlLedger) -> None:
+    _record(ledger, conn, 0, _b(("t", 0, 0, 5)), rows=5)
+    entry = ledger.entry(conn, "p", 0)
+    assert entry is not None and (entry.pipeline, entry.seq, entry.row_count) == ("p", 0, 5)
+    assert ledger.entry(conn, "p", 1) is None
+
+
+def test_pruning_an_empty_ledger_deletes_nothing(conn: Any, ledger: SqlLedger) -> None:
+    assert ledger.prune(conn, "p", 1) == 0
+
+
+@pytest.mark.parametrize("no_data", [1, 101])
+def test_pruning_keeps_a_data_batch_that_ends_at_the_ledger_end(
+    conn: Any, ledger: SqlLedger, no_data: int
+) -> None:
+    # The data batch and the no-data batches after it all end at the ledger's end: none is
+    # pruned, however many no-data batches follow (the walk reads 100 entries at a time).
+    _record(ledger, conn, 0, _b(("t", 0, 0, 5)))
+    for seq in range(1, no_data + 1):
+        _record(ledger, conn, seq, _b(("t", 0, 5, 5)))
+    assert ledger.prune(conn, "p", 1) == 0
+    assert len(ledger.entries(conn, "p")) == no_data + 1
+
+
+def test_only_a_closed_sqlite_connection_is_a_lost_connection(tmp_path: Any) -> None:
+    # The committer retries what the store calls a lost connection: on SQLite, only the
+    # error of using a closed connection; another error that says "closed" is the batch's.
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    conn = store.conn
+    conn.close()
+    with pytest.raises(sqlite3.ProgrammingError) as closed:
+        conn.execute("SELECT 1")
+    assert store.is_connection_error(closed.value)
+    assert not store.is_connection_error(ValueError("I/O operation on closed file"))
+    assert not store.is_connection_error(sqlite3.ProgrammingError("Incorrect number of bindings"))
+    store.reconnect()
 
 
 def test_a_ledger_table_from_an_older_sparkonce_gets_the_new_columns(tmp_path: Any) -> None:

@@ -278,6 +278,18 @@ def test_plan_batch_examples() -> None:
     assert b.ranges == (OffsetRange("t", 0, 7, 7),)
 
 
+def test_the_round_robin_hands_out_the_last_records_in_turn() -> None:
+    # max_total 5 over three busy partitions: one each per round, then the last two to the
+    # next partitions in turn (2, 2, 1), never twice to the first one (3, 1, 1).
+    b = plan_batch({}, {("t", p): 10 for p in range(3)}, max_total=5)
+    assert [r.count for r in b.ranges] == [2, 2, 1]
+
+
+def test_a_read_limit_of_one_record_is_accepted() -> None:
+    limits = ReadLimits(max_records_per_partition=1, max_records_per_batch=1)
+    assert limits.by_argument() == {"max_records_per_partition": 1, "max_records_per_batch": 1}
+
+
 # -- classify -----------------------------------------------------------------
 
 
@@ -370,6 +382,9 @@ def test_classify_mixed_new_and_old_raises() -> None:
     with pytest.raises(LedgerError) as info:  # each side listed, ranges comma-separated
         classify(_b(("t", 0, 0, 5), ("t", 1, 4, 6), ("t", 2, 0, 1)), {("t", 0): 5, ("t", 1): 4})
     assert "already committed (t[0]:0..5) with new ones (t[1]:4..6, t[2]:0..1);" in str(info.value)
+    with pytest.raises(LedgerError) as info:  # several old ranges: comma-separated too
+        classify(_b(("t", 0, 0, 5), ("t", 1, 0, 4), ("t", 2, 0, 1)), {("t", 0): 5, ("t", 1): 4})
+    assert "already committed (t[0]:0..5, t[1]:0..4) with new ones (t[2]:0..1);" in str(info.value)
 
 
 def test_advance_never_moves_an_end_back() -> None:
@@ -455,6 +470,23 @@ def test_batch_ranges_rejects_a_partition_twice() -> None:
 def test_batch_ranges_from_bad_json(text: str) -> None:
     with pytest.raises(ConfigError):
         BatchRanges.from_json(text)
+
+
+def test_the_errors_of_bad_offset_ranges_name_the_part_that_is_wrong() -> None:
+    with pytest.raises(ConfigError, match=r"^offset ranges are not valid JSON: 'not json'$"):
+        BatchRanges.from_json("not json")
+    with pytest.raises(ConfigError, match=r"^offset ranges of topic 't' must be an object$"):
+        BatchRanges.from_json('{"t": [0, 1]}')
+    with pytest.raises(
+        ConfigError, match=r"^offset range t\[0\]: expected \[start, end\], got \[1\]$"
+    ):
+        BatchRanges.from_json('{"t": {"0": [1]}}')
+
+
+def test_bad_offset_ranges_text_is_shown_cut_at_200_characters() -> None:
+    with pytest.raises(ConfigError) as info:
+        BatchRanges.from_json("x" * 300)
+    assert str(info.value) == f"offset ranges are not valid JSON: {'x' * 200!r}"
 
 
 def test_batch_ranges_rejects_string_bounds() -> None:

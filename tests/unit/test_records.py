@@ -22,7 +22,7 @@ from sparkonce.errors import ConfigError, RecordVersionError
 from sparkonce.faults import FaultPlan, read_events
 from sparkonce.ledger.base import LedgerEntry
 from sparkonce.ledger.kafka_topic import LedgerState, LedgerTopic, _entry_record
-from sparkonce.ledger.records import DELTA_ENTRY, KAFKA_ENTRY
+from sparkonce.ledger.records import DELTA_ENTRY, KAFKA_ENTRY, NEWER_ENTRY
 from sparkonce.ledger.sql import LEDGER_TABLE, SqlLedger
 from sparkonce.offsets import BatchRanges
 from sparkonce.ui.state import load_verify_report
@@ -137,6 +137,17 @@ def test_a_kafka_batch_record_of_a_newer_version_is_refused() -> None:
     message = str(err.value)
     assert "pipeline 'orders' in the Kafka ledger topic (batch record at offset 41)" in message
     assert "format version 2" in message
+
+
+def test_a_newer_ledger_entry_is_named_by_its_pipeline_and_store_and_says_what_to_do() -> None:
+    # Decoded without a place (``where``): the message names the pipeline and store only.
+    with pytest.raises(RecordVersionError) as err:
+        KAFKA_ENTRY.decode("orders", {**KAFKA_ENTRY.encode(ENTRY), "version": 2})
+    message = str(err.value)
+    assert message.startswith(
+        "ledger entry of pipeline 'orders' in the Kafka ledger topic has format version 2,"
+    )
+    assert message.endswith(f"; {NEWER_ENTRY}")
 
 
 def test_a_delta_entry_file_without_a_version_reads_and_new_ones_carry_one(
