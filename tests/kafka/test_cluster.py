@@ -1,0 +1,65 @@
+"""sparkonce on a replicated cluster: three KRaft nodes, replication factor 3 everywhere and
+``min.insync.replicas=2`` (tests/services/kafka.py ``start_cluster``), as issue 44 used.
+
+One cluster per module (about 11 s to start). Brokers are killed with SIGKILL, as a machine
+failure would, and started again on the same ports with their data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services import kafka as kafka_service
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka_service.KafkaCluster]:
+    workdir: Path = tmp_path_factory.mktemp("kafka-cluster")
+    cluster = kafka_service.start_cluster(workdir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def healthy(kafka_cluster: kafka_service.KafkaCluster) -> kafka_service.KafkaCluster:
+    """The module's cluster with every node running and every replica in sync (a test that
+    killed a node may have failed before it started it again)."""
+    for node_id, broker in kafka_cluster.nodes.items():
+        if broker.pid is None:
+            kafka_cluster.start_node(node_id)
+    kafka_cluster.wait_in_sync()
+    return kafka_cluster
+
+
+def test_the_cluster_has_three_nodes_and_replicates_topics_three_times(
+    healthy: kafka_service.KafkaCluster,
+) -> None:
+    healthy.create_topic("rf-default", 2)
+    assert healthy.replication_factor("rf-default") == 3
+    assert len(healthy.admin().list_topics(timeout=5).brokers) == 3
+    assert healthy.controller() in healthy.nodes
+    assert healthy.coordinator("sparkonce.p.out.driver") in healthy.nodes
+
+
+def test_java_string_hash_is_javas() -> None:
+    # Values of Java's "...".hashCode().
+    assert kafka_service.java_string_hash("") == 0
+    assert kafka_service.java_string_hash("abc") == 96354
+    assert kafka_service.java_string_hash("sparkonce.p.out.driver") == _java_hash_by_hand(
+        "sparkonce.p.out.driver"
+    )
+    assert kafka_service.java_string_hash("polygenelubricants") == -(2**31)
+
+
+def _java_hash_by_hand(text: str) -> int:
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) % 2**32
+    return h - 2**32 if h >= 2**31 else h
