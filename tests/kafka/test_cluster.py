@@ -63,3 +63,55 @@ def _java_hash_by_hand(text: str) -> int:
     for ch in text:
         h = (31 * h + ord(ch)) % 2**32
     return h - 2**32 if h >= 2**31 else h
+
+
+# --- item 1: topics replicated as the cluster says ----------------------------------------------
+
+
+def test_topics_sparkonce_creates_have_the_clusters_replication_factor(
+    healthy: kafka_service.KafkaCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparkonce.cli import main
+    from sparkonce.sinks.kafka import KafkaSink
+
+    assert main(["kafka", "create", healthy.bootstrap, "rf-out", "--partitions", "2"]) == 0
+    assert "2 partitions and 3 replicas" in capsys.readouterr().out
+    sink = KafkaSink(healthy.bootstrap, "rf-out")
+    sink.open_store()
+    try:
+        assert sink.store.replication_note is None
+    finally:
+        sink.close_store()
+    # Kafka's own DescribeTopics and DescribeConfigs, not sparkonce's reading of them.
+    assert healthy.replication_factor("rf-out") == 3
+    assert healthy.replication_factor("rf-out.sparkonce-ledger") == 3
+    assert _topic_config(healthy, "rf-out.sparkonce-ledger", "min.insync.replicas") == "2"
+    assert _topic_config(healthy, "rf-out.sparkonce-ledger", "retention.ms") == "-1"
+
+    assert main(["kafka", "create", healthy.bootstrap, "rf-one", "--replication-factor", "1"]) == 0
+    assert healthy.replication_factor("rf-one") == 1
+
+
+def test_a_ledger_topic_with_one_replica_on_three_brokers_gets_a_warning(
+    healthy: kafka_service.KafkaCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sparkonce.sinks.kafka import KafkaSink
+
+    healthy.create_topic("rf-thin", 1)
+    sink = KafkaSink(healthy.bootstrap, "rf-thin", ledger_replication_factor=1)
+    with caplog.at_level("WARNING", logger="sparkonce.ledger.kafka_topic"):
+        sink.open_store()
+    sink.close_store()
+    note = sink.store.replication_note
+    assert note is not None and "'rf-thin.sparkonce-ledger'" in note
+    assert "1 replica and min.insync.replicas=1 on a cluster of 3 brokers" in note
+    assert note in caplog.text
+    assert healthy.replication_factor("rf-thin.sparkonce-ledger") == 1
+
+
+def _topic_config(cluster: kafka_service.KafkaCluster, topic: str, name: str) -> str:
+    from confluent_kafka.admin import ConfigResource
+
+    admin = cluster.admin()
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    return str(admin.describe_configs([resource])[resource].result(timeout=10)[name].value)

@@ -20,6 +20,7 @@ from sparkonce.errors import ConfigError, KafkaUnavailableError, TopicNotFoundEr
 # code written before it moved (`from sparkonce.kafka.client import KafkaUnavailableError`).
 __all__ = [
     "TIMEOUT_S",
+    "ClusterDefaults",
     "KafkaConnection",
     "KafkaUnavailableError",
     "masked",
@@ -63,6 +64,15 @@ def scrub(text: str, config: Mapping[str, Any]) -> str:
         if shown[key] == "***" and str(value):
             text = text.replace(str(value), "***")
     return text
+
+
+@dataclass(frozen=True)
+class ClusterDefaults:
+    """What a cluster applies to a topic created without settings of its own."""
+
+    brokers: int
+    replication_factor: int  # default.replication.factor
+    min_insync_replicas: int  # min.insync.replicas
 
 
 @dataclass(frozen=True)
@@ -162,25 +172,77 @@ class KafkaConnection:
             )
         return known[topic]
 
+    def cluster_defaults(self, timeout: float = TIMEOUT_S) -> ClusterDefaults:
+        """The broker count and the topic defaults the cluster applies (one broker's config:
+        ``default.replication.factor``, ``min.insync.replicas``)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource
+
+        admin = self.admin()  # keep a reference: a collected client cancels its futures
+        try:
+            meta = admin.list_topics(timeout=timeout)
+            broker = ConfigResource(ConfigResource.Type.BROKER, str(min(meta.brokers)))
+            entries = admin.describe_configs([broker])[broker].result(timeout=timeout)
+        except (KafkaException, ValueError) as exc:
+            raise self.unavailable("reading the cluster's topic defaults", exc) from None
+
+        def number(name: str) -> int:
+            entry = entries.get(name)
+            return int(entry.value) if entry is not None and entry.value else 1
+
+        return ClusterDefaults(
+            len(meta.brokers), number("default.replication.factor"), number("min.insync.replicas")
+        )
+
+    def replication(self, topic: str, timeout: float = TIMEOUT_S) -> tuple[int, int]:
+        """(replica count, ``min.insync.replicas``) of an existing ``topic``."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource
+
+        admin = self.admin()  # keep a reference: a collected client cancels its futures
+        try:
+            meta = admin.list_topics(topic=topic, timeout=timeout).topics[topic]
+            resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+            entries = admin.describe_configs([resource])[resource].result(timeout=timeout)
+        except (KafkaException, KeyError) as exc:
+            raise self.unavailable(f"reading the replication of topic {topic!r}", exc) from None
+        replicas = min((len(p.replicas) for p in meta.partitions.values()), default=0)
+        entry = entries.get("min.insync.replicas")
+        return replicas, int(entry.value) if entry is not None and entry.value else 1
+
     def ensure_topic(
         self,
         topic: str,
         partitions: int,
         *,
+        replication_factor: int | None = None,
         config: Mapping[str, str] | None = None,
         timeout: float = 30.0,
     ) -> bool:
-        """Create ``topic`` unless it exists; True if this call created it."""
+        """Create ``topic`` unless it exists; True if this call created it.
+
+        Its replication factor is ``replication_factor``, or else the cluster's
+        ``default.replication.factor`` (the broker applies it).
+        """
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import NewTopic
 
         if partitions < 1:
             raise ConfigError(f"topic {topic!r}: partitions must be >= 1, got {partitions}")
+        if replication_factor is not None and (
+            isinstance(replication_factor, bool)
+            or not isinstance(replication_factor, int)
+            or replication_factor < 1
+        ):
+            raise ConfigError(
+                f"topic {topic!r}: replication_factor must be an integer >= 1 (or None for "
+                f"the cluster's default.replication.factor), got {replication_factor!r}"
+            )
         if topic in self.topics():
             return False
         admin = self.admin()  # keep a reference: a collected client cancels its futures
         futures = admin.create_topics(
-            [NewTopic(topic, partitions, 1, config=dict(config or {}))],
+            [NewTopic(topic, partitions, replication_factor or -1, config=dict(config or {}))],
             operation_timeout=timeout,
             request_timeout=timeout,
         )
@@ -188,8 +250,15 @@ class KafkaConnection:
             futures[topic].result(timeout=timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
-            if getattr(err, "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
+            code = getattr(err, "code", lambda: None)()
+            if code == KafkaError.TOPIC_ALREADY_EXISTS:
                 return False
+            if code in (KafkaError.INVALID_REPLICATION_FACTOR, KafkaError.INVALID_CONFIG):
+                raise ConfigError(
+                    f"Kafka at {self.bootstrap} refused to create topic {topic!r}: "
+                    f"{scrub(str(exc), self.config)}. Choose a replication factor no larger "
+                    "than the number of brokers (--replication-factor / replication_factor=)"
+                ) from None
             raise self.unavailable(f"creating topic {topic!r}", exc) from None
         self._wait_for_topic(topic, timeout)
         return True

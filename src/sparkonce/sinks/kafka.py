@@ -262,6 +262,12 @@ class KafkaSink(TransactionalSink):
     always lands in the same partition. ``client_config`` holds extra librdkafka
     settings (security...); its secrets never appear in reprs or logs.
 
+    The ledger topic, created when missing, gets ``ledger_replication_factor`` replicas, by
+    default the cluster's ``default.replication.factor``, and ``min.insync.replicas`` 2 (1
+    with fewer than 3 replicas; never below the cluster's own); a ledger topic with fewer
+    replicas than ``min.insync.replicas + 1`` on a cluster with more brokers gets a warning
+    at start.
+
     The output topic must exist (``sparkonce kafka create BOOTSTRAP TOPIC --partitions N``);
     :meth:`validate` refuses a missing one, and Spark's ``"complete"`` output mode (a topic
     can only be appended to), with :class:`ConfigError` before the run takes its epoch.
@@ -279,6 +285,7 @@ class KafkaSink(TransactionalSink):
         client_config: Mapping[str, Any] | None = None,
         ledger_topic: str | None = None,
         transaction_timeout_ms: int = 60_000,
+        ledger_replication_factor: int | None = None,
     ) -> None:
         self.conn = KafkaConnection(bootstrap_servers, client_config or {})
         if not topic or not isinstance(topic, str):
@@ -296,6 +303,7 @@ class KafkaSink(TransactionalSink):
             topic=topic,
             transaction_timeout_ms=transaction_timeout_ms,
             inspect_hint=self._status_hint("{pipeline}"),
+            replication_factor=ledger_replication_factor,
         )
         self.stager = KafkaStager(
             self.conn, topic, self.ledger_topic, transaction_timeout_ms, self.store, self.describe()
