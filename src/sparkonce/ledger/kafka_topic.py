@@ -83,7 +83,7 @@ from typing import Any
 
 from sparkonce.config import check_pipeline_name
 from sparkonce.errors import FencedError, SparkOnceError
-from sparkonce.kafka.client import KafkaConnection
+from sparkonce.kafka.client import TRANSACTION_OPEN, KafkaConnection
 from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
 from sparkonce.ledger.kafka_marker import Marker
@@ -576,7 +576,11 @@ class KafkaLedgerStore(LedgerStore):
                 return
             time.sleep(0.05)
         if offset >= 0:
-            raise self.conn.unavailable(f"waiting for ledger offset {offset} to become readable")
+            # The reads answered: the last stable offset is held back by an open transaction.
+            raise self.conn.unavailable(
+                f"waiting for ledger offset {offset} to become readable",
+                kind=TRANSACTION_OPEN,
+            )
 
     # -- outside a commit -------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:

@@ -96,7 +96,7 @@ from sparkonce.errors import (
     SinkError,
     TopicNotFoundError,
 )
-from sparkonce.kafka.client import KafkaConnection
+from sparkonce.kafka.client import RETRY_S, KafkaConnection
 from sparkonce.ledger.base import BatchContext, LedgerEntry
 from sparkonce.ledger.kafka_topic import (
     KafkaLedgerStore,
@@ -268,6 +268,11 @@ class KafkaSink(TransactionalSink):
     replicas than ``min.insync.replicas + 1`` on a cluster with more brokers gets a warning
     at start.
 
+    ``retry_timeout`` (seconds, default 120): how long the ledger's reads, on the driver and
+    in the tasks, keep retrying across leader changes and broker restarts before the run
+    stops with :class:`~sparkonce.errors.KafkaUnavailableError` (exit 4). The transactional
+    producers keep librdkafka's own retries.
+
     The output topic must exist (``sparkonce kafka create BOOTSTRAP TOPIC --partitions N``);
     :meth:`validate` refuses a missing one, and Spark's ``"complete"`` output mode (a topic
     can only be appended to), with :class:`ConfigError` before the run takes its epoch.
@@ -286,8 +291,9 @@ class KafkaSink(TransactionalSink):
         ledger_topic: str | None = None,
         transaction_timeout_ms: int = 60_000,
         ledger_replication_factor: int | None = None,
+        retry_timeout: float = RETRY_S,
     ) -> None:
-        self.conn = KafkaConnection(bootstrap_servers, client_config or {})
+        self.conn = KafkaConnection(bootstrap_servers, client_config or {}, retry_s=retry_timeout)
         if not topic or not isinstance(topic, str):
             raise ConfigError("KafkaSink needs the output topic's name")
         self.topic = topic
