@@ -115,3 +115,32 @@ def _topic_config(cluster: kafka_service.KafkaCluster, topic: str, name: str) ->
     admin = cluster.admin()
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     return str(admin.describe_configs([resource])[resource].result(timeout=10)[name].value)
+
+
+# --- item 2: retries across leader changes and broker restarts ---------------------------------
+
+
+def test_offset_queries_ride_out_the_kill_of_the_partitions_leader(
+    healthy: kafka_service.KafkaCluster,
+) -> None:
+    """The leader of the partition being asked dies (SIGKILL): the query waits for the new
+    leader instead of failing with "did not answer"."""
+    from confluent_kafka import Producer
+
+    from sparkonce.kafka.client import KafkaConnection
+    from sparkonce.kafka.consumer import KafkaReader
+
+    healthy.create_topic("moving", 1)
+    producer = Producer({"bootstrap.servers": healthy.bootstrap, "enable.idempotence": True})
+    for i in range(50):
+        producer.produce("moving", str(i).encode(), partition=0)
+    assert producer.flush(30) == 0
+    conn = KafkaConnection(healthy.bootstrap, retry_s=60)
+    with KafkaReader(conn, timeout=2.0) as reader:
+        assert reader.watermarks("moving", 0) == (0, 50)
+        leader = healthy.leader("moving", 0)
+        healthy.kill(leader)
+        # Asked at once: the dead leader is still the one in the clients' metadata.
+        assert reader.watermarks("moving", 0) == (0, 50)
+        assert [int(m.value()) for m in reader.read("moving", 0, 0, 50)] == list(range(50))
+    assert healthy.leader("moving", 0) != leader

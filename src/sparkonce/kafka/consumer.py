@@ -186,8 +186,19 @@ class KafkaReader:
                     f"Kafka topic {topic!r} partition {partition} does not exist at "
                     f"{self.conn.bootstrap} (was the topic deleted?)"
                 ) from None
-            raise self.conn.unavailable(f"querying offsets of {topic}[{partition}]", exc) from None
+            error = self.conn.unavailable(f"querying offsets of {topic}[{partition}]", exc)
+            if error.kind in TRANSIENT:
+                self._refresh_metadata(topic)
+            raise error from None
         return int(low), int(high)
+
+    def _refresh_metadata(self, topic: str) -> None:
+        """Ask the cluster for ``topic``'s metadata now, so that the next query goes to its
+        current leader: a consumer with nothing assigned keeps a dead leader in its metadata
+        cache for minutes (``topic.metadata.refresh.interval.ms``), and every offset query
+        sent there times out."""
+        with contextlib.suppress(Exception):  # best effort: the retry reports what fails
+            self.consumer.list_topics(topic, timeout=min(self.timeout, 5.0))
 
     def _partition_listed(self, topic: str, partition: int) -> bool:
         """Whether the cluster's metadata, read now, lists ``topic[partition]``.
