@@ -7,8 +7,10 @@ failure would, and started again on the same ports with their data.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +146,96 @@ def test_offset_queries_ride_out_the_kill_of_the_partitions_leader(
         assert reader.watermarks("moving", 0) == (0, 50)
         assert [int(m.value()) for m in reader.read("moving", 0, 0, 50)] == list(range(50))
     assert healthy.leader("moving", 0) != leader
+
+
+# --- item 5: a Kafka-to-Kafka run through the kill of a leader and of a coordinator ------------
+
+
+def test_a_kafka_to_kafka_run_rides_out_killed_leader_and_coordinator(
+    healthy: kafka_service.KafkaCluster, spark: Any, tmp_path: Path
+) -> None:
+    """Between batches of one run: SIGKILL the leader of an output partition, run batches
+    without it, start it again; then SIGKILL the transaction coordinator of the driver's
+    transactional id, the same way. The run ends with no error, and an independent
+    read_committed consumer reads every input value exactly once."""
+    from confluent_kafka import Producer
+
+    from sparkonce import KafkaSink, KafkaSource, Pipeline
+    from sparkonce.ledger.kafka_topic import transactional_id
+    from sparkonce.pipeline.runner import run_pipeline
+
+    healthy.create_topic("k2k-in", 3)
+    healthy.create_topic("k2k-out", 3)
+    producer = Producer({"bootstrap.servers": healthy.bootstrap, "enable.idempotence": True})
+    values = [f"v{i}" for i in range(1200)]
+    for i, value in enumerate(values):
+        producer.produce("k2k-in", value.encode(), key=str(i).encode())
+    assert producer.flush(30) == 0
+
+    kills: list[tuple[int, str, int]] = []  # (batch, role, node)
+    down: list[int] = []
+
+    def on_batch(report: Any) -> None:
+        seq = on_batch.count  # type: ignore[attr-defined]
+        on_batch.count += 1  # type: ignore[attr-defined]
+        if seq == 0:
+            node = healthy.leader("k2k-out", 0)
+            healthy.kill(node)
+            kills.append((seq, "leader of k2k-out[0]", node))
+            down.append(node)
+        elif seq in (2, 5) and down:
+            healthy.start_node(down.pop())
+            healthy.wait_in_sync()
+        elif seq == 3:
+            node = healthy.coordinator(transactional_id("k2k", "k2k-out", "driver"))
+            healthy.kill(node)
+            kills.append((seq, "driver's transaction coordinator", node))
+            down.append(node)
+
+    on_batch.count = 0  # type: ignore[attr-defined]
+    pipeline = Pipeline(
+        name="k2k",
+        source=KafkaSource(healthy.bootstrap, "k2k-in", max_records_per_partition=50),
+        sink=KafkaSink(healthy.bootstrap, "k2k-out", transaction_timeout_ms=20_000),
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: df.select("key", "value"),
+    )
+    report = run_pipeline(pipeline, spark, on_batch=on_batch)  # raises on a driver exit
+    assert [k[1] for k in kills] == ["leader of k2k-out[0]", "driver's transaction coordinator"]
+    assert report.rows_committed == len(values) and report.batches_committed >= 8
+    assert sorted(_read_committed(healthy, "k2k-out")) == sorted(values)
+
+
+def _read_committed(cluster: kafka_service.KafkaCluster, topic: str) -> list[str]:
+    """Every value of ``topic`` as Kafka's own consumer reads it at read_committed."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": "tests-independent-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        partitions = list(cluster.partitions(topic))
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in partitions
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        values: list[str] = []
+        done: set[int] = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 60
+        while len(done) < len(partitions) and time.monotonic() < deadline:
+            for m in consumer.consume(500, timeout=1.0):
+                if m.error() is None:
+                    values.append(m.value().decode())
+            for tp in consumer.position([TopicPartition(topic, p) for p in partitions]):
+                if tp.offset >= ends[tp.partition]:
+                    done.add(tp.partition)
+        assert len(done) == len(partitions), f"read {topic} to {ends} within 60 s"
+        return values
+    finally:
+        consumer.close()
