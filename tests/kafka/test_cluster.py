@@ -109,6 +109,11 @@ def test_a_ledger_topic_with_one_replica_on_three_brokers_gets_a_warning(
     assert "1 replica and min.insync.replicas=1 on a cluster of 3 brokers" in note
     assert note in caplog.text
     assert healthy.replication_factor("rf-thin.sparkonce-ledger") == 1
+    # explain shows it (it connects to nothing; the sink opened in this process).
+    from sparkonce.pipeline.explain import _kafka_ledger_part
+
+    part = _kafka_ledger_part("output", sink)
+    assert part.verdict == "replicated less than the cluster allows" and part.why == note
 
 
 def _topic_config(cluster: kafka_service.KafkaCluster, topic: str, name: str) -> str:
@@ -231,7 +236,7 @@ def _read_committed(cluster: kafka_service.KafkaCluster, topic: str) -> list[str
         while len(done) < len(partitions) and time.monotonic() < deadline:
             for m in consumer.consume(500, timeout=1.0):
                 if m.error() is None:
-                    values.append(m.value().decode())
+                    values.append((m.value() or b"").decode())
             for tp in consumer.position([TopicPartition(topic, p) for p in partitions]):
                 if tp.offset >= ends[tp.partition]:
                     done.add(tp.partition)

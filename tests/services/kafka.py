@@ -48,6 +48,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -604,8 +605,16 @@ class KafkaCluster:
         """The replica count of ``topic``, asked with Kafka's DescribeTopics."""
         from confluent_kafka import TopicCollection
 
-        admin = self.admin()  # keep a reference: a collected client cancels its futures
-        desc = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout=10)
+        found: list[Any] = []
+
+        def described() -> bool:
+            # A node that has not applied the topic's creation yet does not know it.
+            admin = self.admin()  # keep a reference: a collected client cancels its futures
+            found.append(admin.describe_topics(TopicCollection([topic]))[topic].result(10))
+            return True
+
+        self._wait(described, f"a description of topic {topic!r}")
+        desc = found[-1]
         counts = {len(p.replicas) for p in desc.partitions}
         assert len(counts) == 1, f"partitions of {topic} differ in replica count: {desc}"
         return counts.pop()
