@@ -39,7 +39,10 @@ def _kafka_connection(args: argparse.Namespace) -> KafkaConnection:
     if not args.bootstrap:
         raise ConfigError("BOOTSTRAP is required (or set SPARKONCE_KAFKA_BOOTSTRAP)")
     require_confluent_kafka()
-    return KafkaConnection(args.bootstrap, _kafka_client_config(args.client_config))
+    # The commands give up after --timeout, transient errors or not (no 2-minute retries).
+    return KafkaConnection(
+        args.bootstrap, _kafka_client_config(args.client_config), retry_s=args.timeout
+    )
 
 
 def _kafka_client_config(items: Sequence[str]) -> dict[str, str]:
