@@ -101,6 +101,7 @@ FAMILY_SINKS = [
 SERVICE_FIXTURES: dict[str, str] = {
     "pg_server": "postgres",
     "kafka_broker": "kafka",
+    "kafka_cluster": "kafka",  # tests/kafka/test_cluster.py: three KRaft nodes
     "s3": "s3",
     "spark": "spark",  # the shared local[2] session
     # Spark drivers in processes of their own:

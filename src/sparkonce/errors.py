@@ -93,7 +93,11 @@ class KafkaUnavailableError(StoreUnavailableError):
 
     Raised for the Kafka source, the Kafka sink and its ledger topic, and the
     ``sparkonce kafka`` commands alike; the message names the bootstrap servers.
+    ``kind`` says what happened (``sparkonce.kafka.client``: ``"no answer"``, ``"leader
+    moved"``, ``"transaction open"``, ``"fatal"``); the first two are transient.
     """
+
+    kind: str = "no answer"
 
 
 class SinkError(SparkOnceError):

@@ -129,6 +129,9 @@ def test_kafka_output_needs_read_committed_readers_and_stable_output_when_non_de
     assert plain.guarantee == "effectively-once for read_committed consumers"
     out = _part(plain, "output")
     assert "only the values can differ" in out.why and "lost or repeated" not in out.why
+    ledger = _part(plain, "ledger")
+    assert ledger.verdict == "replicated as the cluster says" and not ledger.counts
+    assert "'orders-out.sparkonce-ledger'" in ledger.what
 
     stable = _pipeline(tmp_path, log, reshuffled, sink=sink, stable_output=True).explain(spark)
     assert stable.guarantee == "effectively-once for read_committed consumers"

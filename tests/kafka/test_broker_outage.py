@@ -35,7 +35,7 @@ def test_a_killed_broker_is_unavailable_not_a_missing_topic(
     own_broker: kafka_service.KafkaBroker,
 ) -> None:
     own_broker.create_topic("out", 1)
-    with KafkaReader(KafkaConnection(own_broker.bootstrap, {}), timeout=3.0) as reader:
+    with KafkaReader(KafkaConnection(own_broker.bootstrap, {}, retry_s=3), timeout=3.0) as reader:
         with pytest.raises(TopicNotFoundError):  # the cluster answered: truly missing
             reader.watermarks("no-such-topic", 0)
         reader.watermarks("out", 0)
@@ -51,7 +51,7 @@ def test_the_ledger_of_a_killed_broker_is_unavailable_exit_4(
     own_broker: kafka_service.KafkaBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
     own_broker.create_topic("out", 1)
-    conn = KafkaConnection(own_broker.bootstrap, {})
+    conn = KafkaConnection(own_broker.bootstrap, {}, retry_s=3)
     store = KafkaLedgerStore(conn, "out.sparkonce-ledger", topic="out")
     store.open()
     store.acquire("p", "kafka://src/events")

@@ -169,6 +169,7 @@ def test_unreachable_broker_names_the_bootstrap_servers_without_secrets() -> Non
             "sasl.username": "reader",
             "sasl.password": SECRET,
         },
+        retry_s=1,
     )
     with KafkaReader(conn, timeout=1.0) as reader:
         assert SECRET not in repr(reader)

@@ -467,7 +467,7 @@ def test_missing_topic_and_unreachable_broker(spark: SparkSession, kafka_broker:
     with pytest.raises(TopicNotFoundError):
         missing.latest_offsets()
 
-    down = KafkaSource("127.0.0.1:1", "events", timeout=1.0)
+    down = KafkaSource("127.0.0.1:1", "events", timeout=1.0, retry_timeout=1.0)
     started = time.monotonic()
     with pytest.raises(KafkaUnavailableError, match=r"127\.0\.0\.1:1"):
         down.stream(spark, None)

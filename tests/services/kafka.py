@@ -17,6 +17,12 @@ min.insync.replicas of the internal topics are 1, so transactions work on a sing
 For broker faults: :meth:`KafkaBroker.restart` (clean shutdown, same port and data) and
 :meth:`KafkaBroker.kill` (SIGKILL) followed by :func:`start` on the same DIR.
 
+``start_cluster(DIR)`` runs three such nodes instead (``DIR/node1`` ... ``DIR/node3``, one
+cluster id, a static 3-voter quorum) with replication factor 3 everywhere and
+``min.insync.replicas=2`` (:data:`CLUSTER_SETTINGS`); :class:`KafkaCluster` kills and restarts
+single nodes and finds a partition's leader, a transactional id's coordinator and the active
+controller.
+
 Command line (from the repository root)::
 
     python -m tests.services.kafka start DIR [--port N]   # prints the bootstrap address
@@ -41,12 +47,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-__all__ = ["KafkaBroker", "jar_dir", "session_broker", "start", "stop"]
+__all__ = [
+    "KafkaBroker",
+    "KafkaCluster",
+    "jar_dir",
+    "session_broker",
+    "start",
+    "start_cluster",
+    "stop",
+]
 
 HOST = "127.0.0.1"
 ENV_BOOTSTRAP = "SPARKONCE_TEST_KAFKA_BOOTSTRAP"
@@ -238,13 +253,23 @@ def _ports_from(props: dict[str, str]) -> tuple[int, int] | None:
     return port, cport
 
 
-def _write_config(workdir: pathlib.Path, port: int, cport: int) -> None:
+def _write_config(
+    workdir: pathlib.Path,
+    port: int,
+    cport: int,
+    *,
+    node_id: int = NODE_ID,
+    voters: str | None = None,
+    overrides: dict[str, str] | None = None,
+) -> None:
+    """Write the node's config. ``voters`` (``id@host:port,...``): the static quorum of a
+    cluster (default: this node alone); ``overrides`` replace or add settings."""
     data = workdir / DATA_NAME
     settings = {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        # A static single-voter quorum: the controller port may change between runs.
-        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{cport}",
+        "node.id": str(node_id),
+        # A static quorum: the controller ports may change between runs of a single node.
+        "controller.quorum.voters": voters or f"{node_id}@{HOST}:{cport}",
         "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{cport}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -268,6 +293,7 @@ def _write_config(workdir: pathlib.Path, port: int, cport: int) -> None:
         "broker.heartbeat.interval.ms": "500",
         # The log cleaner preallocates this on the heap (default 128 MiB).
         "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+        **(overrides or {}),
     }
     text = "# written by tests/services/kafka.py; rewritten on every start\n" + "".join(
         f"{k}={v}\n" for k, v in settings.items()
@@ -284,7 +310,7 @@ def _cluster_id() -> str:
             return text
 
 
-def _format(workdir: pathlib.Path, jars: pathlib.Path) -> None:
+def _format(workdir: pathlib.Path, jars: pathlib.Path, cluster_id: str | None = None) -> None:
     if (workdir / DATA_NAME / "meta.properties").exists():
         return
     cmd = _java(
@@ -294,7 +320,7 @@ def _format(workdir: pathlib.Path, jars: pathlib.Path) -> None:
         STORAGE_TOOL,
         "format",
         "--cluster-id",
-        _cluster_id(),
+        cluster_id or _cluster_id(),
         "--config",
         str(workdir / PROPS_NAME),
     )
@@ -398,8 +424,8 @@ def _wait_ready(
     )
 
 
-def _launch(workdir: pathlib.Path, jars: pathlib.Path) -> subprocess.Popen[bytes]:
-    cmd = _java(jars, HEAP, workdir / LOG4J_NAME, MAIN_CLASS, str(workdir / PROPS_NAME))
+def _launch(workdir: pathlib.Path, jars: pathlib.Path, heap: str = HEAP) -> subprocess.Popen[bytes]:
+    cmd = _java(jars, heap, workdir / LOG4J_NAME, MAIN_CLASS, str(workdir / PROPS_NAME))
     with (workdir / LOG_NAME).open("ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -501,6 +527,238 @@ def session_broker(tmp_root: pathlib.Path) -> Iterator[KafkaBroker]:
         yield start(workdir)
     finally:
         stop(workdir)
+
+
+# --- a 3-node cluster ----------------------------------------------------------------------------
+
+CLUSTER_SIZE = 3
+CLUSTER_HEAP = "-Xmx384m"
+# Replicated like a production cluster: every topic (internal ones too) on 3 brokers, and a
+# write acknowledged only once 2 of them have it.
+CLUSTER_SETTINGS = {
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    "unclean.leader.election.enable": "false",
+}
+QUORUM_STATE = "__cluster_metadata-0/quorum-state"
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units, 32-bit signed)."""
+    h = 0
+    units = text.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+@dataclasses.dataclass
+class KafkaCluster:
+    """A running 3-node KRaft cluster on 127.0.0.1: each node a combined broker+controller JVM
+    (a 3-voter quorum), with the replication of :data:`CLUSTER_SETTINGS`.
+
+    ``nodes`` maps node id to its :class:`KafkaBroker` (``pid`` None while it is down).
+    :meth:`kill` crashes one node (SIGKILL), :meth:`start_node` brings it back on the same
+    ports with its data; :meth:`leader`, :meth:`coordinator` and :meth:`controller` say which
+    node holds a role now.
+    """
+
+    workdir: pathlib.Path
+    nodes: dict[int, KafkaBroker]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.nodes.values())
+
+    def admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int = -1) -> None:
+        """Create topic ``name`` (default: the cluster's replication factor, 3) and wait until
+        every partition has a leader."""
+        admin = self.admin()
+        admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
+            operation_timeout=TOPIC_TIMEOUT_S,
+            request_timeout=TOPIC_TIMEOUT_S,
+        )[name].result()
+        self._wait(lambda: len(self.partitions(name)) >= partitions, f"topic {name!r} led")
+
+    def partitions(self, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
+        """Partition -> (leader, replicas, in-sync replicas), from the metadata served now
+        (partitions without a leader left out)."""
+        meta = self.admin().list_topics(topic=topic, timeout=5).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return {}
+        return {
+            p: (m.leader, list(m.replicas), list(m.isrs))
+            for p, m in meta.partitions.items()
+            if m.leader >= 0 and m.error is None
+        }
+
+    def replication_factor(self, topic: str) -> int:
+        """The replica count of ``topic``, asked with Kafka's DescribeTopics."""
+        from confluent_kafka import TopicCollection
+
+        found: list[Any] = []
+
+        def described() -> bool:
+            # A node that has not applied the topic's creation yet does not know it.
+            admin = self.admin()  # keep a reference: a collected client cancels its futures
+            found.append(admin.describe_topics(TopicCollection([topic]))[topic].result(10))
+            return True
+
+        self._wait(described, f"a description of topic {topic!r}")
+        desc = found[-1]
+        counts = {len(p.replicas) for p in desc.partitions}
+        assert len(counts) == 1, f"partitions of {topic} differ in replica count: {desc}"
+        return counts.pop()
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """The node leading ``topic[partition]`` now."""
+        found: list[int] = []
+
+        def led() -> bool:
+            part = self.partitions(topic).get(partition)
+            if part is not None:
+                found.append(part[0])
+            return bool(found)
+
+        self._wait(led, f"a leader of {topic}[{partition}]")
+        return found[-1]
+
+    def coordinator(self, transactional_id: str) -> int:
+        """The node that is the transaction coordinator of ``transactional_id`` now: the
+        leader of its ``__transaction_state`` partition (Kafka's own mapping: the absolute
+        value of the id's Java hash code, modulo the partition count)."""
+        if not self.partitions("__transaction_state"):
+            self._create_transaction_log()
+        some = next(iter(self.nodes.values())).workdir
+        assert some is not None
+        count = int(_read_props(some / PROPS_NAME)["transaction.state.log.num.partitions"])
+        h = java_string_hash(transactional_id)
+        partition = 0 if h == -(1 << 31) else abs(h) % count
+        return self.leader("__transaction_state", partition)
+
+    def _create_transaction_log(self) -> None:
+        """Make the cluster create ``__transaction_state`` (on the first transactional
+        producer's start), with a producer id of its own, so no tested id is fenced."""
+        from confluent_kafka import Producer
+
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": "tests-services-kafka-probe",
+                "log_level": 0,
+            }
+        )
+        producer.init_transactions(TOPIC_TIMEOUT_S)
+        producer.flush(1)
+
+    def controller(self) -> int:
+        """The active controller: the leader in the quorum state of the newest epoch among
+        the running nodes (each node writes its view to its metadata log directory)."""
+        import json
+
+        best = (-1, -1)
+        for broker in self.nodes.values():
+            if broker.pid is None or broker.workdir is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                state = json.loads((broker.workdir / DATA_NAME / QUORUM_STATE).read_text())
+                epoch, leader = int(state.get("leaderEpoch", -1)), int(state.get("leaderId", -1))
+                if leader >= 0 and epoch > best[0]:
+                    best = (epoch, leader)
+        if best[1] < 0:
+            raise RuntimeError(f"no running node of {self.workdir} knows a quorum leader")
+        return best[1]
+
+    def kill(self, node_id: int) -> None:
+        """Crash node ``node_id``: SIGKILL, no clean shutdown."""
+        self.nodes[node_id].kill()
+
+    def start_node(self, node_id: int) -> None:
+        """Start node ``node_id`` again (same ports, same data) and wait until it serves."""
+        broker = self.nodes[node_id]
+        assert broker.workdir is not None
+        jars = jar_dir("broker")
+        log = broker.workdir / LOG_NAME
+        since = log.stat().st_size if log.exists() else 0
+        proc = _launch(broker.workdir, jars, CLUSTER_HEAP)
+        broker.pid = proc.pid
+        _wait_ready(broker, proc, log, since)
+
+    def wait_in_sync(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Wait until every partition of every topic has all its replicas in sync (after a
+        node came back), so that the next kill leaves min.insync.replicas."""
+
+        def synced() -> bool:
+            meta = self.admin().list_topics(timeout=5)
+            return len(meta.brokers) == len(self.nodes) and all(
+                p.leader >= 0 and sorted(p.isrs) == sorted(p.replicas)
+                for t in meta.topics.values()
+                for p in t.partitions.values()
+            )
+
+        self._wait(synced, "every replica in sync", timeout)
+
+    def stop(self) -> None:
+        for broker in self.nodes.values():
+            if broker.workdir is not None:
+                stop(broker.workdir, timeout=0.0)
+            broker.pid = None
+
+    def _wait(self, check: Callable[[], bool], what: str, timeout: float = TOPIC_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(KafkaException):
+                if check():
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{what}: not reached within {timeout:.0f} s at {self.bootstrap}"
+                )
+            time.sleep(0.1)
+
+
+def start_cluster(workdir: pathlib.Path, size: int = CLUSTER_SIZE) -> KafkaCluster:
+    """Start a ``size``-node KRaft cluster with its files in ``workdir/node<N>``: all nodes at
+    once (a quorum needs a majority to elect a controller), each formatted with one cluster id."""
+    workdir = pathlib.Path(workdir).absolute()
+    jars = jar_dir("broker")
+    ports = {n: (_free_port(), _free_port()) for n in range(1, size + 1)}
+    voters = ",".join(f"{n}@{HOST}:{c}" for n, (_, c) in ports.items())
+    cluster_id = _cluster_id()
+    nodes: dict[int, KafkaBroker] = {}
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    for n, (port, cport) in ports.items():
+        node_dir = workdir / f"node{n}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        _write_config(node_dir, port, cport, node_id=n, voters=voters, overrides=CLUSTER_SETTINGS)
+        _format(node_dir, jars, cluster_id)
+    cluster = KafkaCluster(workdir, nodes)
+    try:
+        for n, (port, _) in ports.items():
+            node_dir = workdir / f"node{n}"
+            procs[n] = _launch(node_dir, jars, CLUSTER_HEAP)
+            nodes[n] = KafkaBroker(f"{HOST}:{port}", node_dir, procs[n].pid)
+        for n, broker in nodes.items():
+            assert broker.workdir is not None
+            _wait_ready(broker, procs[n], broker.workdir / LOG_NAME, 0)
+        cluster._wait(
+            lambda: len(cluster.admin().list_topics(timeout=5).brokers) == size,
+            f"all {size} brokers registered",
+            STARTUP_TIMEOUT_S,
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 # --- command line ------------------------------------------------------------------------------

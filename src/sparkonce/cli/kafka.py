@@ -39,7 +39,10 @@ def _kafka_connection(args: argparse.Namespace) -> KafkaConnection:
     if not args.bootstrap:
         raise ConfigError("BOOTSTRAP is required (or set SPARKONCE_KAFKA_BOOTSTRAP)")
     require_confluent_kafka()
-    return KafkaConnection(args.bootstrap, _kafka_client_config(args.client_config))
+    # The commands give up after --timeout, transient errors or not (no 2-minute retries).
+    return KafkaConnection(
+        args.bootstrap, _kafka_client_config(args.client_config), retry_s=args.timeout
+    )
 
 
 def _kafka_client_config(items: Sequence[str]) -> dict[str, str]:
@@ -53,13 +56,32 @@ def _kafka_client_config(items: Sequence[str]) -> dict[str, str]:
     return config
 
 
+def _replication_factor(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def cmd_kafka_create(args: argparse.Namespace) -> int:
     conn = _kafka_connection(args)
     conn.topics(args.timeout)  # fail fast (exit 4) if the cluster does not answer
-    created = conn.ensure_topic(args.topic, args.partitions, timeout=max(args.timeout, 30.0))
+    created = conn.ensure_topic(
+        args.topic,
+        args.partitions,
+        replication_factor=args.replication_factor,
+        timeout=max(args.timeout, 30.0),
+    )
     count = conn.partitions(args.topic, args.timeout)
     if created:
-        print(f"created Kafka topic {args.topic!r} with {count} partitions at {conn.bootstrap}")
+        replicas, _ = conn.replication(args.topic, args.timeout)
+        print(
+            f"created Kafka topic {args.topic!r} with {count} partitions and {replicas} "
+            f"replicas at {conn.bootstrap}"
+        )
     else:
         print(
             f"Kafka topic {args.topic!r} already exists at {conn.bootstrap} "
@@ -179,6 +201,13 @@ def add_parser(sub: SubParsers) -> None:
     q = kafka_sub.add_parser("create", help="create a topic (no error if it exists)")
     add_bootstrap_topic(q)
     _add_partitions(q)
+    q.add_argument(
+        "--replication-factor",
+        type=_replication_factor,
+        default=None,
+        metavar="N",
+        help="replicas of each partition; default: the cluster's default.replication.factor",
+    )
     q.set_defaults(func=cmd_kafka_create)
 
     q = kafka_sub.add_parser(

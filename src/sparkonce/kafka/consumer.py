@@ -43,7 +43,7 @@ from sparkonce.errors import (
     OffsetOutOfRangeError,
     TopicNotFoundError,
 )
-from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, scrub
+from sparkonce.kafka.client import TIMEOUT_S, TRANSIENT, KafkaConnection, classify, scrub
 from sparkonce.kafka.producer import require_confluent_kafka
 
 __all__ = [
@@ -162,7 +162,15 @@ class KafkaReader:
 
         The end is the last stable offset under ``read_committed`` (records of open
         transactions are not counted), the high watermark under ``read_uncommitted``.
+        Transient errors (no broker answered, the leader moved) are retried until the
+        connection's ``retry_s`` deadline (:meth:`KafkaConnection.retrying`).
         """
+        return self.conn.retrying(
+            f"querying offsets of {topic}[{partition}]",
+            lambda: self._watermarks_once(topic, partition),
+        )
+
+    def _watermarks_once(self, topic: str, partition: int) -> tuple[int, int]:
         ck = require_confluent_kafka()
         try:
             low, high = self.consumer.get_watermark_offsets(
@@ -178,8 +186,19 @@ class KafkaReader:
                     f"Kafka topic {topic!r} partition {partition} does not exist at "
                     f"{self.conn.bootstrap} (was the topic deleted?)"
                 ) from None
-            raise self.conn.unavailable(f"querying offsets of {topic}[{partition}]", exc) from None
+            error = self.conn.unavailable(f"querying offsets of {topic}[{partition}]", exc)
+            if error.kind in TRANSIENT:
+                self._refresh_metadata(topic)
+            raise error from None
         return int(low), int(high)
+
+    def _refresh_metadata(self, topic: str) -> None:
+        """Ask the cluster for ``topic``'s metadata now, so that the next query goes to its
+        current leader: a consumer with nothing assigned keeps a dead leader in its metadata
+        cache for minutes (``topic.metadata.refresh.interval.ms``), and every offset query
+        sent there times out."""
+        with contextlib.suppress(Exception):  # best effort: the retry reports what fails
+            self.consumer.list_topics(topic, timeout=min(self.timeout, 5.0))
 
     def _partition_listed(self, topic: str, partition: int) -> bool:
         """Whether the cluster's metadata, read now, lists ``topic[partition]``.
@@ -227,7 +246,8 @@ class KafkaReader:
         if start == end:
             return
         ck = require_confluent_kafka()
-        stall_s = self.timeout if timeout is None else timeout
+        # Transient errors (a broker restarting, a leader moving) are ridden out like a stall.
+        stall_s = max(self.timeout, self.conn.retry_s) if timeout is None else timeout
         where = f"{topic}[{partition}] offsets {start}..{end}"
         tp = ck.TopicPartition(topic, partition)
         consumer = self.consumer
@@ -240,12 +260,12 @@ class KafkaReader:
         progress_at = time.monotonic()
         wait = POLL_MIN_S
         while pos < end:
+            records: list[Any] = []
+            seen = pos
             try:
                 # Ask for no more than the range can still hold, so a range without markers
                 # returns without waiting.
                 messages = consumer.consume(num_messages=min(CONSUME_MAX, end - pos), timeout=wait)
-                records: list[Any] = []
-                seen = pos
                 for m in messages:
                     err = m.error()
                     if err is not None:
@@ -260,7 +280,11 @@ class KafkaReader:
                 # Offsets without records (markers, aborted records) move only the position.
                 position = consumer.position([tp])[0].offset
             except ck.KafkaException as exc:
-                raise self.conn.unavailable(f"reading {where}", exc) from None
+                if classify(exc) not in TRANSIENT:
+                    raise self.conn.unavailable(f"reading {where}", exc) from None
+                # The records received before the error are kept (and yielded below).
+                last_error = scrub(str(exc), self.conn.config)
+                position = pos
             new_pos = max(pos, seen, position)
             if new_pos > pos:
                 pos = new_pos
@@ -269,13 +293,24 @@ class KafkaReader:
             elif time.monotonic() - progress_at > stall_s:
                 detail = f" (last client error: {last_error})" if last_error else ""
                 raise self.conn.unavailable(
-                    f"reading {where}: no progress past offset {pos} for {stall_s:g} s{detail}"
+                    f"reading {where}: no progress past offset {pos} for {stall_s:g} s{detail}",
+                    kind=self._kind(last_error),
                 )
             else:
                 wait = min(POLL_S, wait * 2)
             if records:
                 yield records
                 progress_at = time.monotonic()  # the caller's time is not a stall
+
+    @staticmethod
+    def _kind(last_error: str | None) -> str | None:
+        """What a stalled read's last client error says (None: no answer, the default)."""
+        if last_error and any(
+            name in last_error.lower()
+            for name in ("leader", "not_leader", "broker handle destroyed", "replica")
+        ):
+            return "leader moved"
+        return None
 
     def _check(self, err: Any, topic: str, partition: int, where: str, pos: int) -> str | None:
         """Raise for an error event that ends the read; return the text of a transient one."""

@@ -87,13 +87,21 @@ from typing import Any
 
 from sparkonce.config import check_pipeline_name
 from sparkonce.errors import FencedError, KafkaUnavailableError, SparkOnceError
-from sparkonce.kafka.client import KafkaConnection
+from sparkonce.kafka.client import TRANSACTION_OPEN, KafkaConnection
 from sparkonce.kafka.consumer import KafkaReader
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
 from sparkonce.ledger.kafka_marker import Marker
 from sparkonce.ledger.records import KAFKA_ENTRY
 
 log = logging.getLogger(__name__)
+
+
+def _transaction_open(message: str) -> KafkaUnavailableError:
+    """The error for a ledger held back by an open transaction that is named in ``message``."""
+    error = KafkaUnavailableError(message)
+    error.kind = TRANSACTION_OPEN
+    return error
+
 
 TIMEOUT_S = 30.0  # seconds: reading the ledger topic, initializing and committing transactions
 _FENCED_CODES = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
@@ -102,6 +110,21 @@ _FENCED_CODES = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED")
 # The broker's longest wait for a fetch of the driver's kept ledger reader (librdkafka's
 # fetch.wait.max.ms, 500 by default); see LedgerTopic.
 FETCH_WAIT_MS = 10
+
+
+def ledger_topic_config(replication_factor: int, cluster_min_isr: int) -> dict[str, str]:
+    """Topic settings of a new ledger topic with ``replication_factor`` replicas.
+
+    Kept forever (``retention.ms=-1``). ``min.insync.replicas`` is 2 when there are 3 or
+    more replicas, else 1 (so one broker's loss never stops commits), and never lower than
+    the cluster's own, nor higher than the replica count (a topic could not be written at
+    all): every ledger write is acknowledged by all in-sync replicas
+    (``acks=all``, the transactional producers' setting), so a committed ledger record is
+    on at least that many brokers.
+    """
+    wanted = max(cluster_min_isr, min(2, max(1, replication_factor - 1)))
+    min_isr = min(replication_factor, wanted)
+    return {"retention.ms": "-1", "min.insync.replicas": str(min_isr)}
 
 
 def transactional_id(pipeline: str, topic: str, partition: int | str) -> str:
@@ -419,8 +442,12 @@ class KafkaLedgerStore(LedgerStore):
         inspect_hint: str = "",
         snapshot_every: int = SNAPSHOT_EVERY,
         search_window: int = SEARCH_WINDOW,
+        replication_factor: int | None = None,
     ) -> None:
         self.conn = conn
+        self.replication_factor = replication_factor
+        # The warning of replication_warning() found at open(), for explain and status.
+        self.replication_note: str | None = None
         self.ledger_topic = ledger_topic
         self.topic = topic
         self.transaction_timeout_ms = transaction_timeout_ms
@@ -446,11 +473,43 @@ class KafkaLedgerStore(LedgerStore):
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
-        """Create the ledger topic if missing (one partition, kept forever)."""
+        """Create the ledger topic if missing (one partition, kept forever, replicated as the
+        cluster says: :func:`ledger_topic_config`); warn when it is replicated less than
+        the cluster allows (:meth:`replication_warning`)."""
         if self._opened:
             return
-        self.conn.ensure_topic(self.ledger_topic, 1, config={"retention.ms": "-1"})
+        if self.ledger_topic not in self.conn.topics():
+            defaults = self.conn.cluster_defaults()
+            self.conn.ensure_topic(
+                self.ledger_topic,
+                1,
+                replication_factor=self.replication_factor,
+                config=ledger_topic_config(
+                    self.replication_factor or defaults.replication_factor,
+                    defaults.min_insync_replicas,
+                ),
+            )
+        self.replication_note = self.replication_warning()
+        if self.replication_note is not None:
+            log.warning("%s", self.replication_note)
         self._opened = True
+
+    def replication_warning(self) -> str | None:
+        """A warning when the ledger topic has fewer replicas than ``min.insync.replicas + 1``
+        on a cluster with more brokers than it has replicas: one broker's loss then stops
+        every commit, or loses the ledger with the broker's disk. None when it is fine."""
+        replicas, min_isr = self.conn.replication(self.ledger_topic)
+        brokers = self.conn.cluster_defaults().brokers
+        if replicas >= min_isr + 1 or brokers <= replicas:
+            return None
+        return (
+            f"Kafka ledger topic {self.ledger_topic!r} at {self.conn.bootstrap} has "
+            f"{replicas} replica{'s' if replicas != 1 else ''} and min.insync.replicas="
+            f"{min_isr} on a cluster of {brokers} brokers: losing one broker stops every "
+            "commit of this sink, and losing its disk loses the pipeline's progress and "
+            "fencing. Give the topic more replicas (kafka-reassign-partitions), e.g. 3 with "
+            "min.insync.replicas=2"
+        )
 
     def close(self) -> None:
         if self._driver is not None:
@@ -554,11 +613,15 @@ class KafkaLedgerStore(LedgerStore):
         if offset >= 0:
             blocked = self._open_transaction(pipeline)
             if blocked is not None:
-                raise KafkaUnavailableError(
+                raise _transaction_open(
                     f"pipeline {pipeline!r}: ledger offset {offset} did not become readable "
                     f"within {TIMEOUT_S:g} s because {blocked}"
                 )
-            raise self.conn.unavailable(f"waiting for ledger offset {offset} to become readable")
+            # The reads answered: the last stable offset is held back by an open transaction.
+            raise self.conn.unavailable(
+                f"waiting for ledger offset {offset} to become readable",
+                kind=TRANSACTION_OPEN,
+            )
 
     # -- a dead run's open transactions --------------------------------------------------
     def _clear_dead_transactions(self, pipeline: str) -> None:
@@ -602,7 +665,7 @@ class KafkaLedgerStore(LedgerStore):
                             self.last_fenced.append(tid)
                 if time.monotonic() > deadline:
                     blocked = self._open_transaction(pipeline, uncommitted, stable)
-                    raise KafkaUnavailableError(
+                    raise _transaction_open(
                         f"pipeline {pipeline!r}: cannot take the pipeline over yet: "
                         f"{blocked or 'a transaction is still open on the ledger topic'}. "
                         "No owner record was written."

@@ -131,6 +131,9 @@ def explain(pipeline: PipelineSpec, spark: SparkSession) -> Explanation:
     stable = pipeline.output_set.stable if pipeline.output_set is not None else False
     for name, sink in sinks.items():
         parts.append(_output_part(name, sink, per_output.get(name, facts), stable))
+    for name, sink in sinks.items():
+        if _is_kafka(sink) and _ours(sink):
+            parts.append(_kafka_ledger_part(name, sink))
     stores = pipeline.output_set.groups if pipeline.output_set is not None else []
     if len(stores) > 1:
         parts.append(_stores_part(len(stores), stable, per_output, sinks))
@@ -347,6 +350,35 @@ def _records_part(pipeline: PipelineSpec, facts: PlanFacts) -> Part:
         "offset is a second record to the pipeline",
         "if producers may re-send records (no idempotent producer), use "
         "dedupe(df, 'record_id', within=..., event_time=...)",
+    )
+
+
+def _kafka_ledger_part(name: str, sink: Sink) -> Part:
+    """How a Kafka sink's ledger topic is replicated: the rule, and the start-up warning
+    (:meth:`KafkaLedgerStore.replication_warning`) once the sink has opened in this process
+    (explain itself connects to nothing)."""
+    store = getattr(sink, "store", None)
+    label = "ledger" if name == SINGLE_OUTPUT else f"ledger {name}"
+    what = f"Kafka topic {getattr(store, 'ledger_topic', '?')!r}"
+    note = getattr(store, "replication_note", None)
+    if note:
+        return Part(
+            label,
+            what,
+            "replicated less than the cluster allows",
+            note,
+            "give the ledger topic more replicas (kafka-reassign-partitions), e.g. 3 with "
+            "min.insync.replicas=2",
+        )
+    return Part(
+        label,
+        what,
+        "replicated as the cluster says",
+        "created with the cluster's default.replication.factor (or the sink's "
+        "ledger_replication_factor) and min.insync.replicas 2 with 3 or more replicas, and "
+        "written with acks=all; a start warns when it has fewer replicas than "
+        "min.insync.replicas + 1 on a cluster with more brokers (explain connects to "
+        "nothing: the warning shows here once the sink has started in this process)",
     )
 
 

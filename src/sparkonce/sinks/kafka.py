@@ -98,7 +98,7 @@ from sparkonce.errors import (
     SinkError,
     TopicNotFoundError,
 )
-from sparkonce.kafka.client import KafkaConnection
+from sparkonce.kafka.client import RETRY_S, KafkaConnection
 from sparkonce.ledger.base import BatchContext, LedgerEntry
 from sparkonce.ledger.kafka_topic import (
     KafkaLedgerStore,
@@ -264,6 +264,17 @@ class KafkaSink(TransactionalSink):
     always lands in the same partition. ``client_config`` holds extra librdkafka
     settings (security...); its secrets never appear in reprs or logs.
 
+    The ledger topic, created when missing, gets ``ledger_replication_factor`` replicas, by
+    default the cluster's ``default.replication.factor``, and ``min.insync.replicas`` 2 (1
+    with fewer than 3 replicas; never below the cluster's own); a ledger topic with fewer
+    replicas than ``min.insync.replicas + 1`` on a cluster with more brokers gets a warning
+    at start.
+
+    ``retry_timeout`` (seconds, default 120): how long the ledger's reads, on the driver and
+    in the tasks, keep retrying across leader changes and broker restarts before the run
+    stops with :class:`~sparkonce.errors.KafkaUnavailableError` (exit 4). The transactional
+    producers keep librdkafka's own retries.
+
     The output topic must exist (``sparkonce kafka create BOOTSTRAP TOPIC --partitions N``);
     :meth:`validate` refuses a missing one, and Spark's ``"complete"`` output mode (a topic
     can only be appended to), with :class:`ConfigError` before the run takes its epoch.
@@ -281,8 +292,10 @@ class KafkaSink(TransactionalSink):
         client_config: Mapping[str, Any] | None = None,
         ledger_topic: str | None = None,
         transaction_timeout_ms: int = 60_000,
+        ledger_replication_factor: int | None = None,
+        retry_timeout: float = RETRY_S,
     ) -> None:
-        self.conn = KafkaConnection(bootstrap_servers, client_config or {})
+        self.conn = KafkaConnection(bootstrap_servers, client_config or {}, retry_s=retry_timeout)
         if not topic or not isinstance(topic, str):
             raise ConfigError("KafkaSink needs the output topic's name")
         self.topic = topic
@@ -298,6 +311,7 @@ class KafkaSink(TransactionalSink):
             topic=topic,
             transaction_timeout_ms=transaction_timeout_ms,
             inspect_hint=self._status_hint("{pipeline}"),
+            replication_factor=ledger_replication_factor,
         )
         self.stager = KafkaStager(
             self.conn, topic, self.ledger_topic, transaction_timeout_ms, self.store, self.describe()

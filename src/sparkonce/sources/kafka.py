@@ -57,7 +57,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, OffsetOutOfRangeError, SourceError
-from sparkonce.kafka.client import TIMEOUT_S, KafkaConnection, masked
+from sparkonce.kafka.client import RETRY_S, TIMEOUT_S, KafkaConnection, masked
 from sparkonce.kafka.consumer import KafkaReader, new_consumer
 from sparkonce.offsets import BatchRanges, OffsetRange, ReadLimits, TopicPartition
 from sparkonce.protocol import FAIL_TASKS_ENV
@@ -162,7 +162,10 @@ class KafkaSource(Source):
     ``{"<partition>": offset}`` (partitions it does not list start at 0).
     ``client_config`` holds extra librdkafka settings (security...); its secret
     values never appear in ``repr``, :meth:`describe`, :meth:`uri` or logs.
-    ``timeout`` bounds each metadata and offset query, in seconds.
+    ``timeout`` bounds each metadata and offset query, in seconds. ``retry_timeout``
+    (seconds, default 120) is how long the planner's queries and the read tasks keep
+    retrying across leader changes and broker restarts before the run stops with
+    :class:`~sparkonce.errors.KafkaUnavailableError` (exit 4).
     """
 
     def __init__(
@@ -177,9 +180,12 @@ class KafkaSource(Source):
         client_config: Mapping[str, str | int | float | bool] | None = None,
         group_id: str | None = None,
         timeout: float = TIMEOUT_S,
+        retry_timeout: float = RETRY_S,
     ) -> None:
         self.topic = validate_topic(topic)
-        self.connection = KafkaConnection(bootstrap_servers, validate_client_config(client_config))
+        self.connection = KafkaConnection(
+            bootstrap_servers, validate_client_config(client_config), retry_s=retry_timeout
+        )
         self.limits = ReadLimits(max_records_per_partition, max_records_per_batch)
         self.max_records_per_partition = max_records_per_partition
         self.max_records_per_batch = max_records_per_batch
@@ -254,6 +260,7 @@ class KafkaSource(Source):
             "client_config": dict(self.connection.config),
             "group_id": self.group_id,
             "timeout": self.timeout,
+            "retry_timeout": self.connection.retry_s,
         }
 
     def options(self, start: Mapping[TopicPartition, int] | None = None) -> dict[str, str]:
@@ -263,6 +270,7 @@ class KafkaSource(Source):
             "topic": self.topic,
             "valueFormat": self.value_format,
             "timeoutSeconds": repr(self.timeout),
+            "retrySeconds": repr(self.connection.retry_s),
         }
         if self.connection.config:
             # The option name contains "secret" so that Spark's default redaction pattern
@@ -393,6 +401,12 @@ class _OffsetClient:
         self.reader.close()
 
     def partitions(self) -> list[int]:
+        """The topic's partitions; transient errors are retried (``retry_s``)."""
+        return self.connection.retrying(
+            f"fetching metadata of topic {self.topic!r}", self._partitions_once
+        )
+
+    def _partitions_once(self) -> list[int]:
         from confluent_kafka import KafkaException
 
         try:
@@ -597,7 +611,11 @@ def read_range(
             return
         cols = _Columns(part, value_format)
         batches = offsets.reader.read_batches(
-            part.topic, part.partition, part.start, part.end, timeout=READ_STALL_TIMEOUT_S
+            part.topic,
+            part.partition,
+            part.start,
+            part.end,
+            timeout=max(READ_STALL_TIMEOUT_S, connection.retry_s),
         )
         try:
             for records in batches:
@@ -644,7 +662,13 @@ class _KafkaReaderBase:
             config = json.loads(raw_config)
         except json.JSONDecodeError:
             raise ConfigError(f"option {_CONFIG_OPTION} must be a JSON object") from None
-        self.connection = KafkaConnection(bootstrap, validate_client_config(config))
+        try:
+            retry_s = float(options.get("retrySeconds") or RETRY_S)
+        except ValueError:
+            raise ConfigError("option retrySeconds must be a number") from None
+        self.connection = KafkaConnection(
+            bootstrap, validate_client_config(config), retry_s=retry_s
+        )
         self.value_format = options.get("valueFormat") or "binary"
         if self.value_format not in VALUE_FORMATS:
             raise ConfigError(f"option valueFormat={self.value_format!r}: use 'binary' or 'utf8'")

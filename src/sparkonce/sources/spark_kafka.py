@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import CheckpointError, ConfigError
-from sparkonce.kafka.client import TIMEOUT_S, masked
+from sparkonce.kafka.client import RETRY_S, TIMEOUT_S, masked
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.sources.kafka import (
     RECORD_ID_HEADER,
@@ -125,6 +125,7 @@ class SparkKafkaSource(KafkaSource):
         group_id: str | None = None,
         timeout: float = TIMEOUT_S,
         options: Mapping[str, str | int | float | bool] | None = None,
+        retry_timeout: float = RETRY_S,
     ) -> None:
         super().__init__(
             bootstrap_servers,
@@ -135,6 +136,7 @@ class SparkKafkaSource(KafkaSource):
             client_config=client_config,
             group_id=group_id,
             timeout=timeout,
+            retry_timeout=retry_timeout,
         )
         self.connector_options = _check_options(options)
 
