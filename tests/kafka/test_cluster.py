@@ -129,6 +129,8 @@ def _topic_config(cluster: kafka_service.KafkaCluster, topic: str, name: str) ->
 # --- item 2: retries across leader changes and broker restarts ---------------------------------
 
 
+# In the rotation: make test's Kafka-to-Kafka scenario below kills a leader mid-run too.
+@pytest.mark.crash_lane
 def test_offset_queries_ride_out_the_kill_of_the_partitions_leader(
     healthy: kafka_service.KafkaCluster,
 ) -> None:

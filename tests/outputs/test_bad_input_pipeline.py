@@ -89,6 +89,9 @@ def _same_value(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
+# In the rotation, not make test (45 s there): make test keeps the fast bad-input tests, and
+# this file's driver kills are the crash lane's kind of test.
+@pytest.mark.crash_lane
 def test_bad_input_at_volume_survives_crashes(tmp_path: Path) -> None:
     records: list[Record] = generate(COUNT, SEED)
     by_id = write_to_log(tmp_path / "log", records, partitions=2)
