@@ -90,6 +90,24 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_JARS = (f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar")
 
 
+#: The Spark minor version Delta DELTA_VERSION is built for (the ``_4.2`` in its artifact).
+#: No Delta release for Spark 4.3 was on Maven Central (io/delta/delta-spark_4.3_2.13) on
+#: 2026-11-28, so a PySpark 4.3 session is refused before the epoch.
+DELTA_SPARK = "4.2"
+
+
+def check_delta_supports(spark_version: str) -> None:
+    """Raise :class:`ConfigError` when the Delta jars sparkonce uses are not built for
+    ``spark_version`` (PySpark's ``__version__``)."""
+    if ".".join(spark_version.split(".")[:2]) != DELTA_SPARK:
+        raise ConfigError(
+            f"DeltaSink: PySpark {spark_version} is installed, but Delta {DELTA_VERSION} "
+            f"(the release sparkonce uses) is built for Spark {DELTA_SPARK} and there is no "
+            f"Delta release for Spark {spark_version} yet. Install pyspark~={DELTA_SPARK}.0 "
+            "to write Delta tables, or use another sink with this PySpark."
+        )
+
+
 def delta_jars() -> list[str]:
     """The Delta jars: ``$SPARKONCE_DELTA_JARS`` (a directory), else ``delta/`` in
     ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/delta`` of the sparkonce checkout (where
@@ -333,6 +351,9 @@ class DeltaSink(TransactionalSink):
 
     # -- ownership and progress ------------------------------------------------------------
     def check_acquire(self, pipeline: str) -> None:
+        import pyspark
+
+        check_delta_supports(pyspark.__version__)
         if not self.table.exists():
             raise ConfigError(
                 f"Delta table {self.path} does not exist yet; validate() creates it from the "

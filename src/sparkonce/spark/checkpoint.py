@@ -21,6 +21,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 
+#: The offset log formats sparkonce reads: PySpark 4.2 and 4.3 both write ``v1`` (checked
+#: against checkpoints each wrote, tests/data/checkpoints). Any other version is refused
+#: rather than guessed at.
+OFFSET_LOG_VERSIONS = frozenset({"v1"})
+SPARK_VERSIONS_READ = "4.2 and 4.3"
+
+
 class InitialOffset(Protocol):
     """What :meth:`Checkpoint.previous_offset` needs of a source (a
     :class:`~sparkonce.sources.base.Source`, which sits above this module and imports it)."""
@@ -135,8 +142,13 @@ class Checkpoint:
         if text is None:
             return None
         lines = text.splitlines()
-        if not lines or not lines[0].startswith("v"):
-            raise CheckpointError(f"{f}: unknown offset log format (first line {lines[:1]})")
+        if not lines or lines[0].strip() not in OFFSET_LOG_VERSIONS:
+            raise CheckpointError(
+                f"{f}: offset log format {lines[0].strip() if lines else '(empty file)'!r} is "
+                f"not one sparkonce reads ({', '.join(sorted(OFFSET_LOG_VERSIONS))}, as "
+                f"written by PySpark {SPARK_VERSIONS_READ}). Run the query with a PySpark "
+                "sparkonce supports, or upgrade sparkonce to a release that reads this format."
+            )
         sources = [ln for ln in lines[2:] if ln.strip()]
         # A stream-stream self-join reads the one source twice; both sides plan the same
         # ranges from the same log, and then the batch is those ranges.
