@@ -338,6 +338,28 @@ def test_a_connection_lost_inside_the_commit_is_retried_once_on_a_new_one(
     store.close()
 
 
+class _ReplyLost(SqlLedgerStore):
+    """A ledger store whose first commit goes through and then loses its reply: ``lose``
+    runs on the committed transaction's connection and raises as the lost reply would."""
+
+    lost = False
+    lose: Callable[[Any], None]
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with super().transaction() as txn:
+            yield txn
+        if not self.lost:
+            self.lost = True
+            self.lose(txn)
+
+
+def _reply_lost_once(url: StoreURL, lose: Callable[[Any], None]) -> _ReplyLost:
+    store = _ReplyLost(url, dialect_for(url))
+    store.lose = lose
+    return store
+
+
 def test_a_lost_commit_that_went_through_is_reported_as_committed(
     pg_url: str, pipeline: str
 ) -> None:
@@ -346,18 +368,10 @@ def test_a_lost_commit_that_went_through_is_reported_as_committed(
 
     url = StoreURL.parse(pg_url)
 
-    class ReplyLost(SqlLedgerStore):
-        lost = False
+    def lose(txn: Any) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-        @contextmanager
-        def transaction(self) -> Iterator[Any]:
-            with super().transaction() as txn:
-                yield txn
-            if not self.lost:
-                self.lost = True
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-
-    store = ReplyLost(url, dialect_for(url))
+    store = _reply_lost_once(url, lose)
     epoch = store.acquire(pipeline).epoch
     stager = RecordingStager(rows=5)
     result = Committer(store, stager, faults=FaultPlan()).commit(
@@ -376,19 +390,11 @@ def test_a_lost_sqlite_commit_that_went_through_is_reported_as_committed(
     closed before the commit returned; the retry finds our own entry, not a replay."""
     url = StoreURL.parse(f"sqlite:///{tmp_path / 'out.db'}")
 
-    class ReplyLost(SqlLedgerStore):
-        lost = False
+    def lose(txn: Any) -> None:
+        txn.close()
+        txn.execute("SELECT 1")  # sqlite3.ProgrammingError: a closed database
 
-        @contextmanager
-        def transaction(self) -> Iterator[Any]:
-            with super().transaction() as txn:
-                yield txn
-            if not self.lost:
-                self.lost = True
-                txn.close()
-                txn.execute("SELECT 1")  # sqlite3.ProgrammingError: a closed database
-
-    store = ReplyLost(url, dialect_for(url))
+    store = _reply_lost_once(url, lose)
     epoch = store.acquire(pipeline).epoch
     stager = RecordingStager(rows=5)
     result = Committer(store, stager, faults=FaultPlan()).commit(
