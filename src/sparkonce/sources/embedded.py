@@ -263,10 +263,26 @@ class EmbeddedLogStreamReader(RangeStreamReader):
         except KeyError as exc:
             raise ConfigError(f"the {FORMAT} source needs option {exc.args[0]!r}") from None
         self._configure_limits(options)
+        self._kept: Topic | None = None
 
     def _log_ends(self) -> dict[int, int]:
-        with Topic(Path(self.path), self.topic) as t:
-            return t.end_offsets()
+        # One connection kept across polls, not one per poll: a process stopped while it
+        # opens or closes the last connection to a WAL database holds SQLite's shared-memory
+        # lock, and every other opener then fails with "locking protocol" until it resumes.
+        # An idle driver polls all the time, so per-poll connections made that window
+        # likely whenever a run is paused (SIGSTOP, a debugger, a VM freeze).
+        if self._kept is None:
+            self._kept = Topic(Path(self.path), self.topic)
+        try:
+            return self._kept.end_offsets()
+        except BaseException:
+            self.stop()  # reopened on the next poll
+            raise
+
+    def stop(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
 
     def _log_starts(self) -> dict[int, int]:
         return dict.fromkeys(self._log_ends(), 0)  # the embedded log keeps every record
