@@ -186,7 +186,9 @@ ENV_NOTES = {
     "(SIGSTOP) before its commit, its transaction open; see `sparkonce.protocol`",
     "SPARKONCE_FAULT_EVENTS": "a file where each injected fault is recorded as it fires",
     "SPARKONCE_JAR_CACHE": "a directory holding the fetched jars by kind (`delta/`, `s3/`, "
-    "`spark-kafka/`), default `.cache/jars` of the checkout",
+    "`spark-kafka/`), as `sparkonce jars fetch --dir` writes it; looked at first, then "
+    "`$XDG_CACHE_HOME/sparkonce/jars` (where `sparkonce jars fetch` puts them), then "
+    "`.cache/jars` of a checkout",
     "SPARKONCE_DELTA_JARS": "a directory holding the Delta Lake jars (else `delta/` of the jar "
     "cache)",
     "SPARKONCE_S3_JARS": "a directory holding the S3A jars (else `s3/` of the jar cache)",
@@ -195,7 +197,8 @@ ENV_NOTES = {
     "SPARKONCE_CACHE_DIR": "where the JVM class-data archive is kept (default "
     "`$XDG_CACHE_HOME/sparkonce`)",
     "SPARKONCE_NO_CLASS_DATA": "any value: start Spark's JVM without the class-data archive",
-    "XDG_CACHE_HOME": "the base of the default cache directory (default `~/.cache`)",
+    "XDG_CACHE_HOME": "the base of the default cache directories, of the JVM archive and of "
+    "the jars `sparkonce jars fetch` downloads (default `~/.cache`)",
     "JAVA_HOME": "the JVM whose class-data archive is built and used",
     "PYSPARK_PYTHON": "the Python of Spark's workers; set to the running interpreter when unset",
     "PYSPARK_DRIVER_PYTHON": "the Python of Spark's driver; set to the running interpreter "

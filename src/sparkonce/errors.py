@@ -190,3 +190,8 @@ class PipelineError(SparkOnceError):
 
 class VerificationError(SparkOnceError):
     """A verification trial found a sink whose content differs from the oracle."""
+
+
+class JarFetchError(SparkOnceError):
+    """A pinned jar could not be downloaded, or the download was not that jar
+    (``sparkonce jars fetch``)."""

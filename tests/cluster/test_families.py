@@ -36,7 +36,7 @@ from sparkonce.kafka import RECORD_ID_HEADER
 from sparkonce.ledger.base import LedgerEntry
 from sparkonce.log import Topic
 from sparkonce.sinks import KafkaSink
-from sparkonce.sources.spark_kafka import CONNECTOR_JAR_PREFIX
+from sparkonce.spark.jars import CONNECTOR_JAR_PREFIX
 from tests.cluster.conftest import StartDriver, sparkonce_run
 from tests.services.spark_cluster import SparkCluster
 

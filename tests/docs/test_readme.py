@@ -78,6 +78,10 @@ UI = (
     "sparkonce ui --sink URL [--sink URL ...] [--verify-report PATH/verify.json] [--port N] "
     "[--refresh SECONDS]"
 )
+JARS = (
+    "sparkonce jars fetch        # Delta and the Kafka connector, about 19 MB, into "
+    "~/.cache/sparkonce/jars"
+)
 SETUP = (
     "make demo   # creates .venv, installs sparkonce, runs the crash demo "
     "(embedded log -> SQLite, no servers)"
@@ -111,6 +115,11 @@ EXEMPT = {
     # runs the multi-minute crash demo inside the repository (.demo/). test_setup_block_dry_run
     # checks both commands with `make -n` instead.
     SETUP: "runs the whole suite (recursive) / the full demo; dry-run only",
+    # Downloads from Maven Central into the user's cache (its s3 line 690 MB). The installed
+    # wheel runs `sparkonce jars fetch delta` from Maven Central in tests/packaging/
+    # test_wheel.py, tests/unit/test_jar_fetch.py the rest from a file:// repository, and
+    # test_jars_block_parses checks each line's command line.
+    JARS: "downloads (690 MB for s3); run by tests/packaging and tests/unit/test_jar_fetch.py",
 }
 
 RUNNABLE = ("python", "bash")
@@ -544,3 +553,19 @@ def test_dedup_example(
     assert sorted(ids) == sorted(f"order-{i}" for i in range(110))
     assert late == 0
     assert sum(c.duplicates_removed for c in report.dedup.values()) == 20
+
+
+def test_jars_block_parses() -> None:
+    """Each command of the exempt jars block is one the CLI takes, as written."""
+    import shlex
+
+    from sparkonce.cli import build_parser
+
+    lines = [line.split("#", 1)[0].strip() for line in block(JARS).text.splitlines()]
+    commands = [shlex.split(line) for line in lines if line]
+    assert [c[:3] for c in commands] == [["sparkonce", "jars", "fetch"]] * 2 + [
+        ["sparkonce", "jars", "list"]
+    ]
+    for argv in commands:
+        args = build_parser().parse_args(argv[1:])
+        assert callable(args.func), argv

@@ -51,6 +51,50 @@ print(MetricsObserver("p").exposition())
 """
 
 
+# The README's quick-start pipeline, with a Delta table for its sink: DeltaSink needs jars
+# that the wheel does not carry.
+DELTA_PIPELINE = """
+from pyspark.sql import functions as F
+from sparkonce import DeltaSink, EmbeddedLogSource, Pipeline
+
+def sums(df):
+    v = df.select(F.col("key").cast("string").alias("key"),
+                  F.col("value").cast("string").cast("long").alias("value"))
+    return v.groupBy("key").agg(F.sum("value").alias("total"))
+
+pipeline = Pipeline(
+    name="sums",
+    source=EmbeddedLogSource("data/log", "events", max_records_per_partition=10_000),
+    transform=sums,
+    sink=DeltaSink("data/tables", table="sums", mode="upsert", keys=["key"]),
+    checkpoint="data/checkpoint",
+    trigger="availableNow",
+)
+"""
+
+
+def _delta_rows(table: Path) -> list[dict[str, object]]:
+    """The rows of a Delta table, read from its log and Parquet files with pyarrow (not
+    with Spark or sparkonce): the files added and not removed, at the last version."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    live: dict[str, None] = {}
+    for entry in sorted((table / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                assert action["add"].get("deletionVector") is None, "a deletion vector"
+                live[action["add"]["path"]] = None
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    rows: list[dict[str, object]] = []
+    for path in live:
+        rows += pq.read_table(table / path).to_pylist()
+    return rows
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKONCE_", "PYTHON"))}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
@@ -132,6 +176,49 @@ def test_the_wheel_works_with_each_documented_extra(tmp_path: Path) -> None:
     done = _run(cli, "ui", "--sink", f"sqlite:///{store}", "--port", "0")
     assert done.returncode == 2, done.stderr
     assert "pip install 'sparkonce[ui]'" in done.stderr.splitlines()[-1]
+
+    # The jars: a Delta pipeline from a directory outside the checkout, with no jar setting,
+    # is refused and names `sparkonce jars fetch`; fetched from Maven Central into the
+    # user's cache, the same run commits, and the table holds the sums.
+    work = tmp_path / "work"
+    work.mkdir()
+    jar_env = {**_env(), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+
+    def in_work(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(a) for a in argv],
+            capture_output=True,
+            text=True,
+            env=jar_env,
+            cwd=work,
+            timeout=timeout,
+        )
+
+    (work / "pipeline.py").write_text(DELTA_PIPELINE)
+    assert in_work(cli, "log", "create", "data/log", "events", "--partitions", "4").returncode == 0
+    records = "".join(f"k{n % 4},{n}\n" for n in range(1, 1001))
+    produced = subprocess.run(
+        [str(cli), "log", "produce", "data/log", "events", "--separator", ","],
+        input=records,
+        capture_output=True,
+        text=True,
+        env=jar_env,
+        cwd=work,
+        timeout=120,
+    )
+    assert produced.returncode == 0, produced.stderr
+    refused = in_work(cli, "run", "pipeline.py", timeout=600)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "sparkonce jars fetch" in refused.stderr.splitlines()[-1], refused.stderr[-3000:]
+    assert not (work / "data" / "tables" / "sums" / "_delta_log").exists()
+    fetched = in_work(cli, "jars", "fetch", "delta", timeout=600)
+    assert fetched.returncode == 0, fetched.stderr
+    cache = tmp_path / "xdg" / "sparkonce" / "jars" / "delta"
+    assert fetched.stdout.splitlines() == [f"delta: 2 jars in {cache}"]
+    done = in_work(cli, "run", "pipeline.py", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    totals = {str(r["key"]): r["total"] for r in _delta_rows(work / "data/tables/sums")}
+    assert totals == {f"k{k}": sum(n for n in range(1, 1001) if n % 4 == k) for k in range(4)}
 
     # Each extra, with only what it declares: its path now gets past the import.
     _ok(*pip, *reqs["postgres"], timeout=600)

@@ -14,7 +14,8 @@ exits 130 and 143. Every failure ends with one line on stderr,
 One module per command group, each with its ``cmd_*`` functions and an
 ``add_parser(sub)`` that declares its options: :mod:`.run`, :mod:`.status`, :mod:`.reset`,
 :mod:`.explain`, :mod:`.embedded_log` (``log ...``), :mod:`.kafka` (``kafka ...``),
-:mod:`.verify`, :mod:`.ui` (the live status page) and :mod:`.demo`. :mod:`.common`
+:mod:`.verify`, :mod:`.ui` (the live status page), :mod:`.demo` and :mod:`.jars` (the
+JVM jars of an installed wheel). :mod:`.common`
 holds the exit codes, the environment-variable defaults and argparse types, and the
 error-to-exit-code mapping; :mod:`.logs` the logging setup; :mod:`.records` the
 record input and output that ``log`` and ``kafka`` share.
@@ -26,7 +27,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sparkonce.cli import demo, embedded_log, explain, kafka, reset, run, status, ui, verify
+from sparkonce.cli import (
+    demo,
+    embedded_log,
+    explain,
+    jars,
+    kafka,
+    reset,
+    run,
+    status,
+    ui,
+    verify,
+)
 from sparkonce.cli.common import (
     EXIT_FAIL,
     EXIT_FENCED,
@@ -62,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, status, reset, explain, ui, embedded_log, kafka, verify, demo):
+    for group in (run, status, reset, explain, ui, embedded_log, kafka, verify, demo, jars):
         group.add_parser(sub)
     return parser
 

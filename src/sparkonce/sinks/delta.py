@@ -77,6 +77,7 @@ from sparkonce.spark.delta import (
     active_or_local_session,
     session_conf,
 )
+from sparkonce.spark.jars import JAR_SETS, fetch_hint, find_jars
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -87,7 +88,7 @@ log = logging.getLogger(__name__)
 DELTA_VERSION = "4.4.0"  # jars/pom.xml pins the same
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-DELTA_JARS = (f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar")
+DELTA_JARS = tuple(a.file_name for a in JAR_SETS["delta"])
 
 
 #: The Spark minor version Delta DELTA_VERSION is built for (the ``_4.2`` in its artifact).
@@ -112,14 +113,17 @@ def delta_jars() -> list[str]:
     """The Delta jars: ``$SPARKONCE_DELTA_JARS`` (a directory), else ``delta/`` in
     ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/delta`` of the sparkonce checkout (where
     ``scripts/fetch-jars.sh`` puts them). Empty if none holds both."""
-    from sparkonce.spark.jars import cached_jars
-
-    return cached_jars("delta", "SPARKONCE_DELTA_JARS", names=DELTA_JARS)
+    return find_jars("delta")
 
 
 def delta_spark_conf() -> dict[str, str]:
     """What a session needs for Delta: the jars (when found) and Delta's extension and
-    catalog. :func:`sparkonce.build_session` applies it for a pipeline with a DeltaSink."""
+    catalog. :func:`sparkonce.build_session` applies it for a pipeline with a DeltaSink.
+    Refused (:func:`check_delta_supports`) on a PySpark those jars are not built for, before
+    any session loads Delta's extension."""
+    import pyspark
+
+    check_delta_supports(pyspark.__version__)
     conf = {
         "spark.sql.extensions": DELTA_EXTENSION,
         "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
@@ -328,7 +332,12 @@ class DeltaSink(TransactionalSink):
     @property
     def table(self) -> DeltaTable:
         if self._table is None:
-            self._table = DeltaTable(_session(), self.path)
+            # Checked before Delta's classes are first called (the runner reads the ledger
+            # before the epoch): without the jars that call fails with py4j's "'JavaPackage'
+            # object is not callable", which names nothing the user can act on.
+            spark = _session()
+            _check_delta_session(spark)
+            self._table = DeltaTable(spark, self.path)
         return self._table
 
     def close_store(self) -> None:
@@ -390,9 +399,8 @@ class DeltaSink(TransactionalSink):
                 f"upsert keys {missing} are not columns of the pipeline's output "
                 f"(columns: {names}); fix keys=[...] or the transform"
             )
-        spark = _session()
-        _check_delta_session(spark)
         table = self.table
+        spark = table.spark
         if table.exists():
             check_table_properties(table)
             existing = {
@@ -441,6 +449,7 @@ def _session() -> SparkSession:
 
 
 def _check_delta_session(spark: SparkSession) -> None:
+    check_delta_supports(spark.version)  # before Delta's classes are loaded into another Spark
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     jvm: Any = spark._jvm
     loaded = True
@@ -455,8 +464,9 @@ def _check_delta_session(spark: SparkSession) -> None:
     if DELTA_EXTENSION not in extensions or not loaded:
         conf = delta_spark_conf()
         jars = conf.get("spark.jars") or (
-            "the jars of io.delta:delta-spark_4.2_2.13:4.4.0 and io.delta:delta-storage:4.4.0 "
-            "(none found: run scripts/fetch-jars.sh, or set SPARKONCE_DELTA_JARS to their "
+            "the jars of "
+            + " and ".join(a.coordinate for a in JAR_SETS["delta"])
+            + f" (none found: {fetch_hint('delta')}; or set SPARKONCE_DELTA_JARS to their "
             "directory)"
         )
         raise ConfigError(

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import CheckpointError, ConfigError
@@ -58,7 +59,7 @@ from sparkonce.sources.kafka import (
     KafkaSource,
     _OffsetClient,
 )
-from sparkonce.spark.jars import cached_jars
+from sparkonce.spark.jars import CONNECTOR_JAR_PREFIX, KIND_ENV, fetch_hint, find_jars
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -67,8 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-JARS_ENV = "SPARKONCE_SPARK_KAFKA_JARS"
-CONNECTOR_JAR_PREFIX = "spark-sql-kafka-0-10_"
+JARS_ENV = KIND_ENV["spark-kafka"]
 
 # Connector options sparkonce sets itself, and why a user's value is refused.
 _MANAGED_OPTIONS = {
@@ -92,7 +92,29 @@ _MANAGED_OPTIONS = {
 
 def spark_kafka_jars() -> list[str]:
     """The connector's jars (see the module docstring); empty if none are found."""
-    return cached_jars("spark-kafka", JARS_ENV, required_prefix=CONNECTOR_JAR_PREFIX)
+    return find_jars("spark-kafka")
+
+
+def check_connector_matches(jars: list[str], spark_version: str) -> None:
+    """Raise :class:`ConfigError` when the connector jar among ``jars`` was built for another
+    Spark minor version than ``spark_version`` (PySpark's): the connector calls Spark's
+    internals, so a mismatch fails deep inside a query, if at all visibly. Nothing to check
+    when no connector jar is among them."""
+    minor = ".".join(spark_version.split(".")[:2])
+    for jar in jars:
+        name = Path(jar).name
+        if not name.startswith(CONNECTOR_JAR_PREFIX):
+            continue
+        version = name.rsplit("-", 1)[-1].removesuffix(".jar")
+        if ".".join(version.split(".")[:2]) != minor:
+            raise ConfigError(
+                f"SparkKafkaSource: PySpark {spark_version} is installed, but the Kafka "
+                f"connector found ({jar}) is {version}, built for Spark "
+                f"{'.'.join(version.split('.')[:2])}. Maven Central has no connector for "
+                f"Spark {minor} that sparkonce pins yet: put one built for Spark {minor} in a "
+                f"directory and set {JARS_ENV} to it, install pyspark~=4.2.0, or read with "
+                "KafkaSource, which needs no JVM jars."
+            )
 
 
 class SparkKafkaSource(KafkaSource):
@@ -160,7 +182,10 @@ class SparkKafkaSource(KafkaSource):
         return None
 
     def spark_conf(self) -> dict[str, str]:
+        import pyspark
+
         jars = spark_kafka_jars()
+        check_connector_matches(jars, pyspark.__version__)
         return {"spark.jars": ",".join(jars)} if jars else {}
 
     # -- reading -------------------------------------------------------------------------
@@ -314,7 +339,8 @@ def _missing_connector(spark: SparkSession) -> str:
     where = (
         f"found here: {', '.join(found)}; build the session with them"
         if found
-        else f"none found: run scripts/fetch-jars.sh, or set {JARS_ENV} to a directory holding them"
+        else f"none found: {fetch_hint('spark-kafka')}; or set {JARS_ENV} to a directory "
+        "holding them"
     )
     return (
         "SparkKafkaSource needs Spark's Kafka connector "
