@@ -141,5 +141,16 @@ def test_opening_a_sink_takes_no_lock_while_other_runs_commit(pg_url: str) -> No
         (SPARK_BATCH_INDEX, LEDGER_TABLE),
     ).fetchone()
     assert row is not None and row[0] is not None and row[1] == 1
+    # PostgreSQL's own types, not SQLite's (ledger.sql ensure_schema mutants 3 and 23 gave
+    # PostgreSQL the SQLite names; the mutation selection runs SQLite only).
+    types = dict(
+        second.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s",
+            (LEDGER_TABLE,),
+        ).fetchall()
+    )
+    assert types["committed_at"] == "timestamp with time zone", types
+    assert (types["seq"], types["stateful"]) == ("bigint", "boolean"), types
+    assert types["commit_seconds"] == "double precision", types
     first.close()
     second.close()

@@ -331,8 +331,11 @@ def test_an_empty_range_behind_the_ledger_is_old_and_never_moves_the_resume_poin
     another was NEW, and its ledger entry moved that partition's resume point back, so the
     next run committed those offsets again."""
     committed = {("t", 0): 10, ("t", 1): 20}
-    with pytest.raises(LedgerError, match="mixes ranges already committed"):
+    with pytest.raises(LedgerError, match="mixes ranges already committed") as info:
         classify(_b(("t", 0, 10, 15), ("t", 1, 12, 12)), committed)
+    assert str(info.value).endswith(
+        "nothing was committed. Check that the checkpoint belongs to this pipeline and sink."
+    )
     # On its own it belongs to a replayed batch; at the end it tells nothing.
     assert classify(_b(("t", 0, 5, 10), ("t", 1, 12, 12)), committed) is Coverage.COMMITTED
     assert classify(_b(("t", 0, 10, 15), ("t", 1, 20, 20)), committed) is Coverage.NEW
@@ -528,3 +531,7 @@ def test_read_limits_are_shared_out_by_backlog_only_when_one_is_set() -> None:
     aligned = limits.aligned()
     assert aligned == ReadLimits(None, 40, proportional=True)
     assert aligned is not None and aligned.aligned() is None  # already shared out
+    # Both limits are kept when shared out (offsets.ReadLimits.aligned mutant 3 dropped the
+    # per-partition one).
+    both = ReadLimits(max_records_per_partition=7, max_records_per_batch=40).aligned()
+    assert both == ReadLimits(7, 40, proportional=True)

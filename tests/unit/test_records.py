@@ -277,3 +277,29 @@ def test_a_verify_report_of_a_newer_version_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RecordVersionError):
         load_verify_report(path)
     assert isinstance(err.value, ConfigError)  # the ui shows it as a report it cannot read
+
+
+@pytest.mark.parametrize(("batch_id", "checkpoint_id"), [(12, None), (None, "chk-1"), (3, "chk-2")])
+def test_a_sql_ledger_rows_optional_columns_are_read_each_from_its_own(
+    batch_id: int | None, checkpoint_id: str | None
+) -> None:
+    """Each optional column is read on its own (ledger.records entry_from_row mutant 48 read
+    the Spark batch id only when the checkpoint id was set)."""
+    from sparkonce.ledger.records import ENTRY_VERSION, entry_from_row
+
+    ranges = BatchRanges.from_json('{"t": {"0": [0, 5]}}')
+    row = (
+        4,
+        ranges.to_json(),
+        2,
+        5,
+        "2026-11-28T10:00:00+00:00",
+        batch_id,
+        checkpoint_id,
+        None,
+        1.5,
+        ENTRY_VERSION,
+    )
+    entry = entry_from_row("p", row, "sparkonce_ledger")
+    assert (entry.spark_batch_id, entry.checkpoint_id) == (batch_id, checkpoint_id)
+    assert (entry.seq, entry.epoch, entry.row_count, entry.commit_seconds) == (4, 2, 5, 1.5)
