@@ -37,7 +37,9 @@ def _values(df: DataFrame) -> DataFrame:
 
 
 def _state(p: Pipeline) -> tuple[int, int, int | None]:
-    """(rows in the table, ledger entries, owner epoch) of ``p``'s sink."""
+    """(rows in the table, ledger entries, owner epoch) of ``p``'s sink. It opens and closes
+    that sink object: never pass a pipeline that a live thread runs (its sink would be
+    closed under it), but a twin built the same way."""
     p.sink.open()
     try:
         owner = p.sink.owner(p.name)
@@ -48,13 +50,17 @@ def _state(p: Pipeline) -> tuple[int, int, int | None]:
 
 
 def _wait(
-    what: str, check: Callable[[], bool], live: threading.Thread, timeout: float = 180
+    what: str,
+    check: Callable[[], bool],
+    live: threading.Thread,
+    outcome: list[BaseException | None],
+    timeout: float = 180,
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
-        assert live.is_alive(), f"the live run ended while waiting for {what}"
+        assert live.is_alive(), f"the live run ended while waiting for {what}: {outcome}"
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -83,6 +89,7 @@ def test_unsupported_shapes_are_refused_before_the_epoch_beside_a_live_run(
         )
 
     live = pipeline(_values)
+    twin = pipeline(_values)  # the same sink, read through objects the live run does not use
     stop = threading.Event()
     outcome: list[BaseException | None] = []
 
@@ -96,8 +103,8 @@ def test_unsupported_shapes_are_refused_before_the_epoch_beside_a_live_run(
     thread = threading.Thread(target=run_live, daemon=True)
     thread.start()
     try:
-        _wait("the live run's first 300 rows", lambda: _state(live)[0] == 300, thread)
-        assert _state(live)[2] == 1
+        _wait("the live run's first 300 rows", lambda: _state(twin)[0] == 300, thread, outcome)
+        assert _state(twin)[2] == 1
 
         def second_source(df: DataFrame) -> DataFrame:
             other = EmbeddedLogSource(other_log, "events").stream(df.sparkSession, None)
@@ -124,16 +131,18 @@ def test_unsupported_shapes_are_refused_before_the_epoch_beside_a_live_run(
             with pytest.raises(ConfigError, match=message) as err:
                 p.run(spark, timeout=120)
             assert "no epoch was taken" in str(err.value)
-            assert _state(live)[2] == 1, f"a refused run took an epoch: {err.value}"
+            assert _state(twin)[2] == 1, f"a refused run took an epoch: {err.value}"
 
         make_log(200, partitions=2, start=301)  # new input: the live run must still commit it
-        _wait("the live run to commit the new input", lambda: _state(live)[0] == 500, thread)
+        _wait(
+            "the live run to commit the new input", lambda: _state(twin)[0] == 500, thread, outcome
+        )
         assert thread.is_alive() and not outcome, outcome
     finally:
         stop.set()
         thread.join(timeout=120)
     assert len(outcome) == 1 and isinstance(outcome[0], RunStopped), outcome
-    assert _state(live)[2] == 1
+    assert _state(twin)[2] == 1
 
 
 def test_another_pipelines_checkpoint_is_refused_when_positions_coincide(
