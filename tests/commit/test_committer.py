@@ -673,6 +673,7 @@ def test_a_retried_commit_says_why_and_which_attempt_in_one_warning(
     assert retry.getMessage().endswith("); retrying on a new connection (attempt 2/3)")
     # The error that was lost, by its own words (committer _retrying mutant 29 logged None).
     why = retry.getMessage().split(" during commit (", 1)[1].rsplit("); retrying", 1)[0]
+    assert isinstance(retry.args, tuple)
     assert why == str(retry.args[4]) and why not in ("", "None"), retry.getMessage()
     store.close()
 
