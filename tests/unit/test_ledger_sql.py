@@ -50,6 +50,26 @@ def test_ensure_schema_is_idempotent(conn: Any, ledger: SqlLedger) -> None:
     ledger.ensure_schema(conn)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {OWNER_TABLE, LEDGER_TABLE} <= tables
+    # SQLite's own type names (ensure_schema mutants 2, 7, 22 and 27 gave SQLite
+    # PostgreSQL's, which it takes without a word): what other tools reading the file see.
+    declared = {r[1]: r[2] for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")}
+    assert (declared["committed_at"], declared["stateful"], declared["seq"]) == (
+        "TEXT",
+        "INTEGER",
+        "INTEGER",
+    )
+    owner = {r[1]: r[2] for r in conn.execute(f"PRAGMA table_info({OWNER_TABLE})")}
+    assert owner["acquired_at"] == "TEXT"
+
+
+def test_a_closed_store_opens_a_new_connection_on_its_next_use(tmp_path: Any) -> None:
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'l.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    first = store.conn
+    store.close()
+    assert not store.connected
+    assert store.conn is not first and store.connected  # close mutant 2 left it unusable
+    store.close()
 
 
 def test_acquire_increments_per_pipeline(conn: Any, ledger: SqlLedger) -> None:
