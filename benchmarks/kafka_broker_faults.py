@@ -15,7 +15,7 @@ Each runs as a real driver process (``sparkonce run FILE``, a ``processingTime=1
 trigger) while a producer feeds its input topic at ``--rate`` records a second. Once the driver
 has committed, the script kills one broker at a time, by role in turn: the leader of an input
 partition, of an output partition, of the ledger topic, the transaction coordinator of the
-sink's driver or of a task, the active controller (a PostgreSQL pipeline has no output topic,
+sink's driver producer, the active controller (a PostgreSQL pipeline has no output topic,
 ledger topic or transactions in Kafka: only the first and the last). The killed broker starts
 again ``--restart-delay`` seconds later, on the same ports with its data; the next kill waits
 for the run's next commit and for every replica to be back in sync.
@@ -397,8 +397,7 @@ class Campaign:
             ledger = topics[1] + LEDGER_SUFFIX
             return c.leader(ledger, 0), f"{ledger}[0]"
         if role == COORDINATOR:
-            owner: int | str = self.rng.choice(["driver", *range(PARTITIONS)])
-            tid = transactional_id(name, topics[1], owner)
+            tid = transactional_id(name, topics[1], "driver")  # the one every commit uses
             return c.coordinator(tid), tid
         if role == CONTROLLER:
             return c.controller(), "the quorum"
