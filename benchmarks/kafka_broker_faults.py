@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="broker-faults-"))
     settings = Settings(
         kills=args.kills,
