@@ -510,7 +510,7 @@ class Campaign:
             row["driver_killed"] = True
             restarted = time.time()
             run.start_driver()
-            self.restarts.append({"pipeline": name, "kill": i, "started_at": restarted})
+            self.restarts.append({"pipeline": name, "kill": i, "started_at": _iso(restarted)})
         while time.monotonic() < restart_at:
             self.check_driver(run, i)
             time.sleep(0.2)
