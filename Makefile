@@ -129,7 +129,7 @@ bench-kafka: setup jars
 
 # Issue 44's broker-kill campaign: single brokers of a throwaway 3-node KRaft cluster killed
 # with SIGKILL, by role in turn, under four running pipeline kinds (real drivers); an
-# independent reader checks exactly-once output at the end. Results:
+# independent reader checks exactly-once output at the end (about 15 minutes). Results:
 # benchmarks/results/kafka-broker-faults.json. BENCH_ARGS="--kills 4 --pipelines k2k" for a smoke run.
 .PHONY: bench-broker-faults
 bench-broker-faults: setup jars

@@ -608,6 +608,39 @@ def split_kills(kills: int, pipelines: list[str]) -> dict[str, int]:
     }
 
 
+def summary(
+    rows: list[dict[str, Any]], exits: list[dict[str, Any]], checks: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One row per pipeline kind and one for all (the docs' table of this file): kills,
+    driver exits a broker kill caused, the verdict, stalls (driver kills left out), counts."""
+
+    def row(kind: str, mine: list[str]) -> dict[str, Any]:
+        kills = [r for r in rows if r["pipeline"] in mine]
+        stalls = [
+            r["stall_s"] for r in kills if r["stall_s"] is not None and not r["driver_killed"]
+        ]
+        stats = _stats(stalls)
+        c = [checks[p] for p in mine if p in checks]
+        return {
+            "kind": kind,
+            "kills": len(kills),
+            "driver_exits": sum(
+                1 for e in exits if e["pipeline"] in mine and e["during_kill"] is not None
+            ),
+            "exactly_once": bool(c) and all(x["exactly_once"] for x in c),
+            "stall_median_s": stats["median"],
+            "stall_p95_s": stats["p95"],
+            "stall_max_s": stats["max"],
+            "input": sum(x["input"] for x in c),
+            "output": sum(x["output"] for x in c),
+            "lost": sum(x["lost"] for x in c),
+            "duplicated": sum(x["duplicated"] for x in c),
+        }
+
+    names = list(checks)
+    return [row(p, [p]) for p in names] + ([row("all", names)] if len(names) > 1 else [])
+
+
 def report(settings: Settings, campaign: Campaign, checks: dict[str, Any]) -> dict[str, Any]:
     rows = campaign.rows
     broker_only = [
@@ -648,6 +681,7 @@ def report(settings: Settings, campaign: Campaign, checks: dict[str, Any]) -> di
         "driver_exits": campaign.exits,
         "exactly_once": {p: c["exactly_once"] for p, c in checks.items()},
         "checks": checks,
+        "summary": summary(rows, campaign.exits, checks),
         "stall_s": _stats(broker_only),
         "stall_s_with_driver_kills": _stats(every),
         "driver_restarts": campaign.restarts,

@@ -96,4 +96,8 @@ def test_one_kill_under_a_kafka_to_kafka_run_end_to_end(tmp_path: Path) -> None:
     )
     assert row["stall_s"] > 0 and row["driver_exits"] == [] and not row["driver_killed"]
     assert report["stall_s"]["n"] == 1 and report["stall_s"]["median"] == row["stall_s"]
+    (line,) = report["summary"]  # the docs' table: one row per pipeline kind
+    assert line["kind"] == "k2k" and line["kills"] == 1 and line["driver_exits"] == 0
+    assert line["exactly_once"] and line["lost"] == line["duplicated"] == 0
+    assert line["stall_median_s"] == row["stall_s"] and line["input"] == check["input"]
     assert "kill 1" in proc.stderr  # the console's progress
