@@ -127,6 +127,14 @@ bench-kafka: setup jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka.py $(BENCH_ARGS)
 
+# Issue 44's broker-kill campaign: single brokers of a throwaway 3-node KRaft cluster killed
+# with SIGKILL, by role in turn, under four running pipeline kinds (real drivers); an
+# independent reader checks exactly-once output at the end (about 15 minutes). Results:
+# benchmarks/results/kafka-broker-faults.json. BENCH_ARGS="--kills 4 --pipelines k2k" for a smoke run.
+.PHONY: bench-broker-faults
+bench-broker-faults: setup jars
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka_broker_faults.py $(BENCH_ARGS)
+
 # Stable batch output's cost: two outputs in two stores (PostgreSQL and SQLite) with and
 # without it, interleaved, on 2 million records (3 rounds; about 20 minutes). Results:
 # benchmarks/results/stable-output.json and stable-output.png. BENCH_ARGS="--repeat 1" for less.

@@ -257,3 +257,74 @@ def _read_committed(cluster: kafka_service.KafkaCluster, topic: str) -> list[str
         return values
     finally:
         consumer.close()
+
+
+# --- item 5: sparkonce verify --faults broker-kill ------------------------------------------------
+
+
+@pytest.mark.campaign_lane  # the reference, the oracle and a trial: three Spark drivers
+def test_verify_kills_a_broker_of_the_cluster_and_the_run_rides_it_out(
+    healthy: kafka_service.KafkaCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sparkonce verify --faults broker-kill`` with the test services' own commands as the
+    user's: the trial kills one node (SIGKILL) while the run goes on, starts it again, and
+    passes: the run finished with no exit and its output equals the failure-free run's."""
+    import json
+    import sys
+
+    from confluent_kafka import Producer
+
+    from sparkonce.cli import main
+
+    healthy.create_topic("bk-in", 3)
+    healthy.create_topic("bk-out", 3)
+    producer = Producer({"bootstrap.servers": healthy.bootstrap, "enable.idempotence": True})
+    for i in range(900):  # 6 batches of 3 x 50
+        producer.produce("bk-in", f"v{i}".encode(), key=str(i).encode())
+    assert producer.flush(30) == 0
+    pipeline = tmp_path / "pipeline.py"
+    pipeline.write_text(
+        "from sparkonce import KafkaSink, KafkaSource, Pipeline\n"
+        "pipeline = Pipeline(\n"
+        "    name='bk',\n"
+        f"    source=KafkaSource({healthy.bootstrap!r}, 'bk-in', max_records_per_partition=50),\n"
+        f"    sink=KafkaSink({healthy.bootstrap!r}, 'bk-out'),\n"
+        f"    checkpoint={str(tmp_path / 'chk')!r},\n"
+        "    transform=lambda df: df.select('key', 'value'),\n"
+        ")\n"
+    )
+    services = f"{sys.executable} -m tests.services.kafka"
+    pids = {n: b.pid for n, b in healthy.nodes.items()}
+    out = tmp_path / "out"
+    code = main(
+        [
+            "verify",
+            str(pipeline),
+            "--trials",
+            "1",
+            "--faults",
+            "broker-kill",
+            "--broker-nodes",
+            ",".join(str(n) for n in healthy.nodes),
+            "--broker-kill-command",
+            f"{services} kill-node {healthy.workdir} {{node}}",
+            "--broker-start-command",
+            f"{services} start-node {healthy.workdir} {{node}}",
+            "--broker-down",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0, capsys.readouterr().err[-3000:]
+    (trial,) = json.loads((out / "verify.json").read_text())["trials"]
+    assert trial["fault"]["kind"] == "broker-kill" and trial["fault"]["node"] in {"1", "2", "3"}
+    assert trial["passed"] and trial["fault_fired"] and trial["driver_runs"] == 1, trial
+    assert (trial["lost_rows"], trial["duplicated_rows"]) == (0, 0)
+    # The node the commands killed was started again (a new process); the others ran on.
+    for node_id, broker in healthy.nodes.items():
+        assert broker.workdir is not None
+        broker.pid = kafka_service._running_pid(broker.workdir)  # started by the command
+        assert broker.pid is not None, f"node {node_id} is not running"
+    restarted = {str(n) for n, b in healthy.nodes.items() if b.pid != pids[n]}
+    assert restarted == {trial["fault"]["node"]}

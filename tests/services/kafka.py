@@ -27,6 +27,8 @@ Command line (from the repository root)::
 
     python -m tests.services.kafka start DIR [--port N]   # prints the bootstrap address
     python -m tests.services.kafka stop DIR
+    python -m tests.services.kafka kill-node DIR N    # SIGKILL node N of start_cluster(DIR)
+    python -m tests.services.kafka start-node DIR N   # start it again, from any process
 
 If ``SPARKONCE_TEST_KAFKA_BOOTSTRAP`` is set (``host:port``), :func:`session_broker` uses that
 broker instead of starting one (and such a broker cannot be stopped or restarted by the tests).
@@ -761,6 +763,23 @@ def start_cluster(workdir: pathlib.Path, size: int = CLUSTER_SIZE) -> KafkaClust
     return cluster
 
 
+def start_cluster_node(node_dir: pathlib.Path) -> KafkaBroker:
+    """Start the stopped node of a :func:`start_cluster` cluster in ``node_dir`` again (same
+    ports, same data; from any process) and wait until it serves."""
+    node_dir = pathlib.Path(node_dir).absolute()
+    ports = _ports_from(_read_props(node_dir / PROPS_NAME))
+    if ports is None:
+        raise RuntimeError(f"{node_dir} holds no node of a cluster (no {PROPS_NAME})")
+    if _running_pid(node_dir) is not None:
+        raise RuntimeError(f"the node in {node_dir} is running already")
+    log = node_dir / LOG_NAME
+    since = log.stat().st_size if log.exists() else 0
+    proc = _launch(node_dir, jar_dir("broker"), CLUSTER_HEAP)
+    broker = KafkaBroker(f"{HOST}:{ports[0]}", node_dir, proc.pid)
+    _wait_ready(broker, proc, log, since)
+    return broker
+
+
 # --- command line ------------------------------------------------------------------------------
 
 
@@ -775,10 +794,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_start.add_argument("--port", type=int, default=None, help="client port (default: free)")
     p_stop = sub.add_parser("stop", help="stop the broker in DIR, if it is running")
     p_stop.add_argument("workdir", metavar="DIR", type=pathlib.Path)
+    for name, what in (("kill-node", "SIGKILL"), ("start-node", "start again")):
+        p_node = sub.add_parser(name, help=f"{what} node N of the cluster in DIR (start_cluster)")
+        p_node.add_argument("workdir", metavar="DIR", type=pathlib.Path)
+        p_node.add_argument("node", metavar="N", type=int)
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
             print(start(args.workdir, port=args.port).bootstrap)
+        elif args.command == "kill-node":
+            stop(args.workdir / f"node{args.node}", timeout=0.0)
+        elif args.command == "start-node":
+            start_cluster_node(args.workdir / f"node{args.node}")
         else:
             stop(args.workdir)
     except RuntimeError as exc:

@@ -163,8 +163,8 @@ def test_an_unknown_fault_kind_is_a_usage_error_listing_the_kinds(
 ) -> None:
     err = refused(["verify", "p.py"], {"SPARKONCE_VERIFY_FAULTS": bad}, monkeypatch, capsys)
     expected = (
-        "a comma-separated list of kill, crash-point, task-failure, db-drop, zombie, resend; "
-        "crash-point may name its point: crash-point:after-ledger-commit|after-rows|"
+        "a comma-separated list of kill, crash-point, task-failure, db-drop, zombie, resend, "
+        "broker-kill; crash-point may name its point: crash-point:after-ledger-commit|after-rows|"
         "before-commit|before-ledger-commit"
     )
     usage_error(err, "--faults", "SPARKONCE_VERIFY_FAULTS", bad, expected)

@@ -127,6 +127,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
             _env("SPARKONCE_VERIFY_SINK"), "--sink", SINK_URL_EXPECTED, _check_sink_url, secret=True
         )
     kinds = parse_fault_kinds(args.faults)
+    broker = None
+    if "broker-kill" in kinds or args.broker_nodes:
+        from sparkonce.verify.injection import BrokerKill
+
+        broker = BrokerKill.parse(
+            (args.broker_nodes or "").split(","),
+            args.broker_kill_command,
+            args.broker_start_command,
+            args.broker_down,
+        )
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console()
@@ -147,6 +157,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             master=args.master,
             checkpoint_root=args.checkpoint,
             live_interval_s=None if args.no_live else (args.live_interval or LIVE_INTERVAL_S),
+            broker=broker,
         )
         for url, workdir in zip(sink_urls, workdirs, strict=True)
     ]
@@ -448,7 +459,9 @@ def add_parser(sub: SubParsers) -> None:
             "comma-separated kinds: kill, crash-point, task-failure, db-drop, zombie "
             "(default: these five), and resend, only when named: the input's producer is "
             "killed and restarted and re-sends records under the same ids (needs an "
-            "embedded-log or Kafka source; see below)",
+            "embedded-log or Kafka source; see below), and broker-kill, only when named: "
+            "one Kafka broker node is killed and started again while the run goes on, "
+            "which must finish with no exit (see --broker-nodes)",
             "SPARKONCE_VERIFY_FAULTS",
         ),
     )
@@ -546,6 +559,34 @@ def add_parser(sub: SubParsers) -> None:
         "--no-live",
         action="store_true",
         help="no live readers: check only each trial's final state",
+    )
+    p.add_argument(
+        "--broker-nodes",
+        default=None,
+        metavar="NODE,NODE,...",
+        help="for --faults broker-kill: the broker nodes of a multi-broker Kafka cluster, "
+        "one of which each such trial kills (at least two)",
+    )
+    p.add_argument(
+        "--broker-kill-command",
+        default=None,
+        metavar="CMD",
+        help="for --faults broker-kill: the command that kills a node, with {node} for its "
+        "name, run without a shell, e.g. 'ssh {node} sudo systemctl kill -s KILL kafka'",
+    )
+    p.add_argument(
+        "--broker-start-command",
+        default=None,
+        metavar="CMD",
+        help="for --faults broker-kill: the command that starts the node again (always run "
+        "after a kill), e.g. 'ssh {node} sudo systemctl start kafka'",
+    )
+    p.add_argument(
+        "--broker-down",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="for --faults broker-kill: seconds between the kill and the start, default 5",
     )
     p.set_defaults(func=cmd_verify)
 

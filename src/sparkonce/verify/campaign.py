@@ -41,6 +41,11 @@ Fault kinds (``--faults``):
 ``zombie``
     The driver is frozen (SIGSTOP) just before a commit; a newer run starts and
     finishes; the old one is then thawed (SIGCONT) and must be fenced.
+``broker-kill`` (opt-in; needs ``broker``, :class:`~.injection.BrokerKill`)
+    One Kafka broker node of the user's multi-broker cluster is killed by the user's
+    command at a moment planned like ``kill``'s, and started again by the user's command
+    ``down_s`` later (always, once killed). The run must finish by itself: a driver exit
+    fails the trial. The node comes from the trial's seed.
 ``resend`` (opt-in: not in the default set; needs an embedded-log or Kafka source)
     The *producer* crashes and re-sends. A real producer process
     (:mod:`.resend`) copies the pipeline's input into a fresh trial source of the same
@@ -166,7 +171,7 @@ from sparkonce.verify.checks import (
     split_pairs,
 )
 from sparkonce.verify.driver import Driver
-from sparkonce.verify.injection import DRIVER_TIMEOUT_S, MAX_RESTARTS, Injection
+from sparkonce.verify.injection import DRIVER_TIMEOUT_S, MAX_RESTARTS, BrokerKill, Injection
 from sparkonce.verify.live import (
     DEFAULT_INTERVAL_S,
     DeltaLogReader,
@@ -212,12 +217,14 @@ class Campaign(Injection):
         master: str | None = None,
         checkpoint_root: str | None = None,
         live_interval_s: float | None = DEFAULT_INTERVAL_S,
+        broker: BrokerKill | None = None,
     ) -> None:
         """``master``: the Spark master of every trial driver (default: ``sparkonce run``'s).
         ``checkpoint_root``: a directory or URL under which every run gets a fresh checkpoint
         of its own, left in place (default: ``workdir/checkpoint``, removed between runs).
         ``live_interval_s``: how often the live readers poll each store during a trial
-        (:mod:`.live`); None: no live reader."""
+        (:mod:`.live`); None: no live reader. ``broker``: how to kill and start a broker
+        node, for the ``broker-kill`` kind (needed by it, used by nothing else)."""
         self.pipeline_file = Path(pipeline_file).resolve()
         self.workdir = Path(workdir).resolve()
         self.seed = seed
@@ -228,6 +235,12 @@ class Campaign(Injection):
         # Trials whose fault is taken as recorded (``--replay``), not planned.
         self.recorded_faults: dict[int, Fault] = {}
         self.on_event = on_event or (lambda _msg: None)
+        if "broker-kill" in self.kinds and broker is None:
+            raise ConfigError(
+                "--faults broker-kill needs --broker-nodes, --broker-kill-command and "
+                "--broker-start-command: which brokers there are, and how to kill and start one"
+            )
+        self.broker = broker
         base = load_pipeline(self.pipeline_file)
         if sink_url:
             _check_one_store(base)
@@ -582,7 +595,8 @@ class Campaign(Injection):
         assert self.oracle is not None, "run_oracle() first"
         rng = random.Random(self.trial_seed(trial))
         kind = self.kinds[trial % len(self.kinds)]
-        return plan_fault(kind, rng, self.oracle, len(self.stores))
+        nodes = self.broker.nodes if self.broker is not None else ()
+        return plan_fault(kind, rng, self.oracle, len(self.stores), nodes)
 
     def run_trial(self, trial: int) -> TrialOutcome:
         assert self.oracle is not None, "run_oracle() first"

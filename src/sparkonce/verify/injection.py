@@ -6,11 +6,14 @@ processes; the campaign gives it the state named in its annotations."""
 
 from __future__ import annotations
 
+import re
+import shlex
+import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,75 @@ MAX_RESTARTS = 4
 KILL_RESCALES = 2
 
 
+BROKER_COMMAND_TIMEOUT_S = 120.0
+_NODE = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+@dataclass(frozen=True)
+class BrokerKill:
+    """How a ``broker-kill`` trial kills and starts one broker node of the user's cluster.
+
+    ``kill`` and ``start`` are argument lists in which ``{node}`` stands for the node's
+    name; they run without a shell (a node name cannot inject anything), each within
+    :data:`BROKER_COMMAND_TIMEOUT_S`. ``down_s``: seconds between the two. The start
+    command always runs after a kill command, whatever happens in between."""
+
+    nodes: tuple[str, ...]
+    kill: tuple[str, ...]
+    start: tuple[str, ...]
+    down_s: float = 5.0
+
+    @classmethod
+    def parse(
+        cls, nodes: Sequence[str], kill: str | None, start: str | None, down_s: float = 5.0
+    ) -> BrokerKill:
+        """From the command line's text; a :class:`ConfigError` names what is missing."""
+        names = tuple(n.strip() for n in nodes if n.strip())
+        bad = [n for n in names if not _NODE.fullmatch(n)]
+        if len(names) < 2 or bad:
+            raise ConfigError(
+                f"--broker-nodes {','.join(nodes)!r}: name at least two broker nodes (a "
+                "broker-kill on a single broker stops the cluster), each of letters, digits "
+                f"and . _ : -{f'; not {bad}' if bad else ''}"
+            )
+        argv: list[tuple[str, ...]] = []
+        for option, text in (("--broker-kill-command", kill), ("--broker-start-command", start)):
+            words = tuple(shlex.split(text or ""))
+            if not any("{node}" in w for w in words):
+                raise ConfigError(
+                    f"{option} {text!r}: give the command with {{node}} where the node's name "
+                    "goes, e.g. 'ssh {node} sudo systemctl kill -s KILL kafka'"
+                )
+            argv.append(words)
+        if down_s < 0:
+            raise ConfigError(f"--broker-down {down_s}: seconds, 0 or more")
+        return cls(names, argv[0], argv[1], down_s)
+
+    def run(self, which: str, node: str, log: Path) -> None:
+        """Run the ``kill`` or ``start`` command for ``node``, its output appended to
+        ``log``; a failure or a timeout raises :class:`VerificationError`."""
+        cmd = [w.replace("{node}", node) for w in (self.kill if which == "kill" else self.start)]
+        with open(log, "ab") as out:
+            try:
+                code = subprocess.run(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=BROKER_COMMAND_TIMEOUT_S,
+                    check=False,
+                ).returncode
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise VerificationError(
+                    f"the broker {which} command {shlex.join(cmd)} failed: {exc}"
+                ) from exc
+        if code != 0:
+            raise VerificationError(
+                f"the broker {which} command {shlex.join(cmd)} exited with {code}; its "
+                f"output is in {log}"
+            )
+
+
 class Injection(ABC):
     """Starting drivers and injecting a trial's fault (a mixin of
     :class:`~sparkonce.verify.campaign.Campaign`, which sets these attributes)."""
@@ -55,6 +127,7 @@ class Injection(ABC):
     _drivers: list[Driver]
     _trial_source: Source | None
     _aborted: threading.Event
+    broker: BrokerKill | None
 
     @abstractmethod
     def _ledger_len(self) -> int:
@@ -159,6 +232,8 @@ class Injection(ABC):
             return self._zombie(fault, out, logs)
         if fault.kind == "resend":
             return self._resend(fault, out, logs)
+        if fault.kind == "broker-kill":
+            return self._broker_kill(fault, out, logs)
         raise ConfigError(f"unknown fault kind {fault.kind!r}")
 
     def _kill(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
@@ -201,6 +276,36 @@ class Injection(ABC):
             out.fault = fault
             self.clean(f"trial-{out.trial:05d}")
         return False  # not reached
+
+    def _broker_kill(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
+        """Kill one broker node at the planned moment (as ``kill`` plans the driver's) and
+        start it again ``down_s`` later; the run must finish by itself, with no exit."""
+        assert self.broker is not None and fault.node is not None and fault.delay_s is not None
+        base = self._ledger_len()
+        d = self._driver(logs / "fault.log").start()
+        out.driver_runs += 1
+        while d.poll() is None and self._ledger_len() - base < (fault.after_entries or 0):
+            if d.seconds > DRIVER_TIMEOUT_S:
+                break
+            time.sleep(0.1)
+        kill_at = d.seconds + fault.delay_s if fault.after_entries else fault.delay_s
+        while d.poll() is None and d.seconds < kill_at:
+            time.sleep(0.05)
+        if d.poll() is None:
+            broker_log = logs / "broker.log"
+            self.broker.run("kill", fault.node, broker_log)
+            out.fault_fired = True
+            try:
+                time.sleep(self.broker.down_s)
+            finally:
+                self.broker.run("start", fault.node, broker_log)
+        code = d.wait(DRIVER_TIMEOUT_S)
+        if code != 0:
+            raise VerificationError(
+                f"broker-kill: the run should have ridden out the death of broker "
+                f"{fault.node} but exited with {code}: {d.log_tail(8)}"
+            )
+        return True
 
     def _resend(self, fault: Fault, out: TrialOutcome, logs: Path) -> bool:
         """A producer crash and re-send into a fresh trial source, then the pipeline on it

@@ -16,7 +16,7 @@ from sparkonce.protocol import CrashPoint
 from sparkonce.verify.compare import diff_rows
 
 FAULT_KINDS = ("kill", "crash-point", "task-failure", "db-drop", "zombie")  # the default set
-OPT_IN_KINDS = ("resend",)  # only when --faults names them
+OPT_IN_KINDS = ("resend", "broker-kill")  # only when --faults names them
 KNOWN_KINDS = FAULT_KINDS + OPT_IN_KINDS
 RESEND_PROGRESS_EVERY = (3, 40)  # M: the producer persists its progress every M records
 
@@ -32,8 +32,12 @@ class Fault:
     after_entries: int | None = None  # kill: wait for this many new ledger entries first
     kill_after: int | None = None  # resend: k, records acknowledged before the kill
     progress_every: int | None = None  # resend: M, records between progress writes
+    node: str | None = None  # broker-kill: the broker node killed (one of --broker-nodes)
 
     def describe(self) -> str:
+        if self.kind == "broker-kill":
+            when = f"after ledger entry {self.after_entries}" if self.after_entries else "in"
+            return f"broker-kill of node {self.node} {self.delay_s:.1f} s {when}"
         if self.kind == "kill" and self.after_entries:
             return f"kill {self.delay_s:.1f} s after ledger entry {self.after_entries}"
         if self.kind == "kill":
@@ -121,15 +125,27 @@ def compare_rows(
     return diff.missing, diff.extra, diff.mismatched
 
 
-def plan_fault(kind: str, rng: random.Random, oracle: Oracle, stores: int = 1) -> Fault:
+def plan_fault(
+    kind: str,
+    rng: random.Random,
+    oracle: Oracle,
+    stores: int = 1,
+    nodes: Sequence[str] = (),
+) -> Fault:
     """The fault of one trial, from the trial's own random generator.
 
     ``kind`` may pin the crash point: ``crash-point:after-rows``. With ``stores`` stores
     each batch reaches a commit's points once per store, so hits range over
-    ``batches x stores``.
+    ``batches x stores``. ``nodes``: the broker nodes a ``broker-kill`` picks from.
     """
     batches = max(1, oracle.batches) * max(1, stores)
     kind, _, pinned = kind.partition(":")
+    if kind == "broker-kill":
+        if not nodes:
+            raise ConfigError("--faults broker-kill needs --broker-nodes (see --help)")
+        node = rng.choice(list(nodes))
+        timed = plan_fault("kill", rng, oracle, stores)
+        return Fault(kind, delay_s=timed.delay_s, after_entries=timed.after_entries, node=node)
     if kind == "kill":
         if oracle.first_commit_s is None or oracle.batch_interval_s is None:
             # A report of an older version: a moment inside the failure-free run time,

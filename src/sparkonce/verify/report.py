@@ -201,7 +201,7 @@ def _trial_json(outcome: TrialOutcome) -> dict[str, Any]:
     doc = asdict(outcome)
     if outcome.resend is None:
         del doc["resend"]
-    for name in ("kill_after", "progress_every", "after_entries"):
+    for name in ("kill_after", "progress_every", "after_entries", "node"):
         if doc["fault"][name] is None:
             del doc["fault"][name]
     return doc
