@@ -121,11 +121,14 @@ def _units(tests: Mapping[str, float], box: float) -> list[tuple[str, list[str],
     return units
 
 
-def _lpt(units: list[tuple[str, list[str], float]], count: int) -> list[tuple[list[str], float]]:
-    bins: list[tuple[list[str], float]] = [([], 0.0) for _ in range(count)]
+def _lpt(
+    units: list[tuple[str, list[str], float]], count: int
+) -> list[tuple[list[str], float, int]]:
+    """Longest first, each unit into the emptiest bin: (members, seconds, units) per bin."""
+    bins: list[tuple[list[str], float, int]] = [([], 0.0, 0) for _ in range(count)]
     for _key, members, seconds in sorted(units, key=lambda u: (-u[2], u[0])):
         i = min(range(count), key=lambda j: (bins[j][1], j))
-        bins[i] = (bins[i][0] + members, bins[i][1] + seconds)
+        bins[i] = (bins[i][0] + members, bins[i][1] + seconds, bins[i][2] + 1)
     return bins
 
 
@@ -139,15 +142,15 @@ def pack(
         return []
     room = box_seconds - overhead
     units = _units(tests, room)
-    limit = max(room, *(seconds for _, _, seconds in units))  # a longer unit: alone
     count = max(1, math.ceil(sum(tests.values()) / room))
     bins = _lpt(units, count)
-    while max(seconds for _, seconds in bins) > limit:
+    # Over the room only where a unit longer than the room is alone in its shard.
+    while any(seconds > room and n > 1 for _, seconds, n in bins):
         count += 1
         bins = _lpt(units, count)
     return [
         Shard(i, tuple(sorted(members)), round(seconds + overhead, 1))
-        for i, (members, seconds) in enumerate(bins)
+        for i, (members, seconds, _n) in enumerate(bins)
     ]
 
 

@@ -255,10 +255,16 @@ def test_the_shard_map_is_the_same_for_the_same_tests(
 
 def test_each_shard_is_estimated_within_the_box(lanes: Lanes) -> None:
     plan = shards.plan(_sharded(lanes))
-    over = {s.index: s.seconds for s in plan if s.seconds > shards.BOX_MINUTES * 60}
+    box = shards.BOX_MINUTES * 60
+    over = {s.index: s.seconds for s in plan if s.seconds > box and len(s.tests) > 1}
     assert not over, (
-        f"shards estimated over the {shards.BOX_MINUTES:g} min box (seconds): {over}; "
-        "tests/shards.py packs within the box unless one test alone is longer: split it"
+        f"shards of several tests estimated over the {shards.BOX_MINUTES:g} min box "
+        f"(seconds): {over}; tests/shards.py packs within it"
+    )
+    # A test longer than the box alone gets a shard of its own; it may not run for long.
+    alone = {s.tests[0]: s.seconds for s in plan if s.seconds > box}
+    assert all(seconds <= 1.5 * box for seconds in alone.values()), (
+        f"tests over one and a half boxes alone: split them ({alone})"
     )
 
 
