@@ -119,21 +119,23 @@ class _BatchHandler:
         return self._query_id, self._stateful
 
     def stop_between_batches(self, query: StreamingQuery, why: RunStopped) -> None:
-        """Stop ``query`` when no commit is in flight: wait for the current one to end."""
-        self.stopping = why
-        if not self._lock.acquire(timeout=STOP_WAIT_S):
+        """Stop ``query`` when no commit is in flight: wait for the current one to end.
+
+        The lock is released before ``query.stop()``: Spark's stop waits for its batch
+        thread, and a batch that starts meanwhile calls this handler, which must be able to
+        take the lock (it sees ``stopping`` and raises, committing nothing). Holding the
+        lock across the stop deadlocks both threads."""
+        self.stopping = why  # from here on, no new commit starts
+        if self._lock.acquire(timeout=STOP_WAIT_S):
+            self._lock.release()
+        else:
             log.warning(
                 "pipeline %s: a commit still runs after %.0f s; stopping anyway (the batch "
                 "is then rolled back and replayed by the next run)",
                 self.pipeline.name,
                 STOP_WAIT_S,
             )
-            query.stop()
-            return
-        try:
-            query.stop()
-        finally:
-            self._lock.release()
+        query.stop()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self._lock:
