@@ -68,9 +68,9 @@ docs-serve: setup
 #   make test-campaign  `campaign_lane`: the other verify campaigns, zombie, signal and
 #                       PostgreSQL repeats, the Spark standalone cluster suite, the wheel's
 #                       clean-venv install test (tests/packaging), the benchmarks' smoke runs
-# The crash and campaign lanes are also split into shards of at most about 10 minutes each
-# (tests/shards.py packs them by the times in tests/shard-durations.json; a new test lands
-# in one by itself): make test-shard K=<k> runs shard k, make test-shard-list prints the map;
+# The crash and campaign lanes are also split into shards of at most about 15 minutes each
+# (tests/shards.py; tests/shard-map.json pins each test to its shard, and a new test joins
+# one by itself): make test-shard K=<k> runs shard k, make test-shard-list prints the map;
 # PYTEST_ARGS=--record-durations writes a run's measured times into that file.
 # CI (.ci/run) runs make test and one shard, rotating with the commit: `git rev-list --count
 # HEAD` modulo the number of shards. make test-crash and make test-campaign run whole lanes.

@@ -259,7 +259,8 @@ def test_each_shard_is_estimated_within_the_box(lanes: Lanes) -> None:
     over = {s.index: s.seconds for s in plan if s.seconds > box and len(s.tests) > 1}
     assert not over, (
         f"shards of several tests estimated over the {shards.BOX_MINUTES:g} min box "
-        f"(seconds): {over}; tests/shards.py packs within it"
+        f"(seconds): {over}; re-measured times outgrew a pinned shard: "
+        "python -m tests.shards --rebalance packs them afresh"
     )
     # A test longer than the box alone gets a shard of its own; it may not run for long.
     alone = {s.tests[0]: s.seconds for s in plan if s.seconds > box}
@@ -294,6 +295,49 @@ def test_packing_keeps_files_whole_and_splits_only_a_file_longer_than_the_box() 
     assert len({home[f"tests/a/test_big.py::t{i}"] for i in range(4)}) > 1
     assert all(s.seconds <= box for s in plan)
     assert len(plan) == 4  # 2,000 s in all: the fewest boxes of 600 s that can hold it
+
+
+def test_a_pinned_test_stays_in_its_shard_and_a_new_one_joins_its_file() -> None:
+    box = 600.0
+    pinned = [
+        ["tests/a/test_x.py::t1", "tests/a/test_gone.py::t"],
+        ["tests/a/test_y.py::t1", "tests/a/test_y.py::t2"],
+        ["tests/a/test_gone.py::u"],
+    ]
+    tests = {"tests/a/test_x.py::t1": 500.0, "tests/a/test_y.py::t1": 100.0}
+    tests["tests/a/test_y.py::t2"] = 100.0
+    tests["tests/a/test_x.py::t2"] = 50.0  # new: its file's shard has room
+    tests["tests/a/test_z.py::t"] = 300.0  # new: the emptiest shard with room
+    tests["tests/a/test_w.py::t"] = 350.0  # new: no shard has room left
+    plan = shards.place(pinned, tests, box, overhead=0.0)
+    assert [s.tests for s in plan] == [
+        ("tests/a/test_x.py::t1", "tests/a/test_x.py::t2"),
+        ("tests/a/test_y.py::t1", "tests/a/test_y.py::t2", "tests/a/test_z.py::t"),
+        ("tests/a/test_w.py::t",),  # the gone tests' shard was dropped; a new one at the end
+    ]
+
+
+def test_a_new_test_moves_no_other_test_to_another_shard(lanes: Lanes) -> None:
+    """The rotation's record: a shard that passed keeps its tests when a test is added."""
+    before = shards.plan(_sharded(lanes))
+    home = {n: s.index for s in before for n in s.tests}
+    grown = {**_sharded(lanes), "tests/crash/test_brand_new.py::test_it": "crash"}
+    after = shards.plan(grown)
+    moved = {
+        n: (home[n], s.index) for s in after for n in s.tests if home.get(n, s.index) != s.index
+    }
+    assert not moved, f"tests moved between shards: {moved}"
+    assert "tests/crash/test_brand_new.py::test_it" in {n for s in after for n in s.tests}
+
+
+def test_the_map_file_names_live_tests(lanes: Lanes) -> None:
+    named = {n for tests in shards.load_map() for n in tests}
+    assert named, f"{shards.MAP_FILE.name} is missing or empty: python -m tests.shards --rebalance"
+    stale = sorted(named - set(_sharded(lanes)))
+    assert not stale, (
+        f"{shards.MAP_FILE.name} names tests that are no crash/campaign test (renamed or "
+        f"gone): python -m tests.shards --update drops them: {stale}"
+    )
 
 
 def test_the_shard_option_runs_the_planned_shard(lanes: Lanes) -> None:
