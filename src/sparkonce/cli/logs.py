@@ -81,9 +81,13 @@ class _SparkRootRecords(logging.Filter):
 
 class _RunLog:
     """Whether a command's log file takes Spark's Python records (see :func:`spark_log_file`);
-    the terminal then shows none of them."""
+    the terminal then shows none of them. ``ended``: a log file was closed, so the command's
+    Spark work is over. Spark's records after that come from its threads winding down (a
+    ``foreachBatch`` callback whose JVM went away on a signal to the process group, say),
+    after the command's last line; the terminal shows none of them either."""
 
     active = 0
+    ended = False
 
 
 def _log_to_file(path: Path) -> tuple[logging.Handler, list[tuple[logging.Logger, list[Any]]]]:
@@ -120,6 +124,7 @@ def _stop_logging_to_file(
     handler: logging.Handler, set_aside: list[tuple[logging.Logger, list[Any]]]
 ) -> None:
     _RunLog.active -= 1
+    _RunLog.ended = True
     for name in _LOGGED_TO_FILE:
         logging.getLogger(name).removeHandler(handler)
     root, (root_records,) = set_aside[0]
@@ -175,14 +180,14 @@ class _QuietCallbackErrors(logging.Filter):
     """Keeps tracebacks of Spark's Python loggers off stderr (without -v or --debug).
 
     While a command writes a log file (:func:`spark_log_file`), py4j's and pyspark's
-    records go there only. Otherwise: py4j logs ``logger.exception`` when a Python callback
-    raises, e.g. a FencedError in the batch handler. A sparkonce error reaches main(),
-    which reports it in one line, so its record is dropped; any other record keeps its
-    message, without the traceback.
+    records go there only, and once it has closed, nowhere. Otherwise: py4j logs
+    ``logger.exception`` when a Python callback raises, e.g. a FencedError in the batch
+    handler. A sparkonce error reaches main(), which reports it in one line, so its record
+    is dropped; any other record keeps its message, without the traceback.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if _RunLog.active and _is_spark_record(record):
+        if (_RunLog.active or _RunLog.ended) and _is_spark_record(record):
             return False
         if record.exc_info is None:
             return True
