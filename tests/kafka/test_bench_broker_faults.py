@@ -101,3 +101,38 @@ def test_one_kill_under_a_kafka_to_kafka_run_end_to_end(tmp_path: Path) -> None:
     assert line["exactly_once"] and line["lost"] == line["duplicated"] == 0
     assert line["stall_median_s"] == row["stall_s"] and line["input"] == check["input"]
     assert "kill 1" in proc.stderr  # the console's progress
+
+
+@pytest.mark.kafka
+@pytest.mark.campaign_lane  # about 6 minutes: the rotation runs it
+def test_every_role_killed_under_each_kafka_pipeline_kind_stops_no_driver(tmp_path: Path) -> None:
+    """Issue 44's full schedule, in the rotation: every broker role killed once under each of
+    the four pipeline kinds (KafkaSource and SparkKafkaSource into KafkaSink, KafkaSource into
+    two-phase PostgreSQL), a driver SIGKILL on top of a broker kill, no driver exit, and each
+    output checked against its input by an independent reader."""
+    out = tmp_path / "kafka-broker-faults.json"
+    args = ["--kills", "20", "--rate", "50", "--restart-delay", "3", "--stall-timeout", "240"]
+    args += ["--out", str(out), "--workdir", str(tmp_path / "work")]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    kinds = ("k2k", "k2k-driver-kill", "spark2k", "k2pg")
+    assert report["driver_exits_caused_by_broker_kill"] == 0 and report["driver_exits"] == []
+    assert report["exactly_once"] == dict.fromkeys(kinds, True)
+    assert report["kills"] == 20 and report["kills_without_commit"] == 0
+    kafka_roles = {"input-leader", "output-leader", "coordinator", "controller", "ledger-leader"}
+    for kind in kinds:
+        killed = {row["role"] for row in report["rows"] if row["pipeline"] == kind}
+        assert killed == ({"input-leader", "controller"} if kind == "k2pg" else kafka_roles), kind
+        check = report["checks"][kind]
+        assert check["input"] == check["output"] > 0 and check["lost"] == 0, kind
+    assert report["checks"]["k2pg"]["prepared_transactions_left"] == 0
+    (restart,) = report["driver_restarts"]  # the SIGKILLed driver, started again, commits
+    assert restart["pipeline"] == "k2k-driver-kill" and restart["first_commit_s"] > 0

@@ -13,6 +13,7 @@ from sparkonce.kafka.client import (
     FATAL,
     LEADER_MOVED,
     NO_ANSWER,
+    TOPIC_NOT_YET_KNOWN,
     TRANSACTION_OPEN,
     KafkaConnection,
     classify,
@@ -119,3 +120,63 @@ def test_the_retry_deadline_is_checked() -> None:
 
     with pytest.raises(ConfigError, match="retry deadline"):
         KafkaConnection("broker:9092", retry_s=-1)
+
+
+class _NewTopicAdmin:
+    """An admin client of a cluster where the topic was just created: the broker asked
+    first does not know it yet (seen on the 3-node cluster, under load, on a driver's
+    start: the run exited 4 with 'did not answer ... UNKNOWN_TOPIC_OR_PART')."""
+
+    def __init__(self, unknown_for: int) -> None:
+        self.unknown_for = unknown_for
+
+    def list_topics(self, topic: str, timeout: float) -> object:
+        from types import SimpleNamespace
+
+        parts = {i: SimpleNamespace(replicas=[1, 2, 3]) for i in range(1)}
+        meta = SimpleNamespace(partitions=parts, error=None)
+        return SimpleNamespace(topics={topic: meta}, brokers={1: 0, 2: 0, 3: 0})
+
+    def describe_configs(self, resources: list[object]) -> dict[object, object]:
+        from concurrent.futures import Future
+        from types import SimpleNamespace
+
+        done: Future[object] = Future()
+        if self.unknown_for > 0:
+            self.unknown_for -= 1
+            done.set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
+        else:
+            done.set_result({"min.insync.replicas": SimpleNamespace(value="2")})
+        return {resources[0]: done}
+
+
+def test_a_topic_the_broker_does_not_know_yet_is_retried_with_its_own_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conn = KafkaConnection("broker:9092", retry_s=30)
+    admin = _NewTopicAdmin(unknown_for=1)
+    monkeypatch.setattr(KafkaConnection, "admin", lambda _self: admin)
+    with pytest.raises(KafkaUnavailableError, match="does not know the topic yet") as caught:
+        conn.replication("out.sparkonce-ledger")
+    assert caught.value.kind == TOPIC_NOT_YET_KNOWN and "did not answer" not in str(caught.value)
+
+    admin.unknown_for = 2
+    assert conn.retrying("reading", lambda: conn.replication("out.sparkonce-ledger")) == (3, 2)
+
+
+def test_the_ledger_store_start_check_rides_out_a_topic_not_yet_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from sparkonce.ledger.kafka_topic import KafkaLedgerStore
+
+    conn = KafkaConnection("broker:9092", retry_s=30)
+    admin = _NewTopicAdmin(unknown_for=2)
+    monkeypatch.setattr(KafkaConnection, "admin", lambda _self: admin)
+    monkeypatch.setattr(
+        KafkaConnection, "cluster_defaults", lambda _self: SimpleNamespace(brokers=3)
+    )
+    store = KafkaLedgerStore.__new__(KafkaLedgerStore)
+    store.conn, store.ledger_topic = conn, "out.sparkonce-ledger"
+    assert store.replication_warning() is None  # 3 replicas, min.insync.replicas 2

@@ -52,7 +52,11 @@ NO_ANSWER = "no answer"  # no broker answered (down, unreachable, timed out): tr
 LEADER_MOVED = "leader moved"  # a broker answered: the partition's leader moved: transient
 TRANSACTION_OPEN = "transaction open"  # the cluster answered; an open transaction holds reads
 FATAL = "fatal"  # the client cannot go on (fatal librdkafka error): never retried
-TRANSIENT = (NO_ANSWER, LEADER_MOVED)
+# A broker answered that it does not know a topic that exists (just created: the cluster's
+# metadata reaches every broker within moments). Only said where the topic is known to
+# exist; elsewhere an unknown topic is a missing topic, never retried.
+TOPIC_NOT_YET_KNOWN = "topic not yet known"
+TRANSIENT = (NO_ANSWER, LEADER_MOVED, TOPIC_NOT_YET_KNOWN)
 
 # librdkafka error names (confluent_kafka.KafkaError attributes) by what they say.
 _NO_ANSWER_CODES = (
@@ -239,6 +243,12 @@ class KafkaConnection:
                 "broker was lost or is restarting): check that the brokers are running and "
                 "that each partition keeps min.insync.replicas replicas in sync."
             )
+        elif kind == TOPIC_NOT_YET_KNOWN:
+            text = (
+                f"{at} answered, but a broker does not know the topic yet while {what}"
+                f"{detail}. A topic just created reaches every broker within seconds; if it "
+                "was deleted meanwhile, create it again."
+            )
         elif kind == TRANSACTION_OPEN:
             text = (
                 f"{at} answered, but a transaction is still open while {what}{detail}: "
@@ -330,17 +340,25 @@ class KafkaConnection:
         )
 
     def replication(self, topic: str, timeout: float = TIMEOUT_S) -> tuple[int, int]:
-        """(replica count, ``min.insync.replicas``) of an existing ``topic``."""
-        from confluent_kafka import KafkaException
+        """(replica count, ``min.insync.replicas``) of an existing ``topic``. A broker that
+        does not know it yet raises :data:`TOPIC_NOT_YET_KNOWN` (transient)."""
+        from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import ConfigResource
 
         admin = self.admin()  # keep a reference: a collected client cancels its futures
+        what = f"reading the replication of topic {topic!r}"
         try:
             meta = admin.list_topics(topic=topic, timeout=timeout).topics[topic]
+            if meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise self.unavailable(what, KafkaException(meta.error), TOPIC_NOT_YET_KNOWN)
             resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
             entries = admin.describe_configs([resource])[resource].result(timeout=timeout)
-        except (KafkaException, KeyError) as exc:
-            raise self.unavailable(f"reading the replication of topic {topic!r}", exc) from None
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            unknown = getattr(err, "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            raise self.unavailable(what, exc, TOPIC_NOT_YET_KNOWN if unknown else None) from None
+        except KeyError as exc:
+            raise self.unavailable(what, exc) from None
         replicas = min((len(p.replicas) for p in meta.partitions.values()), default=0)
         entry = entries.get("min.insync.replicas")
         return replicas, int(entry.value) if entry is not None and entry.value else 1

@@ -498,8 +498,15 @@ class KafkaLedgerStore(LedgerStore):
         """A warning when the ledger topic has fewer replicas than ``min.insync.replicas + 1``
         on a cluster with more brokers than it has replicas: one broker's loss then stops
         every commit, or loses the ledger with the broker's disk. None when it is fine."""
-        replicas, min_isr = self.conn.replication(self.ledger_topic)
-        brokers = self.conn.cluster_defaults().brokers
+        # Right after the topic's creation a broker may not know it yet: retried, as are a
+        # broker restarting and a leader election.
+        replicas, min_isr = self.conn.retrying(
+            "reading the ledger topic's replication",
+            lambda: self.conn.replication(self.ledger_topic),
+        )
+        brokers = self.conn.retrying(
+            "reading the cluster's broker count", lambda: self.conn.cluster_defaults().brokers
+        )
         if replicas >= min_isr + 1 or brokers <= replicas:
             return None
         return (
