@@ -53,11 +53,13 @@ def test_ensure_schema_is_idempotent(conn: Any, ledger: SqlLedger) -> None:
     # SQLite's own type names (ensure_schema mutants 2, 7, 22 and 27 gave SQLite
     # PostgreSQL's, which it takes without a word): what other tools reading the file see.
     declared = {r[1]: r[2] for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")}
-    assert (declared["committed_at"], declared["stateful"], declared["seq"]) == (
-        "TEXT",
-        "INTEGER",
-        "INTEGER",
-    )
+    # commit_seconds too: ensure_schema mutant 31 declared it "None", which SQLite also takes.
+    assert (
+        declared["committed_at"],
+        declared["stateful"],
+        declared["seq"],
+        declared["commit_seconds"],
+    ) == ("TEXT", "INTEGER", "INTEGER", "REAL")
     owner = {r[1]: r[2] for r in conn.execute(f"PRAGMA table_info({OWNER_TABLE})")}
     assert owner["acquired_at"] == "TEXT"
 
@@ -277,8 +279,13 @@ def test_a_ledger_table_from_an_older_sparkonce_gets_the_new_columns(tmp_path: A
     ledger = SqlLedger(SQLiteDialect())
     ledger.ensure_schema(conn)
     ledger.ensure_schema(conn)  # twice: the columns are added once
-    columns = [str(r[1]) for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")]
-    assert columns[-2:] == ["stateful", "commit_seconds"]
+    declared = [(str(r[1]), str(r[2])) for r in conn.execute(f"PRAGMA table_info({LEDGER_TABLE})")]
+    # Added with SQLite's type names (ensure_schema mutant 44 declared "XXINTEGERXX").
+    assert declared[-3:] == [
+        ("version", "INTEGER"),
+        ("stateful", "INTEGER"),
+        ("commit_seconds", "REAL"),
+    ]
     _record(ledger, conn, 1, _b(("t", 0, 5, 9)), rows=4, seconds=1.25)
     first, second = ledger.entries(conn, "p")
     conn.close()

@@ -303,3 +303,18 @@ def test_a_sql_ledger_rows_optional_columns_are_read_each_from_its_own(
     entry = entry_from_row("p", row, "sparkonce_ledger")
     assert (entry.spark_batch_id, entry.checkpoint_id) == (batch_id, checkpoint_id)
     assert (entry.seq, entry.epoch, entry.row_count, entry.commit_seconds) == (4, 2, 5, 1.5)
+
+
+@pytest.mark.parametrize(("stateful", "seconds"), [(1, None), (None, 0.25), (0, 2.0)])
+def test_a_sql_ledger_rows_stateful_flag_is_read_on_its_own(
+    stateful: int | None, seconds: float | None
+) -> None:
+    """The stateful flag is read from its own column, whatever commit_seconds holds
+    (ledger.records entry_from_row mutant 55 tested commit_seconds for NULL instead)."""
+    from sparkonce.ledger.records import ENTRY_VERSION, entry_from_row
+
+    ranges = BatchRanges.from_json('{"t": {"0": [0, 5]}}')
+    row = (4, ranges.to_json(), 2, 5, "2026-11-28T10:00:00+00:00", 7, "c", stateful, seconds)
+    entry = entry_from_row("p", (*row, ENTRY_VERSION), "sparkonce_ledger")
+    expected = None if stateful is None else bool(stateful)
+    assert (entry.stateful, entry.commit_seconds) == (expected, seconds)
