@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -235,6 +236,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shard = config.getoption("--shard")
     if shard is not None:
         _select_shard(config, items, shard)
+    # tests/unit first (a stable sort: any other order is kept). They start no JVM, so a
+    # missing class-data archive builds in the background beside them (pytest_collection_finish).
+    items.sort(key=lambda item: not item.nodeid.startswith(UNIT_DIR))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -301,6 +305,58 @@ def pytest_terminal_summary(
 
 _DESELECTED = pytest.StashKey[list[pytest.Item]]()
 
+# Tests that start no JVM (pytest_collection_finish relies on it).
+UNIT_DIR = "tests/unit/"
+# The class-data archive's build when it runs in the background: its thread, and what it
+# raised.
+_archive_build: list[tuple[threading.Thread, list[BaseException]]] = []
+
+
+def _start_archive_build(say: Callable[[str], None]) -> None:
+    """Build a missing class-data archive (about a minute, once per checkout) in a thread, so
+    that it overlaps the unit tests, which run first; the first other test waits for it
+    (pytest_runtest_setup)."""
+    from sparkonce.spark.classdata import DISABLE_ENV, archive_path, ensure_archive
+
+    if os.environ.get(DISABLE_ENV):
+        return
+    path = archive_path()
+    if path is None or path.is_file():
+        return
+    say(f"building the JVM class-data archive, once, beside the unit tests: {path}")
+    raised: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            ensure_archive()
+        except BaseException as exc:  # handed to the first test that needs the archive
+            raised.append(exc)
+
+    thread = threading.Thread(target=build, name="class-data archive", daemon=True)
+    thread.start()
+    _archive_build.append((thread, raised))
+
+
+def _wait_for_archive() -> None:
+    while _archive_build:
+        thread, raised = _archive_build.pop()
+        thread.join()
+        if raised:
+            pytest.exit(f"class-data archive: {raised[0]}", returncode=1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not item.nodeid.startswith(UNIT_DIR):
+        _wait_for_archive()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A run that ended early (-x, or only unit tests reached) lets the build finish rather
+    # than leave its JVM and a half-written file behind.
+    for thread, _raised in _archive_build:
+        thread.join()
+
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:
     if items:
@@ -309,11 +365,9 @@ def pytest_deselected(items: Sequence[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     collect_only = session.config.getoption("collectonly")
-    if not collect_only and any(not i.nodeid.startswith("tests/unit/") for i in session.items):
-        from sparkonce.spark.classdata import ensure_archive
-
+    if not collect_only and any(not i.nodeid.startswith(UNIT_DIR) for i in session.items):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        ensure_archive(on_build=reporter.write_line if reporter else None)  # once: ~1 min
+        _start_archive_build(reporter.write_line if reporter else print)
     path = session.config.getoption("--lanes-report")
     if not path:
         return
