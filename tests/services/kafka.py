@@ -36,14 +36,12 @@ broker instead of starting one (and such a broker cannot be stopped or restarted
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import dataclasses
 import hashlib
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +53,15 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.services.process import (
+    HOST,
+    ProcFacts,
+    ServiceProcesses,
+    command_line,
+    free_port,
+    log_tail,
+)
+
 __all__ = [
     "KafkaBroker",
     "KafkaCluster",
@@ -65,7 +72,6 @@ __all__ = [
     "stop",
 ]
 
-HOST = "127.0.0.1"
 ENV_BOOTSTRAP = "SPARKONCE_TEST_KAFKA_BOOTSTRAP"
 ENV_JAR_CACHE = "SPARKONCE_JAR_CACHE"  # same variable as scripts/fetch-jars.sh
 NODE_ID = 1
@@ -100,9 +106,15 @@ logger.authorizer.name = kafka.authorizer.logger
 logger.authorizer.level = WARN
 """
 
-# Broker processes started by this Python process, so that they can be reaped (a zombie still
-# answers kill(pid, 0)).
-_children: dict[int, subprocess.Popen[bytes]] = {}
+
+def _is_broker_of(facts: ProcFacts, workdir: pathlib.Path) -> bool:
+    props = str(workdir / PROPS_NAME).encode()
+    return MAIN_CLASS.encode() in facts.cmdline and props in facts.cmdline
+
+
+# The brokers: the ones this Python process started are kept so that they can be reaped (a
+# zombie still answers kill(pid, 0)).
+_brokers = ServiceProcesses(PID_NAME, _is_broker_of)
 
 
 @dataclasses.dataclass
@@ -218,12 +230,6 @@ def _java(jars: pathlib.Path, heap: str, log4j: pathlib.Path, *args: str) -> lis
 # --- config and storage ------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker does
@@ -337,55 +343,6 @@ def _format(workdir: pathlib.Path, jars: pathlib.Path, cluster_id: str | None = 
 # --- processes ---------------------------------------------------------------------------------
 
 
-def _is_our_broker(pid: int, workdir: pathlib.Path) -> bool:
-    """Whether ``pid`` is a live (not zombie) broker started for ``workdir``."""
-    child = _children.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:
-        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    props = str(workdir / PROPS_NAME).encode()
-    return state != "Z" and MAIN_CLASS.encode() in cmdline and props in cmdline
-
-
-def _running_pid(workdir: pathlib.Path) -> int | None:
-    pidfile = workdir / PID_NAME
-    try:
-        pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _is_our_broker(pid, workdir) else None
-
-
-def _wait_exit(pid: int, workdir: pathlib.Path, timeout: float) -> bool:
-    child = _children.get(pid)
-    if child is not None:
-        try:
-            child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    deadline = time.monotonic() + timeout
-    while _is_our_broker(pid, workdir):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _log_tail(log: pathlib.Path, since: int = 0, lines: int = 40) -> str:
-    try:
-        with log.open("rb") as f:
-            f.seek(since)
-            text = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return "(no broker log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def _formatted_cluster_id(workdir: pathlib.Path) -> str | None:
     return _read_props(workdir / DATA_NAME / "meta.properties").get("cluster.id")
 
@@ -415,14 +372,14 @@ def _wait_ready(
         if proc is not None and proc.poll() is not None:
             raise _StartupFailed(
                 f"Kafka broker exited with code {proc.returncode} during startup; "
-                f"tail of {log}:\n{_log_tail(log, since)}"
+                f"tail of {log}:\n{log_tail(log, since, missing='(no broker log)')}"
             )
         if _metadata_ok(broker.bootstrap, cluster_id):
             return
         time.sleep(0.2)
     raise RuntimeError(
         f"Kafka broker at {broker.bootstrap} not ready within {STARTUP_TIMEOUT_S:.0f} s; "
-        f"tail of {log}:\n{_log_tail(log, since)}"
+        f"tail of {log}:\n{log_tail(log, since, missing='(no broker log)')}"
     )
 
 
@@ -437,7 +394,7 @@ def _launch(workdir: pathlib.Path, jars: pathlib.Path, heap: str = HEAP) -> subp
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() signals the whole group
         )
-    _children[proc.pid] = proc
+    _brokers.children[proc.pid] = proc
     (workdir / PID_NAME).write_text(f"{proc.pid}\n")
     return proc
 
@@ -453,7 +410,7 @@ def start(workdir: pathlib.Path, port: int | None = None) -> KafkaBroker:
     log = workdir / LOG_NAME
     previous = _ports_from(_read_props(workdir / PROPS_NAME))
 
-    pid = _running_pid(workdir)
+    pid = _brokers.running_pid(workdir)
     if pid is not None:
         if previous is None or (port is not None and port != previous[0]):
             raise RuntimeError(f"a broker (pid {pid}) already runs in {workdir} on another port")
@@ -466,10 +423,10 @@ def start(workdir: pathlib.Path, port: int | None = None) -> KafkaBroker:
     # ports are fixed (given, or kept from a previous run so clients can reconnect).
     attempts = 1 if (port is not None or previous is not None) else 3
     for attempt in range(attempts):
-        chosen = port if port is not None else (previous[0] if previous else _free_port())
-        cport = previous[1] if previous else _free_port()
+        chosen = port if port is not None else (previous[0] if previous else free_port())
+        cport = previous[1] if previous else free_port()
         while cport == chosen:
-            cport = _free_port()
+            cport = free_port()
         busy = [p for p in (chosen, cport) if not _port_free(p)]
         if busy:
             if attempt + 1 < attempts:
@@ -486,7 +443,7 @@ def start(workdir: pathlib.Path, port: int | None = None) -> KafkaBroker:
             _wait_ready(broker, proc, log, since)
         except _StartupFailed:
             stop(workdir, timeout=0.0)  # reaps it and removes the pid file
-            bind_error = "Address already in use" in _log_tail(log, since, lines=400)
+            bind_error = "Address already in use" in log_tail(log, since, lines=400)
             if attempt + 1 < attempts and bind_error:
                 continue
             raise
@@ -500,19 +457,7 @@ def start(workdir: pathlib.Path, port: int | None = None) -> KafkaBroker:
 def stop(workdir: pathlib.Path, timeout: float = STOP_TIMEOUT_S) -> None:
     """Stop the broker in ``workdir``: SIGTERM, then after ``timeout`` s SIGKILL its process
     group. ``timeout=0`` kills at once. Does nothing if no broker runs there."""
-    workdir = pathlib.Path(workdir).absolute()
-    pid = _running_pid(workdir)
-    if pid is not None:
-        if timeout > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-        if timeout <= 0 or not _wait_exit(pid, workdir, timeout):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            _wait_exit(pid, workdir, 10.0)
-        _children.pop(pid, None)
-    with contextlib.suppress(FileNotFoundError):
-        (workdir / PID_NAME).unlink()
+    _brokers.stop(pathlib.Path(workdir).absolute(), timeout)
 
 
 def session_broker(tmp_root: pathlib.Path) -> Iterator[KafkaBroker]:
@@ -733,7 +678,7 @@ def start_cluster(workdir: pathlib.Path, size: int = CLUSTER_SIZE) -> KafkaClust
     once (a quorum needs a majority to elect a controller), each formatted with one cluster id."""
     workdir = pathlib.Path(workdir).absolute()
     jars = jar_dir("broker")
-    ports = {n: (_free_port(), _free_port()) for n in range(1, size + 1)}
+    ports = {n: (free_port(), free_port()) for n in range(1, size + 1)}
     voters = ",".join(f"{n}@{HOST}:{c}" for n, (_, c) in ports.items())
     cluster_id = _cluster_id()
     nodes: dict[int, KafkaBroker] = {}
@@ -770,7 +715,7 @@ def start_cluster_node(node_dir: pathlib.Path) -> KafkaBroker:
     ports = _ports_from(_read_props(node_dir / PROPS_NAME))
     if ports is None:
         raise RuntimeError(f"{node_dir} holds no node of a cluster (no {PROPS_NAME})")
-    if _running_pid(node_dir) is not None:
+    if _brokers.running_pid(node_dir) is not None:
         raise RuntimeError(f"the node in {node_dir} is running already")
     log = node_dir / LOG_NAME
     since = log.stat().st_size if log.exists() else 0
@@ -784,34 +729,18 @@ def start_cluster_node(node_dir: pathlib.Path) -> KafkaBroker:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.services.kafka",
+    return command_line(
+        argv,
+        module="tests.services.kafka",
         description="Start or stop a throwaway single-node Kafka broker for the sparkonce tests.",
+        noun="broker",
+        start=lambda workdir, port: start(workdir, port=port).bootstrap,
+        stop=stop,
+        node_commands={
+            "kill-node": ("SIGKILL", lambda node: stop(node, timeout=0.0)),
+            "start-node": ("start again", start_cluster_node),
+        },
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_start = sub.add_parser("start", help="start (or reuse) the broker in DIR; print bootstrap")
-    p_start.add_argument("workdir", metavar="DIR", type=pathlib.Path)
-    p_start.add_argument("--port", type=int, default=None, help="client port (default: free)")
-    p_stop = sub.add_parser("stop", help="stop the broker in DIR, if it is running")
-    p_stop.add_argument("workdir", metavar="DIR", type=pathlib.Path)
-    for name, what in (("kill-node", "SIGKILL"), ("start-node", "start again")):
-        p_node = sub.add_parser(name, help=f"{what} node N of the cluster in DIR (start_cluster)")
-        p_node.add_argument("workdir", metavar="DIR", type=pathlib.Path)
-        p_node.add_argument("node", metavar="N", type=int)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "start":
-            print(start(args.workdir, port=args.port).bootstrap)
-        elif args.command == "kill-node":
-            stop(args.workdir / f"node{args.node}", timeout=0.0)
-        elif args.command == "start-node":
-            start_cluster_node(args.workdir / f"node{args.node}")
-        else:
-            stop(args.workdir)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

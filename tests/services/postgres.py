@@ -22,7 +22,6 @@ one.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import grp
 import os
@@ -30,7 +29,6 @@ import pathlib
 import pwd
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -42,9 +40,10 @@ from collections.abc import Iterator, Sequence
 import psycopg
 from psycopg import sql
 
+from tests.services.process import HOST, command_line, free_port, log_tail
+
 __all__ = ["PostgresServer", "session_server", "start", "stop"]
 
-HOST = "127.0.0.1"
 USER = "sparkonce"
 DBNAME = "postgres"
 ENV_URL = "SPARKONCE_TEST_PG_URL"
@@ -232,12 +231,6 @@ def _cluster_dir(datadir: pathlib.Path, create: bool) -> pathlib.Path:
 # --- start / stop ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def _initdb(bindir: pathlib.Path, cluster: pathlib.Path) -> None:
     if (cluster / "PG_VERSION").exists():
         return
@@ -278,14 +271,8 @@ def _running_port(bindir: pathlib.Path, cluster: pathlib.Path) -> int | None:
     return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
 
 
-def _log_tail(log: pathlib.Path, since: int = 0, lines: int = 30) -> str:
-    try:
-        with log.open("rb") as f:
-            f.seek(since)
-            text = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return "(no server log)"
-    return "\n".join(text.splitlines()[-lines:])
+def _log_tail(log: pathlib.Path, since: int = 0) -> str:
+    return log_tail(log, since, lines=30, missing="(no server log)")
 
 
 def _wait_ready(server: PostgresServer, log: pathlib.Path, deadline: float) -> None:
@@ -320,7 +307,7 @@ def start(datadir: pathlib.Path, port: int | None = None) -> PostgresServer:
     _initdb(bindir, cluster)
     attempts = 1 if port is not None else 3  # a free port can be taken before we bind it
     for attempt in range(attempts):
-        chosen = port if port is not None else _free_port()
+        chosen = port if port is not None else free_port()
         offset = log.stat().st_size if log.exists() else 0
         remaining = max(1, int(deadline - time.monotonic()))
         proc = _run(
@@ -395,26 +382,14 @@ def session_server(tmp_root: pathlib.Path) -> Iterator[PostgresServer]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.services.postgres",
+    return command_line(
+        argv,
+        module="tests.services.postgres",
         description="Start or stop a throwaway PostgreSQL server for the sparkonce tests.",
+        noun="server",
+        start=lambda datadir, port: start(datadir, port=port).url,
+        stop=stop,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_start = sub.add_parser("start", help="start (or reuse) the server in DIR; print its URL")
-    p_start.add_argument("datadir", metavar="DIR", type=pathlib.Path)
-    p_start.add_argument("--port", type=int, default=None, help="port (default: a free one)")
-    p_stop = sub.add_parser("stop", help="stop the server in DIR, if it is running")
-    p_stop.add_argument("datadir", metavar="DIR", type=pathlib.Path)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "start":
-            print(start(args.datadir, port=args.port).url)
-        else:
-            stop(args.datadir)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

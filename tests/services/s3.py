@@ -31,14 +31,11 @@ server instead of starting one, with the keys in ``SPARKONCE_TEST_S3_ACCESS_KEY`
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
 import pathlib
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +43,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
+
+from tests.services.process import (
+    HOST,
+    ProcFacts,
+    ServiceProcesses,
+    command_line,
+    free_port,
+    log_tail,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,7 +65,6 @@ __all__ = [
     "stop",
 ]
 
-HOST = "127.0.0.1"
 ACCESS_KEY = "sparkonce-test-access-key"
 SECRET_KEY = "sparkonce-test-secret-key"
 # moto keeps buckets per region; S3A signs every request for this one (fs.s3a.endpoint.region).
@@ -82,9 +87,14 @@ _ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 # with AWS credentials or slow down on one without).
 SIMPLE_CREDENTIALS_PROVIDER = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 
-# Server processes started by this Python process, so that they can be reaped (a zombie still
-# answers kill(pid, 0)).
-_children: dict[int, subprocess.Popen[bytes]] = {}
+
+def _is_server_of(facts: ProcFacts, workdir: pathlib.Path) -> bool:
+    return SERVER_MODULE.encode() in facts.cmdline and facts.cwd == workdir.resolve()
+
+
+# The servers: the ones this Python process started are kept so that they can be reaped (a
+# zombie still answers kill(pid, 0)).
+_servers = ServiceProcesses(PID_NAME, _is_server_of)
 
 
 @dataclasses.dataclass
@@ -210,59 +220,10 @@ def apply_s3a_settings(spark: SparkSession, server: S3Server) -> None:
 # --- processes ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _is_our_server(pid: int, workdir: pathlib.Path) -> bool:
-    """Whether ``pid`` is a live (not zombie) moto server started for ``workdir``."""
-    child = _children.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:
-        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cwd = pathlib.Path(f"/proc/{pid}/cwd").resolve()
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and SERVER_MODULE.encode() in cmdline and cwd == workdir.resolve()
-
-
-def _running_pid(workdir: pathlib.Path) -> int | None:
-    try:
-        pid = int((workdir / PID_NAME).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _is_our_server(pid, workdir) else None
-
-
-def _wait_exit(pid: int, workdir: pathlib.Path, timeout: float) -> bool:
-    child = _children.get(pid)
-    if child is not None:
-        try:
-            child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    deadline = time.monotonic() + timeout
-    while _is_our_server(pid, workdir):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _log_tail(log: pathlib.Path, since: int = 0, lines: int = 40) -> str:
-    try:
-        with log.open("rb") as f:
-            f.seek(since)
-            text = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return "(no server log)"
-    text = _ANSI_COLOUR.sub("", text)  # werkzeug colours its request lines even in a file
-    return "\n".join(text.splitlines()[-lines:]) or "(empty server log)"
+def _log_tail(log: pathlib.Path, since: int = 0) -> str:
+    # werkzeug colours its request lines even in a file
+    text = _ANSI_COLOUR.sub("", log_tail(log, since, missing="(no server log)"))
+    return text or "(empty server log)"
 
 
 def _answers(endpoint: str) -> bool:
@@ -312,7 +273,7 @@ def _launch(workdir: pathlib.Path, port: int) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() signals the whole group
         )
-    _children[proc.pid] = proc
+    _servers.children[proc.pid] = proc
     (workdir / PID_NAME).write_text(f"{proc.pid}\n")
     (workdir / PORT_NAME).write_text(f"{port}\n")
     return proc
@@ -328,7 +289,7 @@ def start(workdir: pathlib.Path, port: int | None = None) -> S3Server:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / LOG_NAME
 
-    pid = _running_pid(workdir)
+    pid = _servers.running_pid(workdir)
     if pid is not None:
         running = int((workdir / PORT_NAME).read_text().strip())
         if port is not None and port != running:
@@ -341,7 +302,7 @@ def start(workdir: pathlib.Path, port: int | None = None) -> S3Server:
     # port was given.
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
-        chosen = port if port is not None else _free_port()
+        chosen = port if port is not None else free_port()
         since = log.stat().st_size if log.exists() else 0
         proc = _launch(workdir, chosen)
         server = S3Server(f"http://{HOST}:{chosen}", workdir, proc.pid)
@@ -362,20 +323,7 @@ def start(workdir: pathlib.Path, port: int | None = None) -> S3Server:
 def stop(workdir: pathlib.Path, timeout: float = STOP_TIMEOUT_S) -> None:
     """Stop the server in ``workdir``: SIGTERM, then after ``timeout`` s SIGKILL its process
     group. ``timeout=0`` kills at once. Does nothing if no server runs there."""
-    workdir = pathlib.Path(workdir).absolute()
-    pid = _running_pid(workdir)
-    if pid is not None:
-        if timeout > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-        if timeout <= 0 or not _wait_exit(pid, workdir, timeout):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            _wait_exit(pid, workdir, 10.0)
-        _children.pop(pid, None)
-    for name in (PID_NAME, PORT_NAME):
-        with contextlib.suppress(FileNotFoundError):
-            (workdir / name).unlink()
+    _servers.stop(pathlib.Path(workdir).absolute(), timeout, files=(PORT_NAME,))
 
 
 def session_server(tmp_root: pathlib.Path) -> Iterator[S3Server]:
@@ -404,26 +352,14 @@ def session_server(tmp_root: pathlib.Path) -> Iterator[S3Server]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.services.s3",
+    return command_line(
+        argv,
+        module="tests.services.s3",
         description="Start or stop a throwaway S3 server (moto) for the sparkonce tests.",
+        noun="server",
+        start=lambda workdir, port: start(workdir, port=port).endpoint,
+        stop=stop,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_start = sub.add_parser("start", help="start (or reuse) the server in DIR; print its URL")
-    p_start.add_argument("workdir", metavar="DIR", type=pathlib.Path)
-    p_start.add_argument("--port", type=int, default=None, help="port (default: a free one)")
-    p_stop = sub.add_parser("stop", help="stop the server in DIR, if it is running")
-    p_stop.add_argument("workdir", metavar="DIR", type=pathlib.Path)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "start":
-            print(start(args.workdir, port=args.port).endpoint)
-        else:
-            stop(args.workdir)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -57,7 +57,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -66,6 +65,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from tests.services.process import HOST, free_port, log_tail
 
 __all__ = [
     "ENV_NAME",
@@ -80,7 +81,6 @@ __all__ = [
     "unpack_environment",
 ]
 
-HOST = "127.0.0.1"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACK_SCRIPT = REPO_ROOT / "scripts" / "pack-executor-env.sh"
 STARTUP_TIMEOUT_S = 90.0
@@ -122,20 +122,6 @@ def spark_home() -> pathlib.Path:
     import pyspark
 
     return pathlib.Path(pyspark.__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _log_tail(log: pathlib.Path, lines: int = 30) -> str:
-    try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        return f"(no {log.name})"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -306,7 +292,7 @@ class SparkCluster:
 
     def _start_master(self) -> None:
         for attempt in range(3):  # a free port can be taken before the master binds it
-            self.master_port, self.master_webui_port = _free_port(), _free_port()
+            self.master_port, self.master_webui_port = free_port(), free_port()
             since = self.master_log.stat().st_size if self.master_log.exists() else 0
             self.master = self._spawn(
                 [
@@ -331,7 +317,7 @@ class SparkCluster:
             else:
                 raise RuntimeError(
                     f"Spark master not up within {STARTUP_TIMEOUT_S:.0f} s; tail of "
-                    f"{self.master_log}:\n{_log_tail(self.master_log)}"
+                    f"{self.master_log}:\n{log_tail(self.master_log, lines=30)}"
                 )
             with self.master_log.open("rb") as f:
                 f.seek(since)
@@ -339,14 +325,14 @@ class SparkCluster:
             if not bind_error or attempt == 2:
                 raise RuntimeError(
                     f"Spark master exited with code {self.master.returncode} during startup; "
-                    f"tail of {self.master_log}:\n{_log_tail(self.master_log)}"
+                    f"tail of {self.master_log}:\n{log_tail(self.master_log, lines=30)}"
                 )
 
     def _launch_worker(self) -> Worker:
         index = len(self.workers)
         workdir = self.root / f"worker-{index}"
         workdir.mkdir(exist_ok=True)
-        port, webui_port = _free_port(), _free_port()
+        port, webui_port = free_port(), free_port()
         log = self.root / f"worker-{index}.log"
         proc = self._spawn(
             [
@@ -397,8 +383,8 @@ class SparkCluster:
             time.sleep(0.25)
 
     def _tails(self) -> str:
-        parts = [f"--- {self.master_log}\n{_log_tail(self.master_log)}"]
-        parts += [f"--- {w.log}\n{_log_tail(w.log)}" for w in self.workers]
+        parts = [f"--- {self.master_log}\n{log_tail(self.master_log, lines=30)}"]
+        parts += [f"--- {w.log}\n{log_tail(w.log, lines=30)}" for w in self.workers]
         return "\n".join(parts)
 
     def close(self) -> None:
