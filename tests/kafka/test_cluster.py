@@ -324,7 +324,7 @@ def test_verify_kills_a_broker_of_the_cluster_and_the_run_rides_it_out(
     # The node the commands killed was started again (a new process); the others ran on.
     for node_id, broker in healthy.nodes.items():
         assert broker.workdir is not None
-        broker.pid = kafka_service._running_pid(broker.workdir)  # started by the command
+        broker.pid = kafka_service.running_pid(broker.workdir)  # started by the command
         assert broker.pid is not None, f"node {node_id} is not running"
     restarted = {str(n) for n, b in healthy.nodes.items() if b.pid != pids[n]}
     assert restarted == {trial["fault"]["node"]}

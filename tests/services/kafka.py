@@ -454,6 +454,11 @@ def start(workdir: pathlib.Path, port: int | None = None) -> KafkaBroker:
     raise AssertionError("unreachable")
 
 
+def running_pid(workdir: pathlib.Path) -> int | None:
+    """The pid of the broker running for ``workdir`` (started by any process), or None."""
+    return _brokers.running_pid(pathlib.Path(workdir).absolute())
+
+
 def stop(workdir: pathlib.Path, timeout: float = STOP_TIMEOUT_S) -> None:
     """Stop the broker in ``workdir``: SIGTERM, then after ``timeout`` s SIGKILL its process
     group. ``timeout=0`` kills at once. Does nothing if no broker runs there."""
