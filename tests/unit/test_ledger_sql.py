@@ -73,6 +73,23 @@ def test_ledger_keep_must_be_a_positive_integer(tmp_path: Any, keep: Any) -> Non
     assert SqlLedgerStore(url, dialect_for(url), keep=1).keep == 1
 
 
+def test_a_store_made_without_a_hint_fences_naming_the_generic_status_command(
+    tmp_path: Any,
+) -> None:
+    """The default hint is none, so FencedError names its generic command (SqlLedgerStore
+    __init__ mutant 1 gave the default a text of its own, which the message then showed)."""
+    url = StoreURL.parse(f"sqlite:///{tmp_path / 'l.db'}")
+    store = SqlLedgerStore(url, dialect_for(url))
+    store.acquire("p")
+    store.acquire("p")
+    with store.transaction() as txn, pytest.raises(FencedError) as info:
+        store.check_owner(txn, "p", 1)
+    store.close()
+    assert "(its host and pid are shown by: sparkonce status --pipeline p --sink <SINK_URL>)" in (
+        str(info.value)
+    )
+
+
 def test_a_closed_store_opens_a_new_connection_on_its_next_use(tmp_path: Any) -> None:
     url = StoreURL.parse(f"sqlite:///{tmp_path / 'l.db'}")
     store = SqlLedgerStore(url, dialect_for(url))
