@@ -6,10 +6,10 @@ source tree under ``tmp_path``, and fails below :data:`FLOOR` caught (killed, or
 an endless loop), counting explained survivors as not caught; the message lists the
 survivors that ``tests/mutation-equivalent.json`` does not explain. The issue's goal is
 :data:`GOAL` (the report states it); :data:`FLOOR` is a ratchet below the score measured
-so far (95.5% caught of the 1434 mutants run, benchmarks/results/mutation.json; no group
-of the wider scope has run whole yet, so it stays at 85%), raised as survivors are killed,
-so that the rotation fails when a change lets more mutants through rather than on the
-known gap. Groups
+so far: all twenty groups, merged (benchmarks/results/mutation.json), catch 95.1% of the
+1766 mutants, and the weakest group catches 90.1% (each group's share, rechecked survivors
+included), so the floor is 90%. It is raised as survivors are killed, so that the rotation
+fails when a change lets more mutants through rather than on the known gap. Groups
 are sized to run within a shard's box (tests/shards.py) on the 2-core CI machine:
 tests/shard-durations.json holds their times. ``make mutation`` runs all the mutants in
 one mutmut run (benchmarks/results/mutation.json); ``mutation-report.py --merge`` adds up
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.campaign_lane
 
 REPO = Path(__file__).resolve().parents[2]
 GOAL = 0.95  # issue 39's goal, reported in mutation.json
-FLOOR = 0.85  # what a group must catch to pass; raise it towards GOAL as the score rises
+FLOOR = 0.90  # what a group must catch to pass; raise it towards GOAL as the score rises
 # What mutmut needs of the tree: the sources it mutates, the tests it runs, its config,
 # and the report script.
 COPIED = ("src", "tests", "pyproject.toml", "scripts/mutation-report.py")
