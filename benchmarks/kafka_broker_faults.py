@@ -703,7 +703,7 @@ def services(workdir: Path, pg: bool) -> Iterator[tuple[KafkaCluster, str]]:
         try:
             yield cluster, server.url
         finally:
-            pg_service.stop(workdir / "postgres")
+            pg_service.remove(workdir / "postgres")  # and its relocated cluster, if any
     finally:
         cluster.stop()
 

@@ -195,11 +195,21 @@ def _is_under(path: pathlib.Path, root: pathlib.Path) -> bool:
     return path == root or root in path.parents
 
 
+def _mode_reset_by_others(path: pathlib.Path) -> bool:
+    """Whether other processes put ``path``'s mode back: pytest's per-user temp root
+    (``/tmp/pytest-of-<user>``), which every pytest session that starts makes 0700 again, so
+    that the postgres user loses its way into a cluster under it (seen: the checkpointer's
+    PANIC "could not open file .../global/pg_control: Permission denied" while a mutation
+    run's pytest sessions started beside a campaign's server)."""
+    return path.name.startswith("pytest-of-")
+
+
 def _cluster_dir(datadir: pathlib.Path, create: bool) -> pathlib.Path:
     """The directory that holds (or will hold) the cluster for ``datadir``.
 
     Normally that is ``datadir`` itself. As root, it is made reachable for the postgres user,
-    or, if that would mean loosening permissions outside the temp dir, relocated under it.
+    or, if that would mean loosening permissions outside the temp dir or on a directory whose
+    mode others reset, relocated under the temp dir (:func:`remove` deletes it).
     """
     datadir = datadir.absolute()
     pointer = datadir / LOCATION_FILE
@@ -214,7 +224,13 @@ def _cluster_dir(datadir: pathlib.Path, create: bool) -> pathlib.Path:
     cluster = datadir.resolve()
     blocked = _blocked_ancestors(cluster, account)
     tmp = pathlib.Path(tempfile.gettempdir()).resolve()
-    if all(_is_under(b, tmp) and b != tmp and b.stat().st_uid == os.geteuid() for b in blocked):
+    if all(
+        _is_under(b, tmp)
+        and b != tmp
+        and b.stat().st_uid == os.geteuid()
+        and not _mode_reset_by_others(b)
+        for b in blocked
+    ):
         for b in blocked:  # e.g. /tmp/pytest-of-root (0700): allow traversal, not listing
             b.chmod(stat.S_IMODE(b.stat().st_mode) | stat.S_IXOTH)
     else:
@@ -350,6 +366,17 @@ def stop(datadir: pathlib.Path) -> None:
     if _running_port(bindir, cluster) is None:
         return
     _run([str(bindir / "pg_ctl"), "stop", "-D", str(cluster), "-m", "fast", "-w"], cwd=cluster)
+
+
+def remove(datadir: pathlib.Path) -> None:
+    """Stop the cluster in ``datadir`` and delete it, with the directory it was relocated to,
+    if it was (:func:`_cluster_dir`)."""
+    datadir = pathlib.Path(datadir).absolute()
+    stop(datadir)
+    pointer = datadir / LOCATION_FILE
+    if pointer.is_file():
+        shutil.rmtree(pathlib.Path(pointer.read_text().strip()).parent, ignore_errors=True)
+    shutil.rmtree(datadir, ignore_errors=True)
 
 
 def kill(datadir: pathlib.Path) -> None:
