@@ -167,7 +167,8 @@ soak: setup
 # src/sparkonce/commit/, offsets.py, protocol.py, the SQL ledger store (but its PostgreSQL-only
 # code), the ledger entry and Kafka marker codecs and sinks/base.py ([tool.mutmut] in
 # pyproject.toml) and runs the fast tests against each mutant (unit, the committer on
-# SQLite, 300 simulation schedules on SQLite, one process), niced, one mutant at a time
+# SQLite, 300 simulation schedules on SQLite, one process; the mutation_pg tests on a
+# PostgreSQL server of its own), niced, one mutant at a time
 # (the machine is shared).
 # Results, with every surviving mutant and the reason it is equivalent
 # (tests/mutation-equivalent.json): benchmarks/results/mutation.json. Fails below 95%
@@ -179,9 +180,12 @@ soak: setup
 .PHONY: mutation
 mutation: setup
 	rm -rf mutants
+	bash scripts/ensure-postgres.sh
+	url=$$($(PY) -m tests.services.postgres start .services/mutation-pg | tail -n 1); \
 	start=$$(date +%s); \
-	SPARKONCE_NO_CLASS_DATA=1 SPARKONCE_SIM_SCHEDULES=300 SPARKONCE_SIM_WORKERS=1 \
-		nice -n 15 $(VENV)/bin/mutmut run --max-children 1; \
+	SPARKONCE_TEST_PG_URL=$$url SPARKONCE_NO_CLASS_DATA=1 SPARKONCE_SIM_SCHEDULES=300 \
+		SPARKONCE_SIM_WORKERS=1 nice -n 15 $(VENV)/bin/mutmut run --max-children 1; \
+	$(PY) -m tests.services.postgres stop .services/mutation-pg; \
 	$(PY) scripts/mutation-report.py --seconds $$(( $$(date +%s) - start ))
 
 # Start / stop a PostgreSQL server by hand (same helper the tests use).

@@ -28,6 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.services.postgres import ENV_URL as PG_URL_ENV
+from tests.services.postgres import PostgresServer
+
 pytestmark = pytest.mark.campaign_lane
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,13 +70,14 @@ def _copy_tree(dest: Path) -> None:
 
 
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_mutation_score(group: str, tmp_path: Path) -> None:
+def test_mutation_score(group: str, tmp_path: Path, pg_server: PostgresServer) -> None:
     globs = GROUPS[group]
     work = tmp_path / "tree"
     commit = _head()  # the commit of the tree copied (uncommitted changes included)
     _copy_tree(work)
     bindir = Path(sys.executable).parent
-    env = {**os.environ, **ENV}
+    # The mutation_pg tests ([tool.mutmut]) use this session's server.
+    env = {**os.environ, **ENV, PG_URL_ENV: pg_server.url}
     env.pop("PYTHONPATH", None)  # mutmut puts the mutated copy first on sys.path itself
     started = time.monotonic()
     run = subprocess.run(
