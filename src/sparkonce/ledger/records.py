@@ -7,6 +7,8 @@ written only here:
   under ``rows`` and the commit time under ``at``;
 * **Delta entry file** (:data:`DELTA_ENTRY`): a JSON file, with the commit time under
   ``committed_at`` and no row count (it is read from the ``.rows`` file beside it);
+* **Iceberg table property and snapshot summary** (:data:`ICEBERG_ENTRY`): JSON text,
+  with the row count under ``rows`` and the commit time under ``committed_at``;
 * **SQL ledger row** (:func:`entry_from_row`, :data:`SQL_COLUMNS`): one row of
   ``sparkonce_ledger``, the ranges as JSON text.
 
@@ -91,6 +93,7 @@ class EntryCodec:
 
 KAFKA_ENTRY = EntryCodec("the Kafka ledger topic", time_key="at", rows_key="rows")
 DELTA_ENTRY = EntryCodec("the Delta table's ledger", time_key="committed_at", rows_key=None)
+ICEBERG_ENTRY = EntryCodec("the Iceberg table's ledger", time_key="committed_at", rows_key="rows")
 
 # A SQL ledger row's columns, in the order entry_from_row reads them.
 SQL_COLUMNS = (

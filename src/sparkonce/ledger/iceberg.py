@@ -1,0 +1,366 @@
+"""The ledger of an Apache Iceberg sink: in the table's own metadata, through PyIceberg.
+
+An Iceberg table has no rows of ours to hold a ledger in, but every change to it is
+one catalog commit that swaps the table's metadata file atomically (the SQL catalog:
+``UPDATE iceberg_tables SET metadata_location = new WHERE metadata_location = old``,
+which fails with ``CommitFailedException`` when another commit came first). The
+ledger rides on those commits.
+
+**The pipeline's state, in table properties.** Per pipeline ``p``:
+
+* ``sparkonce.p.epoch``: the owner epoch;
+* ``sparkonce.p.owner``: the owner's details (JSON: epoch, holder, source, time);
+* ``sparkonce.p.last``: the newest ledger entry (JSON, :data:`ICEBERG_ENTRY`): its
+  ``seq``, ranges (their ends are the resume point), epoch, rows, Spark batch id...
+
+Table properties live in every metadata file: expiring snapshots never loses them,
+and a concurrent append by another writer (not sparkonce) carries them over.
+
+**Each batch is one Iceberg snapshot.** The batch's rows (an Arrow table) are appended
+in one PyIceberg transaction that also sets ``sparkonce.p.last`` to the batch's entry;
+the snapshot's summary holds the same entry under ``sparkonce.p.entry``, so older
+entries are read from the snapshot history while it lasts (:meth:`entries`; expired
+snapshots take their entries with them, never the resume point).
+
+**The check is made on the metadata the commit swaps in.** The transaction carries a
+requirement of its own (:class:`PipelineAt`) that PyIceberg's SQL catalog validates
+against the metadata it has just loaded for the compare-and-swap: the stored epoch is
+the batch's, and the stored ``last`` is the entry just before the batch (``seq - 1``).
+PyIceberg re-applies the transaction's updates to that same metadata, and the swap
+succeeds only if nothing committed in between. So:
+
+* A **zombie** (an older epoch) fails the requirement: the store reads the table again
+  and raises :class:`~sparkonce.errors.FencedError`, never a silent skip.
+* A **retry of the same commit** after a lost acknowledgement finds ``last`` already at
+  its own ``(epoch, seq)`` and does not append again.
+* A **concurrent plain append** by another writer only moves the table on: the swap
+  fails with ``CommitFailedException``, PyIceberg (or this store) reloads, the
+  requirement is checked again on the newer metadata, and the batch commits.
+* Anything else (``last`` at another seq) is a :class:`~sparkonce.errors.LedgerError`.
+
+**Taking an epoch** (:meth:`acquire`) is a catalog commit of its own that sets
+``sparkonce.p.epoch`` to ``e + 1`` under a requirement that the stored epoch is still
+``e``: two stores racing can never both take ``e + 1``, and a batch commit of epoch
+``e`` racing with it either lands first (and the acquire then sees it) or fails its
+requirement (fenced).
+
+The requirement is checked in this process by PyIceberg's catalog code: that holds for
+the SQL catalog (tested on SQLite and PostgreSQL in ``tests/iceberg``). A REST catalog
+checks requirements on its server, which does not know this one: other catalogs are
+not supported by this slice.
+
+Staging in this slice: the driver's Arrow table, appended by PyIceberg in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import Field
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.update import ValidatableTableRequirement
+
+from sparkonce.errors import ConfigError, FencedError, LedgerError
+from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
+from sparkonce.ledger.records import ICEBERG_ENTRY
+
+log = logging.getLogger(__name__)
+
+PREFIX = "sparkonce."
+COMMIT_ATTEMPTS = 20  # catalog swaps lost to other writers before the commit gives up
+
+
+def key(pipeline: str, name: str) -> str:
+    """The table property (or snapshot summary key) ``name`` of ``pipeline``."""
+    return f"{PREFIX}{pipeline}.{name}"
+
+
+class PipelineMoved(ValidationException):
+    """The metadata the catalog would commit on no longer holds what the commit expects.
+
+    A :class:`ValidationException`: PyIceberg does not retry it, and deletes the
+    files it wrote for the commit."""
+
+    def __init__(self, epoch: int, last_seq: int | None) -> None:
+        self.epoch = epoch
+        self.last_seq = last_seq
+        super().__init__(f"sparkonce: stored epoch {epoch}, last seq {last_seq}")
+
+
+def _state(props: dict[str, str], pipeline: str) -> tuple[int, int | None]:
+    epoch = int(props.get(key(pipeline, "epoch"), "0"))
+    last = props.get(key(pipeline, "last"))
+    return epoch, (int(json.loads(last)["seq"]) if last else None)
+
+
+class PipelineAt(ValidatableTableRequirement):
+    """The stored epoch of ``pipeline`` is ``epoch`` and its newest entry is ``last_seq``
+    (None: no entry; -1: not checked). Validated by the catalog on the metadata it swaps."""
+
+    type: Literal["sparkonce-pipeline-at"] = Field(default="sparkonce-pipeline-at")
+    pipeline: str
+    epoch: int
+    last_seq: int | None = None
+    check_last: bool = True
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
+        if base_metadata is None:
+            raise CommitFailedException("sparkonce: the table's metadata is missing")
+        epoch, last = _state(dict(base_metadata.properties), self.pipeline)
+        if epoch != self.epoch or (self.check_last and last != self.last_seq):
+            raise PipelineMoved(epoch, last)
+
+
+def require(txn: Any, requirement: PipelineAt) -> None:
+    """Add ``requirement`` to a PyIceberg transaction (checked now, and by the catalog on
+    the metadata it commits on). PyIceberg's public API has no way to add one of ours."""
+    txn._apply((), (requirement,))
+
+
+@dataclass
+class IcebergTxn:
+    """One batch commit in the making: the steps record into it, the exit commits it."""
+
+    table: Table
+    pipeline: str = ""
+    entry: LedgerEntry | None = None
+    data: Any = None  # the batch's rows: a pyarrow.Table (the stager's publish sets it)
+    rows: int = 0
+    replayed: bool = False  # the exit found this very commit already in the table
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class IcebergLedgerStore(LedgerStore):
+    """Owner epochs and the batch ledger of one Iceberg table (see the module docstring).
+
+    ``catalog``: a PyIceberg catalog (``SqlCatalog``); ``identifier``: ``"ns.table"``.
+    ``schema``: a pyarrow schema to create the table with when it does not exist yet
+    (None: the table must exist).
+    """
+
+    def __init__(self, catalog: Any, identifier: str, schema: Any = None) -> None:
+        self.catalog = catalog
+        self.identifier = identifier
+        self.schema = schema
+
+    def describe(self) -> str:
+        return f"Iceberg table {self.identifier}"
+
+    # -- reads ------------------------------------------------------------------------
+    def load(self) -> Table:
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            if self.schema is None:
+                raise ConfigError(
+                    f"Iceberg table {self.identifier} does not exist in catalog "
+                    f"{self.catalog.name!r}: create it, or give the sink the batch schema "
+                    "to create it with."
+                ) from None
+            return self._create()
+
+    def _create(self) -> Table:
+        ns = tuple(self.identifier.split(".")[:-1])
+        if ns:
+            self.catalog.create_namespace_if_not_exists(ns)
+        try:
+            return self.catalog.create_table(self.identifier, schema=self.schema)
+        except Exception:  # another run created it first
+            return self.catalog.load_table(self.identifier)
+
+    def _last(self, props: dict[str, str], pipeline: str) -> LedgerEntry | None:
+        text = props.get(key(pipeline, "last"))
+        if not text:
+            return None
+        return ICEBERG_ENTRY.decode(pipeline, json.loads(text), where=key(pipeline, "last"))
+
+    def owner(self, pipeline: str) -> Owner | None:
+        props = dict(self.load().properties)
+        epoch, _ = _state(props, pipeline)
+        if epoch == 0:
+            return None
+        data = json.loads(props.get(key(pipeline, "owner"), "{}"))
+        at = data.get("at")
+        return Owner(
+            pipeline,
+            epoch,
+            datetime.fromisoformat(at) if at else datetime.fromtimestamp(0, UTC),
+            str(data.get("holder", "unknown")),
+            data.get("source"),
+        )
+
+    def last(self, pipeline: str) -> LedgerEntry | None:
+        return self._last(dict(self.load().properties), pipeline)
+
+    def entries(self, pipeline: str) -> list[LedgerEntry]:
+        """The entries in the snapshot history (newest entry always, from the properties);
+        entries of expired snapshots are gone."""
+        table = self.load()
+        found: dict[int, LedgerEntry] = {}
+        name = key(pipeline, "entry")
+        for snap in ancestors_of(table.current_snapshot(), table.metadata):
+            text = snap.summary[name] if snap.summary is not None else None
+            if text:
+                e = ICEBERG_ENTRY.decode(
+                    pipeline, json.loads(text), where=f"snapshot {snap.snapshot_id}"
+                )
+                found.setdefault(e.seq, e)
+        last = self._last(dict(table.properties), pipeline)
+        if last is not None:
+            found[last.seq] = last
+        return [found[s] for s in sorted(found)]
+
+    def pipelines(self) -> list[str]:
+        props = self.load().properties
+        return sorted(
+            k[len(PREFIX) : -len(".epoch")]
+            for k in props
+            if k.startswith(PREFIX) and k.endswith(".epoch")
+        )
+
+    # -- owner epochs ---------------------------------------------------------------------
+    def acquire(self, pipeline: str, source: str | None = None) -> Owner:
+        """Take ``epoch + 1`` in a catalog commit that requires the stored epoch unchanged."""
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self.load()
+            epoch, _ = _state(dict(table.properties), pipeline)
+            new = epoch + 1
+            now = datetime.now(UTC)
+            owner = {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
+            txn = table.transaction()
+            try:
+                require(txn, PipelineAt(pipeline=pipeline, epoch=epoch, check_last=False))
+                txn.set_properties(
+                    {key(pipeline, "epoch"): str(new), key(pipeline, "owner"): json.dumps(owner)}
+                )
+                txn.commit_transaction()
+            except (CommitFailedException, PipelineMoved):
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.info("pipeline %r: another commit came first; acquiring again", pipeline)
+                continue
+            return Owner(pipeline, new, now, holder, source)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the committer's steps ---------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[IcebergTxn]:
+        txn = IcebergTxn(self.load())
+        yield txn
+        # Leaving the block without an error: the catalog commit (step 5).
+        if txn.entry is None:
+            return  # a replay or an empty no-data batch: nothing to commit
+        self._commit(txn)
+
+    def check_owner(self, txn: Any, pipeline: str, epoch: int) -> None:
+        table = self.load() if txn is None else txn.table
+        if txn is not None:
+            txn.pipeline = pipeline
+        current, _ = _state(dict(table.properties), pipeline)
+        if current != epoch:
+            self._fenced(pipeline, epoch, current)
+
+    def _fenced(self, pipeline: str, epoch: int, current: int) -> None:
+        owner = self.owner(pipeline) if current else None
+        raise FencedError(pipeline, epoch, current, "", owner.holder if owner else "")
+
+    def last_in(self, txn: Any, pipeline: str) -> LedgerEntry | None:
+        return self._last(dict(txn.table.properties), pipeline)
+
+    def find(self, txn: Any | None, pipeline: str, ctx: BatchContext) -> LedgerEntry | None:
+        """The entry of exactly ``ctx``'s batch, newest first (as the Delta ledger's)."""
+        at = ctx.ranges.ends()
+        starts = ctx.ranges.starts()
+        for e in reversed(self.entries(pipeline)):
+            if e.ranges == ctx.ranges and (
+                not ctx.ranges.empty
+                or (e.checkpoint_id == ctx.checkpoint_id and e.spark_batch_id == ctx.spark_batch_id)
+            ):
+                return e
+            if ctx.ranges.empty and behind_end(e, at):
+                return None
+            if not ctx.ranges.empty and all(
+                e.ranges.ends().get(tp, 0) <= start for tp, start in starts.items()
+            ):
+                return None
+        return None
+
+    def record(self, txn: Any, entry: LedgerEntry) -> None:
+        """Step 4: the entry rides on the catalog commit at the block's exit."""
+        txn.entry = entry
+        txn.notes["recorded"] = time.monotonic()
+
+    # -- the commit -----------------------------------------------------------------------
+    def _commit(self, txn: IcebergTxn) -> None:
+        entry = txn.entry
+        assert entry is not None
+        if txn.data is None:
+            raise LedgerError(
+                f"pipeline {entry.pipeline!r}: batch {entry.seq} reached its Iceberg commit "
+                "without rows staged (the stager did not publish); nothing was committed."
+            )
+        if entry.commit_seconds is not None and "recorded" in txn.notes:
+            spent = entry.commit_seconds + time.monotonic() - txn.notes["recorded"]
+            entry = replace(entry, commit_seconds=round(spent, 6))
+        entry = replace(entry, row_count=txn.data.num_rows)
+        doc = json.dumps(ICEBERG_ENTRY.encode(entry))
+        expect = entry.seq - 1 if entry.seq > 0 else None
+        table = txn.table
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            if self._already(entry, table):
+                txn.replayed = True
+                break
+            t = table.transaction()
+            try:
+                # Checked now on ``table``, and again by the catalog on the metadata it swaps:
+                # a failure there reloads, and _already says what happened.
+                require(t, PipelineAt(pipeline=entry.pipeline, epoch=entry.epoch, last_seq=expect))
+                t.set_properties({key(entry.pipeline, "last"): doc})
+                t.append(txn.data, snapshot_properties={key(entry.pipeline, "entry"): doc})
+                t.commit_transaction()
+                break
+            except (CommitFailedException, PipelineMoved) as exc:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.info(
+                    "pipeline %r: batch %d lost a catalog race (%s); again",
+                    entry.pipeline,
+                    entry.seq,
+                    exc,
+                )
+                table = self.catalog.load_table(self.identifier)
+        txn.entry = entry
+        txn.rows = entry.row_count
+
+    def _already(self, entry: LedgerEntry, table: Table) -> bool:
+        """Whether ``table`` holds this very commit; raise if it cannot take it."""
+        props = dict(table.properties)
+        epoch, last = _state(props, entry.pipeline)
+        if epoch != entry.epoch:
+            self._fenced(entry.pipeline, entry.epoch, epoch)
+        if last == entry.seq:
+            stored = self._last(props, entry.pipeline)
+            assert stored is not None
+            if stored.epoch == entry.epoch and stored.ranges == entry.ranges:
+                return True  # an earlier attempt of this commit landed
+        if last != (entry.seq - 1 if entry.seq > 0 else None):
+            raise LedgerError(
+                f"pipeline {entry.pipeline!r}: Iceberg table {self.identifier} did not commit "
+                f"batch {entry.seq} ({entry.ranges}): its ledger's newest entry is {last}, and "
+                f"this run expected {entry.seq - 1}. Another writer is setting this pipeline's "
+                f"{key(entry.pipeline, 'last')!r} property. Nothing of the batch was committed."
+            )
+        return False
