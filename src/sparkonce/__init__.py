@@ -36,6 +36,16 @@ from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source, SparkKafka
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``IcebergSink`` is imported on first use: it needs the ``iceberg`` extra (PyIceberg)."""
+    if name == "IcebergSink":
+        from sparkonce.sinks.iceberg import IcebergSink
+
+        return IcebergSink
+    raise AttributeError(f"module 'sparkonce' has no attribute {name!r}")
+
+
 __all__ = [
     "BatchReport",
     "CheckpointError",
@@ -45,6 +55,7 @@ __all__ = [
     "DeltaSink",
     "EmbeddedLogSource",
     "FencedError",
+    "IcebergSink",
     "IdempotentProducer",
     "KafkaProducer",
     "KafkaSink",
