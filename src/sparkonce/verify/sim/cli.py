@@ -43,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Seeded schedules of runs, crashes, dropped connections and zombies, "
         "driving the real committer against a real store; invariants checked after each.",
     )
-    p.add_argument("--store", choices=("sqlite", "postgres", "kafka", "delta"), default="sqlite")
+    p.add_argument(
+        "--store", choices=("sqlite", "postgres", "kafka", "delta", "iceberg"), default="sqlite"
+    )
     p.add_argument("--url", help="PostgreSQL URL (--store postgres)")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (--store kafka)")
     p.add_argument("--sink", choices=("sql", "twophase"), default="sql", help="SQL stores only")
@@ -95,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = TargetSpec(
         store=args.store,
         url=url,
-        sink=args.store if args.store in ("kafka", "delta") else args.sink,
+        sink=args.store if args.store in ("kafka", "delta", "iceberg") else args.sink,
         fresh_connections=args.fresh_connections,
     )
     campaign = Campaign(

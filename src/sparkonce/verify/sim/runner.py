@@ -24,7 +24,7 @@ from sparkonce.verify.sim.schedule import Schedule, generate, simpler
 from sparkonce.verify.sim.target import Target
 from sparkonce.verify.sim.world import Failure, Stats
 
-StoreName = Literal["sqlite", "postgres", "kafka", "delta"]
+StoreName = Literal["sqlite", "postgres", "kafka", "delta", "iceberg"]
 
 
 def run_schedule(
@@ -215,6 +215,10 @@ class TargetSpec:
             from sparkonce.verify.sim.delta import DeltaTarget
 
             return DeltaTarget(pipeline=f"sim_{ns}_{worker}_{lane}")
+        if self.store == "iceberg":
+            from sparkonce.verify.sim.iceberg import IcebergTarget
+
+            return IcebergTarget(pipeline=f"sim_{ns}_{worker}_{lane}")
         raise ValueError(f"unknown store {self.store!r}")
 
     def replay_command(self, seed: int, *, with_restore: bool = True) -> str:
