@@ -3,6 +3,8 @@
 The public API is what ``__all__`` lists; everything else is internal.
 """
 
+from typing import TYPE_CHECKING
+
 from sparkonce.errors import (
     CheckpointError,
     CheckpointLostError,
@@ -33,6 +35,9 @@ from sparkonce.sinks import (
     sink_from_url,
 )
 from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source, SparkKafkaSource
+
+if TYPE_CHECKING:  # pragma: no cover - imported on first use, by __getattr__ below
+    from sparkonce.sinks.iceberg import IcebergSink
 
 __version__ = "0.1.0"
 
