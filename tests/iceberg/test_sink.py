@@ -78,3 +78,18 @@ def test_a_schema_mismatch_is_a_config_error_naming_the_column(tmp_path: Path) -
         IcebergSink(catalog(tmp_path), "ns.out").validate_arrow(wrong)
     with pytest.raises(ConfigError, match="not supported yet"):
         IcebergSink(catalog(tmp_path), "ns.out", mode="upsert")
+
+
+def test_validate_takes_spark_s_schema_before_the_epoch(tmp_path: Path) -> None:
+    """The runner's ``validate(StructType)`` (no JVM needed): creates the table from it,
+    and refuses a mismatch naming the column."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    good = StructType([StructField("v", LongType()), StructField("s", StringType())])
+    sink = IcebergSink(catalog(tmp_path), "ns.out")
+    sink.validate(good)
+    assert [f.name for f in sink.store.load().schema().fields] == ["v", "s"]
+    bad = StructType([StructField("v", StringType()), StructField("s", StringType())])
+    with pytest.raises(ConfigError, match="column 'v'"):
+        IcebergSink(catalog(tmp_path), "ns.out").validate(bad)
+    assert sink.owner(PIPE) is None  # no epoch was taken
