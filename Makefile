@@ -135,6 +135,17 @@ bench-kafka: setup jars
 bench-broker-faults: setup jars
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka_broker_faults.py $(BENCH_ARGS)
 
+# Issue 39's live-reader campaigns: `sparkonce verify` with readers that poll the store during
+# every trial (aborted reads, duplicates, torn batches, rows that disappear), on one sink family
+# (FAMILY: sqlite, postgres, twophase, kafka or delta), one trial at a time, about 40-100 s each.
+# Resumable: each call runs the trials not yet in benchmarks/results/verify-live-FAMILY.json, up
+# to TRIALS (default 50), so a campaign can span sessions. scripts/live-campaign.sh.
+TRIALS ?= 50
+.PHONY: bench-live
+bench-live: setup jars
+	@test -n "$(FAMILY)" || { echo "make bench-live FAMILY=sqlite|postgres|twophase|kafka|delta [TRIALS=50]" >&2; exit 2; }
+	bash scripts/live-campaign.sh $(FAMILY) $(TRIALS)
+
 # Stable batch output's cost: two outputs in two stores (PostgreSQL and SQLite) with and
 # without it, interleaved, on 2 million records (3 rounds; about 20 minutes). Results:
 # benchmarks/results/stable-output.json and stable-output.png. BENCH_ARGS="--repeat 1" for less.

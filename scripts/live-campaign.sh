@@ -96,9 +96,11 @@ pipeline = Pipeline(
 PIPE
 
 # A report of another pipeline (an earlier hand-made one) is not resumed: it is replaced.
+# This script's pipelines are known by their name, not by their file's path: a report made in
+# another checkout (another session's work tree) is resumed.
 RESULT="benchmarks/results/$NAME.json"
 if [ -f "$RESULT" ] && [ ! -f "$WORK/out/verify.json" ] &&
-  ! grep -q "\"pipeline_file\": \"$PWD/$WORK/pipeline.py\"" "$RESULT"; then
+  [ "$($PY -c 'import json, sys; print(json.load(open(sys.argv[1])).get("pipeline"))' "$RESULT")" != "$NAME" ]; then
   echo "$RESULT is another pipeline's report: starting this campaign afresh" >&2
   mkdir -p "$WORK/out"
   rm -f "$WORK/out/verify.json"
