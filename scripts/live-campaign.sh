@@ -9,6 +9,10 @@
 #   bash scripts/live-campaign.sh FAMILY [TRIALS] [VERIFY OPTIONS...]
 #       FAMILY: sqlite, postgres, twophase, kafka or delta; TRIALS: the total wanted (default 50)
 #
+# To stop a campaign between sessions, SIGTERM its `sparkonce verify` process (not this
+# script): verify kills the running trial's drivers and exits 143, and the script copies the
+# report (every finished trial) and stops the store's server.
+#
 # Faults: verify's five kinds (kill, crash-point, task-failure, db-drop, zombie); Kafka has no
 # database to drop, so its campaign runs the other four. SPARKONCE_CAMPAIGN_SEED overrides the
 # family's seed.

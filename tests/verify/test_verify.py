@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -311,3 +315,66 @@ def test_a_kill_planned_on_progress_fires_after_its_ledger_entry(
     trial = json.loads((out / "verify.json").read_text())["trials"][0]
     assert trial["fault_fired"] and trial["passed"], trial
     assert trial["fault"]["delay_s"] < 120.0 and trial["driver_runs"] >= 3, trial
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of running processes that contain ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+@pytest.mark.crash_lane
+def test_sigterm_stops_a_campaign_and_keeps_its_finished_trials(
+    tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """A long campaign (scripts/live-campaign.sh) is stopped between sessions with SIGTERM:
+    verify kills the running trial's driver, exits 143, and its report keeps every trial
+    finished before, for --resume. SIGINT is ignored, as in a shell's background job."""
+    log_dir = make_log(1200, partitions=3, keys=6)
+    sink = f"sink_from_url('sqlite:///{tmp_path / 'sink.db'}', 'events_out')"
+    pipeline = write_pipeline(tmp_path, log_dir, sink)
+    out = tmp_path / "out"
+    report_file = out / "verify.json"
+    cmd = [sys.executable, "-m", "sparkonce", "verify", str(pipeline), "--trials", "4"]
+    verify = subprocess.Popen(
+        [*cmd, "--seed", "5", "--faults", "task-failure,kill", "--out", str(out)],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        deadline = time.monotonic() + 900
+        while not (report_file.exists() and json.loads(report_file.read_text())["trials"]):
+            assert verify.poll() is None, verify.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no trial finished in 900 s"
+            time.sleep(0.5)
+        time.sleep(3)  # the next trial's driver is running
+        assert _processes_naming(str(out)), "no trial driver to stop"
+        verify.send_signal(signal.SIGTERM)
+        _, err = verify.communicate(timeout=120)
+    finally:
+        if verify.poll() is None:
+            verify.kill()
+    assert verify.returncode == 143, err[-3000:]
+    assert "stopped: sparkonce verify stopped on SIGTERM" in err, err[-3000:]
+    report = json.loads(report_file.read_text())
+    assert report["trials"] and all(t["passed"] for t in report["trials"]), report["trials"]
+    assert len(report["trials"]) < 4
+    left = _processes_naming(str(out))
+    for _ in range(20):  # a JVM may take a moment to go after its group's SIGKILL
+        if not left:
+            break
+        time.sleep(0.5)
+        left = _processes_naming(str(out))
+    assert not left, left

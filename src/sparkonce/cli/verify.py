@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from sparkonce.cli.common import (
     _env_checked,
     _help,
 )
-from sparkonce.errors import ConfigError
+from sparkonce.errors import ConfigError, RunStopped
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -80,6 +80,37 @@ several outputs (Pipeline(outputs=...)): counts per output and in total in
   and zombie faults pick among batches x stores (with two stores, an odd hit of
   crash-point:after-ledger-commit falls between the two stores' commits of a batch).
 """
+
+
+def _stop_on_signals() -> Callable[[], None]:
+    """SIGTERM and SIGINT stop a campaign between trials' results: the running trials'
+    drivers are killed (:func:`~sparkonce.verify.run_trials` aborts them on the way out),
+    the report keeps every trial finished before, and ``--resume`` goes on from it. The
+    stop is :class:`RunStopped` (exit 143 or 130). A campaign started in the background
+    by a shell, which ignores SIGINT there, still stops on either. Returns the function
+    that puts the previous handlers back (nothing is changed off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum: int, _frame: object) -> None:
+        for s in previous:  # a second signal must not cut the drivers' clean-up short
+            signal.signal(s, signal.SIG_IGN)
+        raise RunStopped(
+            f"sparkonce verify stopped on {signal.Signals(signum).name}; the report keeps "
+            "every finished trial, and --resume runs the others",
+            signum,
+        )
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    return restore
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -189,6 +220,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     oracle_seconds = plan.oracle_seconds
     kept = len(outcomes)
     started = time.monotonic()
+    restore = _stop_on_signals()
     try:
         try:
             oracle = campaign.run_oracle(oracle_seconds, plan.oracle_timing)
@@ -234,6 +266,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     len(outcomes) - kept,
                 )
     finally:
+        restore()
         for c in campaigns:
             c.close()
     elapsed = time.monotonic() - started
@@ -475,7 +508,8 @@ def add_parser(sub: SubParsers) -> None:
         "--resume",
         action="store_true",
         help="keep the trials already in OUT/verify.json and run the rest, and again "
-        "those whose fault did not fire",
+        "those whose fault did not fire (SIGTERM or SIGINT stops a campaign; the report "
+        "keeps every finished trial)",
     )
     p.add_argument(
         "--retime-oracle",
