@@ -281,9 +281,14 @@ SOURCE_URI_EXPECTED = (
     "kafka://HOST:PORT[,HOST:PORT]/TOPIC"
 )
 BOOTSTRAP_EXPECTED = "Kafka bootstrap servers, host:port[,host:port...]"
+DEFAULT_MASTER = "local[2]"
 MASTER_EXPECTED = (
     "a Spark master URL: local, local[N], local[*], local[N,MAXFAILURES], "
     "local-cluster[N,CORES,MEMORY], yarn, or a URL such as spark://HOST:PORT"
+)
+REMOTE_EXPECTED = (
+    "a Spark Connect URL, sc://HOST:PORT (parameters after ';' allowed), or local / local[N] "
+    "for a Connect server of the installed PySpark"
 )
 PIPELINE_NAME_EXPECTED = (
     "a pipeline name: 1-128 letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -354,6 +359,27 @@ def _check_master(text: str) -> None:
     ):
         return
     raise ValueError("not a form Spark accepts")
+
+
+_REMOTE = re.compile(r"sc://[^\s/:;]+(:[0-9]{1,5})?/?(;\S*)?|local(\[([1-9][0-9]*|\*)\])?")
+
+
+def _check_remote(text: str) -> None:
+    if not _REMOTE.fullmatch(text):
+        raise ValueError("not a Spark Connect URL")
+
+
+def spark_target(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``(master, remote)`` for :func:`~sparkonce.spark.session.build_session`, from
+    ``--master`` and ``--remote``; both given is a ConfigError (exit 2)."""
+    remote: str | None = args.remote
+    if remote is not None and args.master != DEFAULT_MASTER:
+        raise ConfigError(
+            f"--master {args.master} and --remote {remote} exclude each other: --remote (or "
+            "SPARK_REMOTE) runs the pipeline on a Spark Connect server, --master (or "
+            "SPARKONCE_MASTER) starts a Spark driver here; give one of them"
+        )
+    return str(args.master), remote
 
 
 def _check_pipeline_name(text: str) -> None:
@@ -449,8 +475,18 @@ def add_spark_options(p: argparse.ArgumentParser, log_file_help: str) -> None:
     p.add_argument(
         "--master",
         type=_env_checked("--master", MASTER_EXPECTED, _check_master),
-        default=_env("SPARKONCE_MASTER", "local[2]"),
-        help=_help("Spark master URL, default local[2]", "SPARKONCE_MASTER"),
+        default=_env("SPARKONCE_MASTER", DEFAULT_MASTER),
+        help=_help(f"Spark master URL, default {DEFAULT_MASTER}", "SPARKONCE_MASTER"),
+    )
+    p.add_argument(
+        "--remote",
+        type=_env_checked("--remote", REMOTE_EXPECTED, _check_remote),
+        default=_env("SPARK_REMOTE"),
+        help=_help(
+            "run on this Spark Connect server instead (sc://HOST:PORT); see the Spark "
+            "Connect guide for what runs there",
+            "SPARK_REMOTE",
+        ),
     )
     p.add_argument(
         "--log-file",

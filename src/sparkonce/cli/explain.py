@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from sparkonce.cli.common import add_spark_options
+from sparkonce.cli.common import add_spark_options, spark_target
 from sparkonce.cli.logs import spark_log_file
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,8 +25,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     ours = SparkSession.getActiveSession() is None  # a caller's session (tests) stays up
     with spark_log_file(pipeline.name, args.log_file) as log_file:
+        master, remote = spark_target(args)
         spark = build_session(
-            master=args.master,
+            master=master,
+            remote=remote,
             app_name=f"sparkonce-explain:{pipeline.name}",
             quick_start=True,
             log_file=log_file,

@@ -20,6 +20,7 @@ from sparkonce.cli.common import (
     _help,
     _typed,
     add_spark_options,
+    spark_target,
 )
 from sparkonce.cli.logs import spark_log_file
 
@@ -68,8 +69,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         observer, metrics = _observers(pipeline.name, args.metrics_port, args.metrics_host)
         if metrics is not None:
             stack.callback(metrics.close)
+        master, remote = spark_target(args)
         spark = build_session(
-            master=args.master,
+            master=master,
+            remote=remote,
             app_name=f"sparkonce:{pipeline.name}",
             quick_start=args.quick_start,
             log_file=log_file,
@@ -123,6 +126,10 @@ def _quiet_accumulator_server(spark: object) -> None:
     """PySpark's accumulator server prints a traceback on stderr when Spark's JVM goes
     away mid-connection (an ``EOFError``, as when the run's process group gets SIGTERM,
     often after the run's log file is closed): keep it for ``-vv`` (debug) instead."""
+    from sparkonce.spark.session import is_connect
+
+    if is_connect(spark):  # no SparkContext in this process (its property raises)
+        return
     server = getattr(getattr(spark, "sparkContext", None), "_accumulatorServer", None)
     if server is None:
         return

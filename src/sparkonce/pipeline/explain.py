@@ -95,6 +95,7 @@ class Explanation:
             "clock": list(self.facts.clock),
             "python_functions": list(self.facts.python_functions),
             "stateful_operators": list(self.facts.stateful),
+            "unchecked": self.facts.unchecked,
             "checkpoint": dict(self.checkpoint),
             "kafka_outputs": list(self.kafka_outputs),
         }
@@ -252,6 +253,8 @@ def _transform_part(facts: PlanFacts) -> Part:
         if facts.python_functions
         else ""
     )
+    if facts.unchecked:
+        trusted += f"; {facts.unchecked}"
     if not facts.varies:
         return Part(
             "transform",

@@ -2,16 +2,23 @@
 non-deterministic expressions, what reads the clock, the Python functions, the stateful
 operators, the event-time watermark and the streaming relations it reads.
 
+A Spark Connect session has no py4j: its plan is read from the analyzed plan's text, which
+the server sends (:class:`_TextPlan`). That text names each node and marks the streaming
+ones; it shows the stateful operators, the Python nodes, the watermark and the streaming
+relations, not which expressions are non-deterministic or read the clock.
+
 Used by the query checks before a run (:mod:`sparkonce.pipeline.query`) and by the
 explanation of a pipeline's guarantee (:mod:`sparkonce.pipeline.explain`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.outputs.dedup import BARRIER_COLUMN
+from sparkonce.spark.session import is_connect
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -69,6 +76,9 @@ class PlanFacts:
     # Those of ``nondeterministic`` and ``clock`` computed before a shuffle: they can move
     # rows between the Spark partitions after it (see Spark's plan below).
     before_shuffle: tuple[str, ...] = ()
+    # What could not be checked, said as it goes into a message; empty when the plan was
+    # walked whole (a classic session).
+    unchecked: str = ""
 
     def merged(self, other: PlanFacts) -> PlanFacts:
         def join(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
@@ -80,6 +90,7 @@ class PlanFacts:
             join(self.python_functions, other.python_functions),
             join(self.stateful, other.stateful),
             join(self.before_shuffle, other.before_shuffle),
+            self.unchecked or other.unchecked,
         )
 
     @property
@@ -97,7 +108,13 @@ def plan_facts(df: DataFrame) -> PlanFacts:
     compared with 0, so it never changes a row. A non-deterministic expression (or one that
     reads the clock) in a node with a shuffle at or above it is also noted in
     ``before_shuffle``: the shuffle can then send a row to another Spark partition when the
-    batch is computed again (conservatively, whatever the expression feeds)."""
+    batch is computed again (conservatively, whatever the expression feeds).
+
+    On a Spark Connect session the plan is read from its text (see :class:`_TextPlan`):
+    non-deterministic expressions and clock reads are found by their function names, and
+    ``unchecked`` says so; which of them come before a shuffle is not noted."""
+    if is_connect(df):
+        return _TextPlan(df).facts()
     plan = df._jdf.queryExecution().analyzed()
     nondet: list[str] = []
     clock: list[str] = []
@@ -168,6 +185,8 @@ def has_watermark(df: DataFrame) -> bool:
     def found(n: Any) -> bool:
         return n.nodeName() in _WATERMARK_NODES or any(found(c) for c in _seq(n.children()))
 
+    if is_connect(df):
+        return any(n.name in _WATERMARK_NODES for n in _TextPlan(df).nodes)
     return bool(found(df._jdf.queryExecution().analyzed()))
 
 
@@ -196,6 +215,9 @@ class StreamingSource:
 def streaming_sources(df: DataFrame) -> list[StreamingSource]:
     """The streaming relations the analyzed plan of ``df`` reads, one per leaf."""
     found: list[StreamingSource] = []
+    if is_connect(df):
+        plan = _TextPlan(df)
+        return [n.source() for n in plan.nodes if n.streaming and not plan.children(n)]
 
     def node(n: Any) -> None:
         kids = _seq(n.children())
@@ -223,3 +245,124 @@ def _streaming_source(leaf: Any) -> StreamingSource:
 def stateful_operators(facts: PlanFacts) -> str:
     """The stateful operators of ``facts``, named for a message."""
     return ", ".join(f"{_STATEFUL.get(o, o)} ({o})" for o in facts.stateful)
+
+
+# -- Spark's plan as text (a Spark Connect session) ---------------------------------------
+# A line of Spark's tree string: the tree's drawing, "~" for a streaming node, "'" for an
+# unresolved one, then the node's name and its arguments.
+_TREE_LINE = re.compile(r"^([ :|+\-]*)(~?)'?(\w+)(.*)$")
+# A function call in a node's arguments, as Spark prints expressions: rand(42), uuid(...).
+_CALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\(")
+# Spark's built-in functions that are non-deterministic, and those that read the clock, by
+# the names its plan text prints.
+_NONDETERMINISTIC_NAMES = frozenset(
+    {
+        "rand",
+        "randn",
+        "random",
+        "uniform",
+        "randstr",
+        "uuid",
+        "shuffle",
+        "monotonically_increasing_id",
+        "spark_partition_id",
+        "input_file_name",
+        "input_file_block_start",
+        "input_file_block_length",
+    }
+)
+_CLOCK_NAMES = frozenset(
+    {
+        "current_timestamp",
+        "now",
+        "current_date",
+        "curdate",
+        "localtimestamp",
+        "current_timezone",
+        "current_time",
+    }
+)
+_TEXT_PLAN_CAVEAT = (
+    "on a Spark Connect session Spark's plan arrives as text: non-deterministic built-in "
+    "functions and clock reads are found by name, a Python UDF declared non-deterministic "
+    "is not told apart, and what comes before a shuffle is not checked"
+)
+
+
+@dataclass(frozen=True)
+class _TextNode:
+    index: int
+    depth: int  # where the node's name starts: a child's is 3 further in
+    streaming: bool
+    name: str
+    args: str
+
+    def source(self) -> StreamingSource:
+        """A streaming leaf as :func:`streaming_sources` gives it. Spark writes a
+        ``StreamingRelationV2`` as: class@id, format, table@id, [options], [columns], ..."""
+        if self.name != "StreamingRelationV2":
+            return StreamingSource(self.name)
+        fields = self.args.strip().split(", ", 3)
+        fmt = fields[1] if len(fields) > 1 else self.name
+        options: dict[str, str] = {}
+        rest = fields[3] if len(fields) > 3 else ""
+        if rest.startswith("["):
+            for item in rest[1 : rest.find("]")].split(", "):
+                key, eq, value = item.partition("=")
+                if eq:
+                    options[key] = value
+        return StreamingSource(fmt, tuple(sorted(options.items())))
+
+
+class _TextPlan:
+    """The analyzed logical plan of a Spark Connect DataFrame, from its explained text."""
+
+    def __init__(self, df: DataFrame) -> None:
+        text: str = df._explain_string(extended=True)  # type: ignore[operator]
+        lines = text.split("== Analyzed Logical Plan ==", 1)[-1].split("\n== ", 1)[0]
+        body = lines.strip("\n").splitlines()[1:]  # the first line is the output's schema
+        nodes: list[_TextNode] = []
+        for line in body:
+            m = _TREE_LINE.match(line)
+            if m:
+                nodes.append(
+                    _TextNode(len(nodes), len(m.group(1)), bool(m.group(2)), m.group(3), m.group(4))
+                )
+        self.nodes: list[_TextNode] = nodes
+
+    def children(self, node: _TextNode) -> list[_TextNode]:
+        kids = []
+        for n in self.nodes[node.index + 1 :]:
+            if n.depth <= node.depth:
+                break
+            if n.depth == node.depth + 3:
+                kids.append(n)
+        return kids
+
+    def facts(self) -> PlanFacts:
+        stateful: list[str] = []
+        python: list[str] = []
+        nondet: list[str] = []
+        clock: list[str] = []
+        for n in self.nodes:
+            for fn in _CALL.findall(n.args):
+                name = fn.lower()
+                if name in _CLOCK_NAMES:
+                    clock.append(f"{name}()")
+                elif name in _NONDETERMINISTIC_NAMES and not (
+                    name == "spark_partition_id" and BARRIER_COLUMN in n.args
+                ):
+                    nondet.append(f"{name}()")
+            if n.name in _STATEFUL and n.streaming:
+                stateful.append(n.name)
+            elif n.name == "Join" and all(c.streaming for c in self.children(n)):
+                stateful.append("stream-stream Join")
+            if any(s in n.name for s in _PYTHON_NODES):
+                python.append(f"pandas/Python function in {n.name}")
+        return PlanFacts(
+            nondeterministic=tuple(dict.fromkeys(nondet)),
+            clock=tuple(dict.fromkeys(clock)),
+            python_functions=tuple(dict.fromkeys(python)),
+            stateful=tuple(dict.fromkeys(stateful)),
+            unchecked=_TEXT_PLAN_CAVEAT,
+        )

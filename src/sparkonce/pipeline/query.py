@@ -175,7 +175,12 @@ def _check_sources(
 def check_query(pipeline: PipelineSpec, spark: SparkSession, out: DataFrame) -> None:
     """Spark's checks of the query that would otherwise run only when it starts (after the
     epoch), and ``stateful=False`` against the plan's state operators."""
-    if str(spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true")) != "false":
+    from sparkonce.spark.session import is_connect
+
+    # A Spark Connect session has no JVM here: its server makes these checks when the query
+    # starts, and a query it refuses fails before its first batch (nothing is written).
+    checked = str(spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true"))
+    if checked != "false" and not is_connect(spark):
         jvm = spark._jvm
         assert jvm is not None
         modes = jvm.org.apache.spark.sql.streaming.OutputMode

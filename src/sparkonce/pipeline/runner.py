@@ -357,9 +357,15 @@ def run_pipeline(
     start, each batch, Spark's progress, lag, fencing, end), for metrics or a progress
     display. Whatever it raises is logged and ignored. None watches nothing.
     """
-    from sparkonce.spark.session import quiet_query_errors
+    from sparkonce.spark.session import is_connect, quiet_query_errors
 
     plan = NO_FAULTS if faults is None else faults
+    if is_connect(spark):
+        from sparkonce.pipeline.connect import refuse_on_connect
+
+        refuse_on_connect(
+            pipeline, faults=plan, observed=observer is not None, on_batch=on_batch is not None
+        )
     watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)
     report: RunReport | None = None
     try:
@@ -403,6 +409,7 @@ def _run(
     from pyspark.errors import StreamingQueryException
 
     from sparkonce.config import Trigger
+    from sparkonce.spark.session import is_connect
 
     sink = pipeline.sink
     if sink.guarantee != "effectively-once":
@@ -454,8 +461,22 @@ def _run(
         handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch, faults)
         notes = _ProgressNotes(pipeline, report)
         trigger = Trigger.parse(pipeline.trigger)
+        connect = is_connect(spark)
+        batch_function: Callable[[DataFrame, int], None] = handler
+        if connect:
+            # The function is pickled and runs beside the Spark server: plain values only.
+            from sparkonce.pipeline.connect import ConnectBatch, SinkSettings
+
+            batch_function = ConnectBatch(
+                pipeline.name,
+                owner.epoch,
+                SinkSettings.of(sink),
+                pipeline.source,
+                checkpoint.path,
+                pipeline.stateful,
+            )
         writer = (
-            out.writeStream.foreachBatch(handler)
+            out.writeStream.foreachBatch(batch_function)
             .option("checkpointLocation", checkpoint.spark_location)
             .outputMode(pipeline.output_mode)
         )
@@ -528,6 +549,10 @@ def _run(
         notes(query, everything=True)
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
+        if connect:
+            from sparkonce.pipeline.connect import connect_report
+
+            connect_report(pipeline, report, query, checkpoint.query_id())
         report.end_offsets = sink.end_offsets(pipeline.name)
         return report
     finally:

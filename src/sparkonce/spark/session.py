@@ -37,6 +37,7 @@ def build_session(
     quick_start: bool = False,
     log_file: str | Path | None = None,
     conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
     """A session with RocksDB state (changelog checkpointing) and few shuffle partitions.
 
@@ -51,7 +52,15 @@ def build_session(
     extension and catalog); its ``spark.jars`` is joined with ``jars``, and its
     ``spark.driver.extraJavaOptions`` follows the ones set here. The driver's JVM maps the
     machine's class-data archive when there is one (:mod:`sparkonce.spark.classdata`).
+
+    ``remote`` (``sc://HOST:PORT``, or ``local[N]`` for a Connect server of the installed
+    PySpark) makes a Spark Connect session instead, as ``SparkSession.builder.remote``
+    does: no JVM here, and the server's own settings and jars apply (``master``, ``jars``,
+    ``quick_start``, ``log_file`` and the JVM settings of ``conf`` are the server's
+    business, so they are not sent).
     """
+    if remote is not None:
+        return connect_session(remote, app_name, shuffle_partitions)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -97,6 +106,27 @@ def build_session(
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def connect_session(remote: str, app_name: str, shuffle_partitions: int = 2) -> SparkSession:
+    """A Spark Connect session of the server at ``remote`` (see :func:`build_session`),
+    with the session settings sparkonce's pipelines expect (UTC times, few shuffle
+    partitions for a ``local`` server)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(remote).appName(app_name)
+    builder = builder.config("spark.sql.session.timeZone", "UTC")
+    if remote.startswith("local"):
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    return builder.getOrCreate()
+
+
+def is_connect(spark: object) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote(...)``,
+    ``spark.api.mode=connect``, the thin ``pyspark-client``): a client of a Spark server,
+    with no JVM in this process (no ``_jvm``, ``_jsc``, ``_jsparkSession``, no ``_jdf`` on
+    its DataFrames). Decided by the session's class, so it imports nothing of Connect."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def defaults_jars(env: Mapping[str, str] | None = None) -> list[str]:

@@ -1,0 +1,249 @@
+"""Running a pipeline on a Spark Connect session (``SparkSession.builder.remote(...)``).
+
+Under Spark Connect the function given to ``foreachBatch`` is pickled and runs in a Python
+worker beside the Spark server, not in the user's process. :class:`ConnectBatch` is that
+function: it holds plain values only (the pipeline's name, the run's epoch, the sink's
+settings, the source, the checkpoint's path) and opens its own sink, with its own store
+connection, where it runs, at its first batch. Fencing holds as on a classic session: the
+user's process takes the epoch before the query starts and passes it in by value, and
+every commit checks it against the store. The user's process learns what was committed
+from the ledger and from the query's progress once the query ends
+(:func:`connect_report`).
+
+What this first slice does not run on Connect yet is refused before the epoch is taken
+(:func:`refuse_on_connect`), with one line that names it and the way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparkonce.errors import CheckpointError, ConfigError, SparkOnceError
+from sparkonce.faults import FaultPlan
+from sparkonce.ledger.base import BatchContext, CommitResult
+from sparkonce.observe.report import BatchReport, RunReport
+from sparkonce.sinks.sql import PostgresSink, SQLiteSink, SqlSink
+from sparkonce.sinks.twophase import PostgresTwoPhaseSink
+from sparkonce.sources.embedded import EmbeddedLogSource
+from sparkonce.spark.checkpoint import Checkpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import StreamingQuery
+
+    from sparkonce.config import StoreURL
+    from sparkonce.pipeline.spec import PipelineSpec
+    from sparkonce.sinks.base import Sink
+    from sparkonce.sources.base import Source
+
+log = logging.getLogger("sparkonce.run")
+
+#: The sinks and sources a pipeline on a Spark Connect session may use today.
+CONNECT_SINKS = (SQLiteSink, PostgresSink)
+CONNECT_SOURCES = (EmbeddedLogSource,)
+_CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
+
+
+def refuse_on_connect(
+    pipeline: PipelineSpec,
+    *,
+    faults: FaultPlan,
+    observed: bool,
+    on_batch: bool,
+) -> None:
+    """Raise :class:`ConfigError` for what cannot run on a Spark Connect session yet.
+
+    Called before anything is read or written (no epoch is taken): each message names
+    what is not supported, says that Spark Connect sessions do not support it yet, and
+    what to use instead."""
+    name = pipeline.name
+    what: str | None = None
+    if pipeline.output_set is not None:
+        what = "several outputs (outputs=..., stable output, dead letters)"
+    elif type(pipeline.sink) not in CONNECT_SINKS:
+        what = f"the sink {pipeline.sink.describe()}"
+        if isinstance(pipeline.sink, PostgresTwoPhaseSink):
+            what += " (two-phase PostgreSQL; a PostgreSQL sink without two_phase runs)"
+    elif type(pipeline.source) not in CONNECT_SOURCES:
+        what = f"the source {pipeline.source.describe()}"
+    elif Checkpoint(pipeline.checkpoint_location).remote:
+        what = f"a checkpoint that is not a local path ({pipeline.checkpoint_location})"
+    elif not faults.empty:
+        what = "injected faults (SPARKONCE_FAULTS)"
+    elif observed:
+        what = "run observers (metrics, the progress display, the ui)"
+    elif on_batch:
+        what = "the on_batch callback (batches commit in the Spark server's Python worker)"
+    if what is not None:
+        raise ConfigError(
+            f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
+            "On Connect, sparkonce runs the embedded log into SQLite or PostgreSQL. Nothing "
+            "was changed (no epoch was taken)."
+        )
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """What builds an SQL sink again where the batch function runs: plain values."""
+
+    kind: type[SqlSink]
+    url: StoreURL
+    table: str
+    mode: str
+    keys: tuple[str, ...]
+    latest_by: tuple[str, ...]
+    ledger_keep: int | None
+
+    @classmethod
+    def of(cls, sink: Sink) -> SinkSettings:
+        if not isinstance(sink, SqlSink):  # refuse_on_connect came first
+            raise ConfigError(f"{sink.describe()} cannot run on a Spark Connect session yet")
+        return cls(
+            type(sink),
+            sink.url,
+            sink.table,
+            sink.mode,
+            tuple(sink.keys),
+            tuple(sink.latest_by),
+            sink.store.keep,
+        )
+
+    def build(self) -> SqlSink:
+        return self.kind(
+            self.url,
+            self.table,
+            mode=self.mode,  # type: ignore[arg-type]
+            keys=self.keys,
+            latest_by=self.latest_by,
+            ledger_keep=self.ledger_keep,
+        )
+
+
+class ConnectBatch:
+    """The ``foreachBatch`` function on a Spark Connect session: pickled by the client, it
+    runs in the server's Python worker. It captures no session, lock or open connection;
+    its sink (and the store connection) is opened where it runs, at the first batch, and
+    kept for the next ones. A failure raises, which fails the query: the user's process
+    sees it as the query's exception."""
+
+    def __init__(
+        self,
+        pipeline: str,
+        epoch: int,
+        sink: SinkSettings,
+        source: Source,
+        checkpoint: str,
+        stateful: bool | None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.epoch = epoch
+        self.sink_settings = sink
+        self.source = source
+        self.checkpoint_location = checkpoint
+        self.stateful = stateful
+        self._sink: SqlSink | None = None
+        self._checkpoint: Checkpoint | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_sink"] = None  # opened again where the function runs
+        state["_checkpoint"] = None
+        return state
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        if self._sink is None:
+            self._sink = self.sink_settings.build()
+            self._sink.open()
+        if self._checkpoint is None:
+            self._checkpoint = Checkpoint.open(self.checkpoint_location)
+        checkpoint = self._checkpoint
+        current = checkpoint.source_offset(batch_id)
+        if current is None:
+            raise CheckpointError(
+                f"pipeline {self.pipeline!r}: Spark's offset log has no entry for batch "
+                f"{batch_id} in {checkpoint.path}, where the Spark server's Python worker reads "
+                "it. On a Spark Connect session the checkpoint must be a path that the client "
+                "and the server see alike (the same machine, or a shared mount)."
+            )
+        previous = checkpoint.previous_offset(batch_id, self.source)
+        ranges = self.source.batch_ranges(previous, current)
+        stateful = self.stateful if self.stateful is not None else checkpoint.has_state()
+        ctx = BatchContext(
+            self.pipeline, self.epoch, ranges, batch_id, checkpoint.query_id(), stateful
+        )
+        try:
+            result = self._sink.commit(ctx, df)
+        except SparkOnceError as exc:
+            if len(exc.args) == 1 and isinstance(exc.args[0], str):
+                exc.args = (
+                    f"{exc.args[0]} (pipeline {self.pipeline!r}, batch {batch_id} [{ranges}])",
+                )
+            raise
+        finally:
+            _release_on_server_only(df)
+        log.info(
+            "pipeline %s batch %d: %s %d rows in %.2f s [%s]",
+            self.pipeline,
+            batch_id,
+            "skipped" if result.skipped else "committed",
+            result.row_count,
+            time.monotonic() - started,
+            ranges,
+        )
+
+
+def _release_on_server_only(df: DataFrame) -> None:
+    """Leave the release of the batch's DataFrame to the Spark server.
+
+    The server caches each batch's DataFrame for the Python worker and drops it itself once
+    the function returns (Spark 4.2's ``StreamingForeachBatchHelper``, on success and on
+    failure alike). PySpark's client also asks for that release, from the finalizer of the
+    DataFrame's ``CachedRemoteRelation``, with a blocking call that has no deadline (fixed
+    upstream by SPARK-58846, not in PySpark 4.2). Seen here: a batch the ledger skipped,
+    whose DataFrame was never read, was the worker's first ``ExecutePlan``; that call never
+    returned, the worker never answered the server, and the query stopped planning batches
+    (2 runs of 3 hung). Clearing the relation's id makes the finalizer skip its call."""
+    plan: Any = getattr(df, "_plan", None)
+    if type(plan).__name__ == "CachedRemoteRelation" and hasattr(plan, "_relation_id"):
+        plan._relation_id = None
+
+
+def connect_report(
+    pipeline: PipelineSpec, report: RunReport, query: StreamingQuery, checkpoint_id: str | None
+) -> None:
+    """Fill ``report`` once the query has ended, from the ledger and the query's progress.
+
+    The batches this run's epoch committed are its ledger entries. A batch of the query's
+    progress that this epoch did not commit was skipped if an earlier epoch's entry holds
+    it (the same Spark batch of the same checkpoint: a replay), else it was empty. Input
+    rows cannot tell: a skipped batch is never read, so Spark counts 0 rows for it."""
+    ledger = list(pipeline.sink.ledger(pipeline.name))
+    committed = [e for e in ledger if e.epoch == report.epoch]
+    ids = {e.spark_batch_id for e in committed}
+    earlier = {
+        e.spark_batch_id
+        for e in ledger
+        if e.epoch != report.epoch and e.checkpoint_id == checkpoint_id
+    }
+    for e in committed:
+        result = CommitResult(False, e.row_count, e.seq)
+        report.batches.append(
+            BatchReport(e.spark_batch_id or 0, e.ranges, result, e.commit_seconds or 0.0)
+        )
+        report.batches_committed += 1
+        report.rows_committed += e.row_count
+        report.rows_written += e.row_count
+    try:
+        progress = list(query.recentProgress)
+    except Exception as exc:  # monitoring only
+        log.debug("pipeline %s: could not read the query's progress: %s", pipeline.name, exc)
+        progress = []
+    for bid in sorted({int(p.batchId) for p in progress} - ids):
+        if bid in earlier:
+            report.batches_skipped += 1
+        else:
+            report.batches_empty += 1

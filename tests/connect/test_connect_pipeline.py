@@ -1,0 +1,254 @@
+"""Pipelines on a real Spark Connect session: the batch function is pickled and commits in
+the server's Python worker. The sink is read with the sqlite3 module, not sparkonce."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkonce import (
+    ConfigError,
+    EmbeddedLogSource,
+    KafkaSink,
+    Pipeline,
+    sink_from_url,
+)
+
+# In the CI rotation (a Connect server is one more JVM than make test can pay for today).
+pytestmark = pytest.mark.campaign_lane
+
+
+def values(df: DataFrame) -> DataFrame:
+    return df.select(
+        "record_id",
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").cast("long").alias("value"),
+    )
+
+
+def pipeline(tmp_path: Path, log_dir: Path, **sink: Any) -> Pipeline:
+    return Pipeline(
+        name="c1",
+        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=20),
+        sink=sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out", **sink),
+        checkpoint=tmp_path / "chk",
+        transform=values,
+    )
+
+
+def read(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def forget_last_commit(checkpoint: Path) -> int:
+    """Make Spark forget its last finished batch, as a driver killed before Spark's commit
+    log would: the next run replays it, and the ledger must skip it."""
+    last = max(int(n.name) for n in (checkpoint / "commits").iterdir() if n.name.isdigit())
+    (checkpoint / "commits" / str(last)).unlink()
+    (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    return last
+
+
+def test_append_on_connect_is_exact_and_a_replay_after_a_restart_is_skipped(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    log_dir = make_log(90, partitions=3)
+    p = pipeline(tmp_path, log_dir)
+    report = p.run(connect_spark)
+    db = tmp_path / "sink.db"
+    values_seen = [v for (v,) in read(db, "SELECT value FROM out")]
+    assert sorted(values_seen) == list(range(1, 91))
+    entries = read(db, "SELECT seq, epoch, row_count FROM sparkonce_ledger ORDER BY seq")
+    assert report.batches_committed == len(entries) >= 2
+    assert report.rows_committed == sum(e[2] for e in entries) == 90
+    assert {e[1] for e in entries} == {report.epoch}
+
+    # A restart replays the batch Spark forgot; new records follow it.
+    replayed = forget_last_commit(tmp_path / "chk")
+    make_log(30, partitions=3, start=91)
+    again = p.run(connect_spark)
+    assert again.epoch == report.epoch + 1
+    assert again.batches_skipped == 1, again  # the replayed batch, found in the ledger
+    counts = Counter(v for (v,) in read(db, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 121))
+    assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}
+    spark_batches = [b for (b,) in read(db, "SELECT spark_batch_id FROM sparkonce_ledger")]
+    assert spark_batches.count(replayed) == 1
+
+
+def read_url(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` in the store at ``url``: Python's sqlite3 module or psycopg."""
+    if url.startswith("sqlite:///"):
+        return read(Path(url.removeprefix("sqlite:///")), sql)
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql).fetchall())
+
+
+@pytest.mark.campaign_lane
+def test_upsert_on_connect_keeps_the_latest_row_per_key(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], store_url: str
+) -> None:
+    """SQLite and PostgreSQL: an upsert by key with latest_by keeps each key's highest value
+    across batches, committed in the server's Python worker."""
+    log_dir = make_log(60, partitions=2, keys=5)
+    p = Pipeline(
+        name="c1",
+        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=10),
+        sink=sink_from_url(store_url, "out", mode="upsert", keys=["key"], latest_by=["value"]),
+        checkpoint=tmp_path / "chk",
+        transform=values,
+    )
+    report = p.run(connect_spark)
+    assert report.batches_committed >= 2, report
+    rows = dict(read_url(store_url, "SELECT key, value FROM out"))
+    assert rows == {f"k{k}": max(i for i in range(1, 61) if i % 5 == k) for k in range(5)}
+    entries = read_url(store_url, "SELECT epoch FROM sparkonce_ledger")
+    assert len(entries) == report.batches_committed and {e for (e,) in entries} == {1}
+
+
+@pytest.mark.campaign_lane
+def test_a_pipeline_connect_cannot_run_is_refused_before_the_epoch(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    log_dir = make_log(10, partitions=1)
+    p = Pipeline(
+        name="c1",
+        source=EmbeddedLogSource(log_dir, "events"),
+        sink=KafkaSink("127.0.0.1:9", "out"),
+        checkpoint=tmp_path / "chk",
+        transform=values,
+    )
+    with pytest.raises(ConfigError, match="Spark Connect sessions do not support the sink"):
+        p.run(connect_spark)
+    assert not (tmp_path / "chk").exists()  # nothing was read or written
+
+    # A SQLite pipeline refused for what it asks (an on_batch callback) writes no owner row.
+    q = pipeline(tmp_path, log_dir)
+    with pytest.raises(ConfigError, match="do not support the on_batch callback"):
+        q.run(connect_spark, on_batch=lambda b: None)
+    db = tmp_path / "sink.db"
+    assert not db.exists() or read(db, "SELECT COUNT(*) FROM sparkonce_owner") == [(0,)]
+
+
+@pytest.mark.campaign_lane
+def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """A run's batch function holds its epoch by value; once a newer run has taken the
+    pipeline, the old function's next commit, in the server's worker, is refused by the
+    store (the query fails, naming the fencing) and writes nothing."""
+    from sparkonce.pipeline.connect import ConnectBatch, SinkSettings
+
+    log_dir = make_log(100, partitions=1)
+    p = pipeline(tmp_path, log_dir)
+    first = p.run(connect_spark)
+    assert first.epoch == 1
+    make_log(20, partitions=1, start=101)
+    newer = sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out")
+    newer.open()
+    try:
+        assert newer.acquire("c1").epoch == 2
+    finally:
+        newer.close()
+    zombie = ConnectBatch("c1", 1, SinkSettings.of(p.sink), p.source, str(tmp_path / "chk"), None)
+    query = (
+        values(p.source.stream(connect_spark, None))
+        .writeStream.foreachBatch(zombie)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="FencedError"):
+        query.awaitTermination()
+    counts = Counter(v for (v,) in read(tmp_path / "sink.db", "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 101))
+    assert set(counts.values()) == {1}
+
+
+_PIPELINE_FILE = """
+from pyspark.sql import functions as F
+from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+
+pipeline = Pipeline(
+    name="cli",
+    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=20),
+    sink=sink_from_url({url!r}, "out"),
+    checkpoint={checkpoint!r},
+    transform=lambda df: df.select(
+        "record_id", F.col("value").cast("string").cast("long").alias("value")
+    ),
+)
+"""
+
+
+@pytest.mark.campaign_lane
+def test_sparkonce_run_and_explain_take_remote_from_the_flag_and_spark_remote(
+    connect_url: str, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """The command line as a user types it: ``sparkonce run --remote`` commits into SQLite on
+    the Connect server (no JVM in the command's process), and ``SPARK_REMOTE`` does the same
+    for ``explain``."""
+    import os
+    import subprocess
+    import sys
+
+    log_dir = make_log(40, partitions=2)
+    pipeline_file = tmp_path / "pipeline.py"
+    db = tmp_path / "sink.db"
+    pipeline_file.write_text(
+        _PIPELINE_FILE.format(
+            log=str(log_dir), url=f"sqlite:///{db}", checkpoint=str(tmp_path / "chk")
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARKONCE_MASTER")}
+    cmd = [sys.executable, "-m", "sparkonce"]
+    done = subprocess.run(
+        [*cmd, "run", str(pipeline_file), "--remote", connect_url, "--timeout", "240"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pipeline cli: epoch 1, resumed from start; committed" in done.stdout, done.stdout
+    assert "(40 rows)" in done.stdout, done.stdout
+    assert sorted(v for (v,) in read(db, "SELECT value FROM out")) == list(range(1, 41))
+
+    explained = subprocess.run(
+        [*cmd, "explain", str(pipeline_file), "--json"],
+        capture_output=True,
+        text=True,
+        env={**env, "SPARK_REMOTE": connect_url},
+        timeout=300,
+    )
+    assert explained.returncode == 0, explained.stderr
+    assert '"pipeline": "cli"' in explained.stdout, explained.stdout
+    assert '"unchecked": "on a Spark Connect session' in explained.stdout, explained.stdout
+
+
+@pytest.mark.campaign_lane
+def test_the_plan_checks_on_connect_find_functions_by_name_and_say_what_they_cannot_check(
+    connect_spark: SparkSession, make_log: Callable[..., Path]
+) -> None:
+    """No py4j on Connect: the plan is read from the text the server sends."""
+    from sparkonce.pipeline.plan import plan_facts
+
+    source = EmbeddedLogSource(make_log(5, partitions=1), "events")
+    plain = values(source.stream(connect_spark, None))
+    facts = plan_facts(plain.withColumn("r", F.rand(7)).withColumn("t", F.current_timestamp()))
+    assert facts.nondeterministic == ("rand()",), facts
+    assert facts.clock == ("current_timestamp()",), facts
+    assert facts.unchecked.startswith("on a Spark Connect session"), facts
+    assert plan_facts(plain).varies == ()
+    counted = plan_facts(plain.groupBy("key").count())
+    assert counted.stateful == ("Aggregate",), counted

@@ -1,0 +1,156 @@
+"""What runs a pipeline on a Spark Connect session, without a server: the batch function
+pickles with plain values only, the run report's skipped and empty batches come from the
+ledger, the client's release of a batch's DataFrame is left to the server, and the command
+line's ``--remote``. The real server's tests are in tests/connect."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pickle
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+from sparkonce.cli.common import _check_remote, add_spark_options, spark_target
+from sparkonce.errors import ConfigError
+from sparkonce.ledger.base import LedgerEntry
+from sparkonce.observe.report import RunReport
+from sparkonce.offsets import BatchRanges
+from sparkonce.pipeline.connect import (
+    ConnectBatch,
+    SinkSettings,
+    _release_on_server_only,
+    connect_report,
+)
+
+
+def _pipeline(tmp_path: Path) -> Pipeline:
+    return Pipeline(
+        name="c1",
+        source=EmbeddedLogSource(tmp_path / "log", "events"),
+        sink=sink_from_url(f"sqlite:///{tmp_path / 'sink.db'}", "out"),
+        checkpoint=tmp_path / "chk",
+    )
+
+
+def test_the_batch_function_pickles_and_opens_nothing_until_it_runs(tmp_path: Path) -> None:
+    p = _pipeline(tmp_path)
+    fn = ConnectBatch("c1", 7, SinkSettings.of(p.sink), p.source, str(tmp_path / "chk"), None)
+    back = pickle.loads(pickle.dumps(fn))
+    assert (back.pipeline, back.epoch, back.checkpoint_location) == ("c1", 7, str(tmp_path / "chk"))
+    assert back._sink is None and back._checkpoint is None
+    sink = back.sink_settings.build()
+    assert (type(sink), sink.table, sink.mode) == (type(p.sink), "out", "append")
+    assert not (tmp_path / "sink.db").exists()  # nothing was opened by pickling
+
+
+def _entry(seq: int, epoch: int, batch: int, checkpoint: str = "q1") -> LedgerEntry:
+    return LedgerEntry(
+        "c1",
+        seq,
+        BatchRanges(()),
+        epoch,
+        10,
+        datetime.now(UTC),
+        spark_batch_id=batch,
+        checkpoint_id=checkpoint,
+    )
+
+
+def test_the_report_counts_replays_from_the_ledger_not_from_input_rows() -> None:
+    """Batch 1 replayed (an earlier epoch's entry of the same checkpoint: skipped, though
+    Spark counted 0 input rows for it), batch 2 committed by this epoch, batch 3 empty,
+    and batch 4, whose entry of an earlier epoch came from another checkpoint: empty."""
+    ledger = [
+        _entry(0, 1, 0),
+        _entry(1, 1, 1),
+        _entry(2, 2, 2),
+        _entry(3, 1, 4, checkpoint="q0"),
+    ]
+    pipeline: Any = SimpleNamespace(name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger))
+    progress = [SimpleNamespace(batchId=b, numInputRows=0) for b in (1, 2, 3, 4)]
+    query: Any = SimpleNamespace(recentProgress=progress)
+    report = RunReport("c1", 2, "checkpoint")
+    connect_report(pipeline, report, query, "q1")
+    assert report.batches_committed == 1 and report.rows_committed == 10
+    assert [b.spark_batch_id for b in report.batches] == [2]
+    assert (report.batches_skipped, report.batches_empty) == (1, 2)
+
+
+class _Client:
+    """Records the release call that PySpark's finalizer makes."""
+
+    is_closed = False
+    _user_id = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _execute_plan_request_with_metadata(self) -> Any:
+        self.calls += 1
+        raise RuntimeError("no server here")  # the finalizer logs it and goes on
+
+
+def _batch_df(client: _Client) -> Any:
+    from pyspark.sql.connect.plan import CachedRemoteRelation
+
+    session: Any = SimpleNamespace(client=client)
+    return SimpleNamespace(_plan=CachedRemoteRelation("df-1", session))
+
+
+def test_the_release_of_a_batchs_dataframe_is_left_to_the_server() -> None:
+    client = _Client()
+    df = _batch_df(client)
+    _release_on_server_only(df)
+    del df
+    gc.collect()
+    assert client.calls == 0
+    # Without it, PySpark's finalizer calls the server (the call that could hang).
+    client = _Client()
+    df = _batch_df(client)
+    del df
+    gc.collect()
+    assert client.calls == 1
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_spark_options(p, "log")
+    return p.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sc://localhost:15002", "sc://spark.example.com", "sc://h:1/;token=x;use_ssl=true", "local"],
+)
+def test_remote_urls_spark_connect_takes(url: str) -> None:
+    _check_remote(url)
+    assert spark_target(_parse("--remote", url)) == ("local[2]", url)  # the default master
+
+
+@pytest.mark.parametrize("url", ["http://localhost:15002", "sc://", "localhost:15002", "local[0]"])
+def test_other_remote_urls_are_refused(url: str) -> None:
+    with pytest.raises(ValueError):
+        _check_remote(url)
+
+
+def test_a_bad_spark_remote_in_the_environment_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPARK_REMOTE", "localhost:15002")
+    with pytest.raises(SystemExit) as exit_:
+        _parse()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "SPARK_REMOTE" in err and "sc://HOST:PORT" in err
+
+
+def test_master_and_remote_together_are_refused() -> None:
+    with pytest.raises(ConfigError, match="exclude each other"):
+        spark_target(_parse("--master", "local[1]", "--remote", "sc://h:1"))
+    assert spark_target(_parse()) == ("local[2]", None)
