@@ -348,3 +348,31 @@ def test_the_shard_option_runs_the_planned_shard(lanes: Lanes) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     selected = sorted(line for line in done.stdout.splitlines() if "::" in line)
     assert selected == list(shard.tests)
+
+
+def test_a_reader_that_stops_early_ends_the_shard_command_without_a_traceback() -> None:
+    """``python -m tests.shards --list | head``: the pipe closes while the map prints."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, tests.shards as s\n"
+        "def noisy(argv=None):\n"
+        "    for i in range(200000):\n"
+        "        print('shard line', i)\n"
+        "    return 0\n"
+        "s.main = noisy\n"
+        "sys.exit(s.run())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"shard line 0")
+    proc.stdout.close()  # as head does after its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
