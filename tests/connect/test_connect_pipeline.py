@@ -252,3 +252,29 @@ def test_the_plan_checks_on_connect_find_functions_by_name_and_say_what_they_can
     assert plan_facts(plain).varies == ()
     counted = plan_facts(plain.groupBy("key").count())
     assert counted.stateful == ("Aggregate",), counted
+
+
+@pytest.mark.campaign_lane
+def test_two_phase_postgres_on_connect_is_exact_across_a_replay(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], pg_url: str
+) -> None:
+    """The two-phase sink's tasks pre-commit from the server's executors (mapInArrow sent by
+    the worker's own Connect client); the worker's driver side flips them with the ledger
+    row. A replay after a restart is skipped; psycopg reads each value once."""
+    log_dir = make_log(60, partitions=2)
+    p = Pipeline(
+        name="c2",
+        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=15),
+        sink=sink_from_url(pg_url, "out", two_phase=True),
+        checkpoint=tmp_path / "chk",
+        transform=values,
+    )
+    first = p.run(connect_spark)
+    assert first.batches_committed >= 2 and first.rows_committed == 60, first
+    forget_last_commit(tmp_path / "chk")
+    make_log(20, partitions=2, start=61)
+    again = p.run(connect_spark)
+    assert again.batches_skipped == 1 and again.rows_committed == 20, again
+    counts = Counter(v for (v,) in read_url(pg_url, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 81))
+    assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}

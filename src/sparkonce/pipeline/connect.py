@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sparkonce.run")
 
 #: The sinks and sources a pipeline on a Spark Connect session may use today.
-CONNECT_SINKS = (SQLiteSink, PostgresSink)
+CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink)
 CONNECT_SOURCES = (EmbeddedLogSource,)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
 
@@ -65,8 +65,6 @@ def refuse_on_connect(
         what = "several outputs (outputs=..., stable output, dead letters)"
     elif type(pipeline.sink) not in CONNECT_SINKS:
         what = f"the sink {pipeline.sink.describe()}"
-        if isinstance(pipeline.sink, PostgresTwoPhaseSink):
-            what += " (two-phase PostgreSQL; a PostgreSQL sink without two_phase runs)"
     elif type(pipeline.source) not in CONNECT_SOURCES:
         what = f"the source {pipeline.source.describe()}"
     elif Checkpoint(pipeline.checkpoint_location).remote:
@@ -80,7 +78,8 @@ def refuse_on_connect(
     if what is not None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
-            "On Connect, sparkonce runs the embedded log into SQLite or PostgreSQL. Nothing "
+            "On Connect, sparkonce runs the embedded log into SQLite or PostgreSQL (two-phase "
+            "too). Nothing "
             "was changed (no epoch was taken)."
         )
 
