@@ -243,11 +243,12 @@ def plan(
 def record_durations(
     measured: Mapping[str, float], source: str, path: Path = DURATIONS_FILE
 ) -> int:
-    """Write measured times into the durations file (sorted, other entries kept); returns
-    how many were written."""
+    """Write measured times into the durations file (sorted, other entries kept), each to a
+    tenth of a second and at least 0.1 s (a test quicker than that still costs its place);
+    returns how many were written."""
     data = json.loads(path.read_text())
     for nodeid, seconds in measured.items():
-        data["tests"][nodeid] = {"seconds": round(seconds, 1), "source": source}
+        data["tests"][nodeid] = {"seconds": max(round(seconds, 1), 0.1), "source": source}
     data["tests"] = dict(sorted(data["tests"].items()))
     path.write_text(json.dumps(data, indent=1) + "\n")
     return len(measured)
