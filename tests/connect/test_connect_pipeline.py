@@ -278,3 +278,61 @@ def test_two_phase_postgres_on_connect_is_exact_across_a_replay(
     counts = Counter(v for (v,) in read_url(pg_url, "SELECT value FROM out"))
     assert sorted(counts) == list(range(1, 81))
     assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}
+
+
+@pytest.mark.campaign_lane
+def test_a_client_killed_mid_run_leaves_a_query_that_the_next_run_takes_over(
+    connect_spark: SparkSession, connect_url: str, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """SIGKILL of the client (``sparkonce run --remote``) after its second commit: its query
+    lives on in the server, a zombie holding epoch 1. The next run takes epoch 2 (Spark
+    stops the older run of the same checkpoint when the new one starts) and the sink ends
+    with every value once, as a failure-free run would leave it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log_dir = make_log(400, partitions=2)
+    db = tmp_path / "sink.db"
+    pipeline_file = tmp_path / "pipeline.py"
+    pipeline_file.write_text(
+        _PIPELINE_FILE.format(
+            log=str(log_dir), url=f"sqlite:///{db}", checkpoint=str(tmp_path / "chk")
+        ).replace("max_records_per_partition=20", "max_records_per_partition=5")
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARKONCE_MASTER")}
+    client = subprocess.Popen(
+        [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", connect_url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        committed = 0
+        while committed < 2:
+            assert client.poll() is None, "the client ended before its second commit"
+            assert time.monotonic() < deadline, "no second commit in 240 s"
+            time.sleep(0.2)
+            if db.exists():
+                try:
+                    committed = read(db, "SELECT COUNT(*) FROM sparkonce_ledger")[0][0]
+                except sqlite3.OperationalError:  # the table is not there yet
+                    committed = 0
+        client.send_signal(signal.SIGKILL)
+    finally:
+        client.kill()
+        client.wait()
+
+    from sparkonce.pipeline.loader import load_pipeline
+
+    report = load_pipeline(pipeline_file).run(connect_spark)  # the same pipeline, file and all
+    assert report.epoch == 2, report
+    counts = Counter(v for (v,) in read(db, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 401))
+    assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}
+    per_epoch = dict(read(db, "SELECT epoch, COUNT(*) FROM sparkonce_ledger GROUP BY epoch"))
+    print("ledger entries per epoch:", per_epoch)
+    assert set(per_epoch) == {1, 2} and per_epoch[1] >= 2, per_epoch
