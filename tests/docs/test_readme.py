@@ -104,8 +104,13 @@ RUN = {
     KAFKA_CLI: "test_kafka_cli",
 }
 
+CONNECT = "# `pipeline` is any sparkonce Pipeline, built as for a classic session"
+
 # Block no test runs as written -> why. Keep this minimal.
 EXEMPT = {
+    # A fragment: `pipeline` comes from elsewhere and the server's URL is an example's.
+    # tests/connect makes the same calls on a real Spark Connect server.
+    CONNECT: "a fragment (pipeline and server from elsewhere); tests/connect makes these calls",
     # A synopsis, not an example: [optional] brackets are not shell syntax. test_exempt_synopsis
     # checks it still is one; verify campaigns are covered by tests/verify.
     VERIFY: "synopsis with [optional] brackets; covered by tests/verify",
