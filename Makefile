@@ -141,6 +141,12 @@ bench-broker-faults: setup jars
 # Resumable: each call runs the trials not yet in benchmarks/results/verify-live-FAMILY.json, up
 # to TRIALS (default 50), so a campaign can span sessions. scripts/live-campaign.sh.
 TRIALS ?= 50
+# Spark Connect against a classic session, side by side (benchmarks/connect.py). Results:
+# benchmarks/results/connect.json. BENCH_ARGS="--records 4000 --repeat 1" for less.
+.PHONY: bench-connect
+bench-connect: setup
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/connect.py $(BENCH_ARGS)
+
 .PHONY: bench-live
 bench-live: setup jars
 	@test -n "$(FAMILY)" || { echo "make bench-live FAMILY=sqlite|postgres|twophase|kafka|delta [TRIALS=50]" >&2; exit 2; }

@@ -291,6 +291,8 @@ PREFERRED = (
     "commit_s",
     "read_s",
     "median_s",
+    "per_batch_ms",
+    "extra_per_batch_ms",
     "best_s",
     "records_per_s_median",
     "goal_met",
