@@ -1,8 +1,10 @@
 """Pipelines on a real Spark Connect session: the batch function is pickled and commits in
-the server's Python worker. The sink is read with the sqlite3 module, not sparkonce."""
+the server's Python worker. The sinks are read with the sqlite3 module and psycopg, not
+with sparkonce."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections import Counter
 from collections.abc import Callable
@@ -181,7 +183,7 @@ from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 
 pipeline = Pipeline(
     name="cli",
-    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=20),
+    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition={batch}),
     sink=sink_from_url({url!r}, "out"),
     checkpoint={checkpoint!r},
     transform=lambda df: df.select(
@@ -191,6 +193,25 @@ pipeline = Pipeline(
 """
 
 
+def cli_pipeline(tmp_path: Path, log_dir: Path, batch: int) -> tuple[Path, Path]:
+    """The pipeline file ``sparkonce run`` is given (``batch`` records per log partition per
+    batch), and the SQLite sink it writes."""
+    pipeline_file = tmp_path / "pipeline.py"
+    db = tmp_path / "sink.db"
+    pipeline_file.write_text(
+        _PIPELINE_FILE.format(
+            log=str(log_dir), url=f"sqlite:///{db}", checkpoint=str(tmp_path / "chk"), batch=batch
+        )
+    )
+    return pipeline_file, db
+
+
+def client_env() -> dict[str, str]:
+    """This process's environment without a session choice of its own: each command names
+    its server."""
+    return {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARKONCE_MASTER")}
+
+
 @pytest.mark.campaign_lane
 def test_sparkonce_run_and_explain_take_remote_from_the_flag_and_spark_remote(
     connect_url: str, tmp_path: Path, make_log: Callable[..., Path]
@@ -198,19 +219,11 @@ def test_sparkonce_run_and_explain_take_remote_from_the_flag_and_spark_remote(
     """The command line as a user types it: ``sparkonce run --remote`` commits into SQLite on
     the Connect server (no JVM in the command's process), and ``SPARK_REMOTE`` does the same
     for ``explain``."""
-    import os
     import subprocess
     import sys
 
-    log_dir = make_log(40, partitions=2)
-    pipeline_file = tmp_path / "pipeline.py"
-    db = tmp_path / "sink.db"
-    pipeline_file.write_text(
-        _PIPELINE_FILE.format(
-            log=str(log_dir), url=f"sqlite:///{db}", checkpoint=str(tmp_path / "chk")
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARKONCE_MASTER")}
+    pipeline_file, db = cli_pipeline(tmp_path, make_log(40, partitions=2), batch=20)
+    env = client_env()
     cmd = [sys.executable, "-m", "sparkonce"]
     done = subprocess.run(
         [*cmd, "run", str(pipeline_file), "--remote", connect_url, "--timeout", "240"],
@@ -288,21 +301,13 @@ def test_a_client_killed_mid_run_leaves_a_query_that_the_next_run_takes_over(
     lives on in the server, a zombie holding epoch 1. The next run takes epoch 2 (Spark
     stops the older run of the same checkpoint when the new one starts) and the sink ends
     with every value once, as a failure-free run would leave it."""
-    import os
     import signal
     import subprocess
     import sys
     import time
 
-    log_dir = make_log(400, partitions=2)
-    db = tmp_path / "sink.db"
-    pipeline_file = tmp_path / "pipeline.py"
-    pipeline_file.write_text(
-        _PIPELINE_FILE.format(
-            log=str(log_dir), url=f"sqlite:///{db}", checkpoint=str(tmp_path / "chk")
-        ).replace("max_records_per_partition=20", "max_records_per_partition=5")
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARKONCE_MASTER")}
+    pipeline_file, db = cli_pipeline(tmp_path, make_log(400, partitions=2), batch=5)
+    env = client_env()
     client = subprocess.Popen(
         [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", connect_url],
         stdout=subprocess.DEVNULL,
