@@ -17,8 +17,8 @@ from pyspark.sql import functions as F
 
 from sparkonce import (
     ConfigError,
+    DeltaSink,
     EmbeddedLogSource,
-    KafkaSink,
     Pipeline,
     sink_from_url,
 )
@@ -126,7 +126,7 @@ def test_a_pipeline_connect_cannot_run_is_refused_before_the_epoch(
     p = Pipeline(
         name="c1",
         source=EmbeddedLogSource(log_dir, "events"),
-        sink=KafkaSink("127.0.0.1:9", "out"),
+        sink=DeltaSink(str(tmp_path / "delta")),
         checkpoint=tmp_path / "chk",
         transform=values,
     )
@@ -149,7 +149,7 @@ def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
     """A run's batch function holds its epoch by value; once a newer run has taken the
     pipeline, the old function's next commit, in the server's worker, is refused by the
     store (the query fails, naming the fencing) and writes nothing."""
-    from sparkonce.pipeline.connect import ConnectBatch, SinkSettings
+    from sparkonce.pipeline.connect import ConnectBatch
 
     log_dir = make_log(100, partitions=1)
     p = pipeline(tmp_path, log_dir)
@@ -162,7 +162,7 @@ def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
         assert newer.acquire("c1").epoch == 2
     finally:
         newer.close()
-    zombie = ConnectBatch("c1", 1, SinkSettings.of(p.sink), p.source, str(tmp_path / "chk"), None)
+    zombie = ConnectBatch("c1", 1, p.sink, p.source, str(tmp_path / "chk"), None)
     query = (
         values(p.source.stream(connect_spark, None))
         .writeStream.foreachBatch(zombie)
@@ -341,3 +341,106 @@ def test_a_client_killed_mid_run_leaves_a_query_that_the_next_run_takes_over(
     per_epoch = dict(read(db, "SELECT epoch, COUNT(*) FROM sparkonce_ledger GROUP BY epoch"))
     print("ledger entries per epoch:", per_epoch)
     assert set(per_epoch) == {1, 2} and per_epoch[1] >= 2, per_epoch
+
+
+def _produce(bootstrap: str, topic: str, first: int, last: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for n in range(first, last + 1):
+        producer.produce(topic, key=f"k{n % 7}", value=str(n))
+    assert producer.flush(30) == 0
+
+
+def _committed_values(bootstrap: str, topic: str) -> Counter[int]:
+    """Every committed record of ``topic``, with confluent-kafka's consumer at
+    read_committed (aborted and open transactions are not seen), not with sparkonce."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{os.getpid()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        parts = [TopicPartition(topic, p, 0) for p in meta.partitions]
+        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=30)[1] for p in parts}
+        consumer.assign(parts)
+        seen: Counter[int] = Counter()
+        done: set[int] = {p for p, end in ends.items() if end == 0}
+        while len(done) < len(ends):
+            msg = consumer.poll(5)
+            if msg is None:
+                # The last offsets of a transactional topic are its commit markers.
+                positions = consumer.position(parts)
+                done |= {tp.partition for tp in positions if tp.offset >= ends[tp.partition]}
+                continue
+            assert msg.error() is None, msg.error()
+            seen[int(msg.value() or b"-1")] += 1
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None
+            if offset + 1 >= ends[partition]:
+                done.add(partition)
+        return seen
+    finally:
+        consumer.close()
+
+
+@pytest.mark.campaign_lane
+def test_kafka_source_into_kafka_sink_on_connect_is_exact_skips_a_replay_and_fences_a_zombie(
+    connect_spark: SparkSession, tmp_path: Path, kafka_broker: Any, kafka_topic: Any
+) -> None:
+    """KafkaSink's tasks run in the Connect server's Spark, keyed by their partition
+    numbers, which KafkaSource keeps stable; the output is read with confluent-kafka's own
+    consumer at read_committed."""
+    from sparkonce import KafkaSink, KafkaSource
+    from sparkonce.pipeline.connect import ConnectBatch
+
+    source_topic, out = kafka_topic("in", partitions=3), kafka_topic("out", partitions=2)
+    _produce(kafka_broker.bootstrap, source_topic, 1, 150)
+    p = Pipeline(
+        name="k1",
+        source=KafkaSource(kafka_broker.bootstrap, source_topic, max_records_per_partition=20),
+        sink=KafkaSink(kafka_broker.bootstrap, out),
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: df.select(
+            F.col("key").cast("string").alias("key"), F.col("value").cast("string").alias("value")
+        ),
+    )
+    first = p.run(connect_spark)
+    assert first.batches_committed >= 3 and first.rows_committed == 150
+    seen = _committed_values(kafka_broker.bootstrap, out)
+    assert sorted(seen) == list(range(1, 151)) and set(seen.values()) == {1}
+
+    # A replay of the last batch, after Spark forgot it, is found in the ledger and skipped.
+    forget_last_commit(tmp_path / "chk")
+    _produce(kafka_broker.bootstrap, source_topic, 151, 180)
+    again = p.run(connect_spark)
+    assert again.batches_skipped == 1 and again.rows_committed == 30
+    seen = _committed_values(kafka_broker.bootstrap, out)
+    assert sorted(seen) == list(range(1, 181)) and set(seen.values()) == {1}
+
+    # The second run's batch function, after a third run took the pipeline: fenced.
+    _produce(kafka_broker.bootstrap, source_topic, 181, 200)
+    newer = KafkaSink(kafka_broker.bootstrap, out)
+    newer.open()
+    try:
+        assert newer.acquire("k1").epoch == again.epoch + 1
+    finally:
+        newer.close()
+    zombie = ConnectBatch("k1", again.epoch, p.sink, p.source, str(tmp_path / "chk"), None)
+    query = (
+        p.transform(p.source.stream(connect_spark, None))
+        .writeStream.foreachBatch(zombie)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=r"FencedError|fenced"):
+        query.awaitTermination()
+    seen = _committed_values(kafka_broker.bootstrap, out)
+    assert sorted(seen) == list(range(1, 181)) and set(seen.values()) == {1}

@@ -23,7 +23,6 @@ from sparkonce.observe.report import RunReport
 from sparkonce.offsets import BatchRanges
 from sparkonce.pipeline.connect import (
     ConnectBatch,
-    SinkSettings,
     _release_on_server_only,
     connect_report,
 )
@@ -40,13 +39,52 @@ def _pipeline(tmp_path: Path) -> Pipeline:
 
 def test_the_batch_function_pickles_and_opens_nothing_until_it_runs(tmp_path: Path) -> None:
     p = _pipeline(tmp_path)
-    fn = ConnectBatch("c1", 7, SinkSettings.of(p.sink), p.source, str(tmp_path / "chk"), None)
-    back = pickle.loads(pickle.dumps(fn))
+    p.sink.open()  # the user's sink is open on the client: its copy must not be
+    try:
+        fn = ConnectBatch("c1", 7, p.sink, p.source, str(tmp_path / "chk"), None)
+        back = pickle.loads(pickle.dumps(fn))
+    finally:
+        p.sink.close()
     assert (back.pipeline, back.epoch, back.checkpoint_location) == ("c1", 7, str(tmp_path / "chk"))
     assert back._sink is None and back._checkpoint is None
-    sink = back.sink_settings.build()
+    sink = back.sink
+    assert sink is not p.sink
     assert (type(sink), sink.table, sink.mode) == (type(p.sink), "out", "append")
-    assert not (tmp_path / "sink.db").exists()  # nothing was opened by pickling
+    assert not sink.store.connected  # built again, not opened
+
+
+def _every_sink(tmp_path: Path) -> list[Any]:
+    from sparkonce import DeltaSink, KafkaSink, PostgresTwoPhaseSink
+    from sparkonce.outputs.output_set import OutputSet
+
+    pg = "postgresql://u:s3cret@127.0.0.1:9/db"
+    return [
+        sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "out", mode="upsert", keys=["k"]),
+        sink_from_url(pg, "out", latest_by=["ts"], mode="upsert", keys=["k"]),
+        PostgresTwoPhaseSink(pg, "out"),
+        KafkaSink("127.0.0.1:9", "out", client_config={"sasl.password": "s3cret"}),
+        DeltaSink(str(tmp_path / "delta"), mode="upsert", keys=["k"]),
+        OutputSet(
+            {
+                "a": sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "a"),
+                "b": sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "b"),
+            },
+            stable=False,
+        ),
+    ]
+
+
+def test_every_sink_pickles_as_the_call_that_built_it(tmp_path: Path) -> None:
+    """What a Connect batch function carries to the server: a new, unopened sink of the same
+    class and settings, with no lock or connection (KafkaSink holds a lock, which does not
+    pickle by itself)."""
+    for sink in _every_sink(tmp_path):
+        back = pickle.loads(pickle.dumps(sink))
+        assert type(back) is type(sink)
+        assert back is not sink
+        assert back.describe() == sink.describe()
+        assert repr(back) == repr(sink)
+        assert "s3cret" not in repr(back)
 
 
 def _entry(seq: int, epoch: int, batch: int, checkpoint: str = "q1") -> LedgerEntry:
@@ -154,3 +192,25 @@ def test_master_and_remote_together_are_refused() -> None:
     with pytest.raises(ConfigError, match="exclude each other"):
         spark_target(_parse("--master", "local[1]", "--remote", "sc://h:1"))
     assert spark_target(_parse()) == ("local[2]", None)
+
+
+class _ConnectFrame:
+    """Stands for a Spark Connect DataFrame: no ``_jdf``, a class of pyspark.sql.connect."""
+
+
+_ConnectFrame.__module__ = "pyspark.sql.connect.dataframe"
+
+
+def test_kafka_task_keys_of_a_connect_frame_need_a_source_with_stable_numbers() -> None:
+    """No JVM plan to walk: partition numbers key the tasks only when the source keeps them
+    stable; otherwise the batch is refused, never keyed by numbers a replay may change."""
+    from sparkonce.errors import SinkError
+    from sparkonce.sources import EmbeddedLogSource, KafkaSource, SparkKafkaSource
+    from sparkonce.spark.kafka_lineage import task_keys
+
+    frame: Any = _ConnectFrame()
+    with pytest.raises(SinkError, match="cannot name this batch's tasks on a Spark Connect"):
+        task_keys(frame)
+    assert task_keys(frame, numbers_stable=True) is None
+    assert EmbeddedLogSource.stable_task_numbers and KafkaSource.stable_task_numbers
+    assert not SparkKafkaSource.stable_task_numbers

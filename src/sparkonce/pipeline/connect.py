@@ -18,23 +18,23 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import CheckpointError, ConfigError, SparkOnceError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.observe.report import BatchReport, RunReport
-from sparkonce.sinks.sql import PostgresSink, SQLiteSink, SqlSink
+from sparkonce.sinks.kafka import KafkaSink
+from sparkonce.sinks.sql import PostgresSink, SQLiteSink
 from sparkonce.sinks.twophase import PostgresTwoPhaseSink
 from sparkonce.sources.embedded import EmbeddedLogSource
+from sparkonce.sources.kafka import KafkaSource
 from sparkonce.spark.checkpoint import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
 
-    from sparkonce.config import StoreURL
     from sparkonce.pipeline.spec import PipelineSpec
     from sparkonce.sinks.base import Sink
     from sparkonce.sources.base import Source
@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sparkonce.run")
 
 #: The sinks and sources a pipeline on a Spark Connect session may use today.
-CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink)
-CONNECT_SOURCES = (EmbeddedLogSource,)
+CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink)
+CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
 
 
@@ -78,46 +78,8 @@ def refuse_on_connect(
     if what is not None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
-            "On Connect, sparkonce runs the embedded log into SQLite or PostgreSQL (two-phase "
-            "too). Nothing "
-            "was changed (no epoch was taken)."
-        )
-
-
-@dataclass(frozen=True)
-class SinkSettings:
-    """What builds an SQL sink again where the batch function runs: plain values."""
-
-    kind: type[SqlSink]
-    url: StoreURL
-    table: str
-    mode: str
-    keys: tuple[str, ...]
-    latest_by: tuple[str, ...]
-    ledger_keep: int | None
-
-    @classmethod
-    def of(cls, sink: Sink) -> SinkSettings:
-        if not isinstance(sink, SqlSink):  # refuse_on_connect came first
-            raise ConfigError(f"{sink.describe()} cannot run on a Spark Connect session yet")
-        return cls(
-            type(sink),
-            sink.url,
-            sink.table,
-            sink.mode,
-            tuple(sink.keys),
-            tuple(sink.latest_by),
-            sink.store.keep,
-        )
-
-    def build(self) -> SqlSink:
-        return self.kind(
-            self.url,
-            self.table,
-            mode=self.mode,  # type: ignore[arg-type]
-            keys=self.keys,
-            latest_by=self.latest_by,
-            ledger_keep=self.ledger_keep,
+            "On Connect, sparkonce runs the embedded log or KafkaSource into SQLite, "
+            "PostgreSQL (two-phase too) or KafkaSink. Nothing was changed (no epoch was taken)."
         )
 
 
@@ -132,18 +94,18 @@ class ConnectBatch:
         self,
         pipeline: str,
         epoch: int,
-        sink: SinkSettings,
+        sink: Sink,
         source: Source,
         checkpoint: str,
         stateful: bool | None,
     ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
-        self.sink_settings = sink
+        self.sink = sink  # pickles unopened (Sink.__reduce__)
         self.source = source
         self.checkpoint_location = checkpoint
         self.stateful = stateful
-        self._sink: SqlSink | None = None
+        self._sink: Sink | None = None
         self._checkpoint: Checkpoint | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -155,7 +117,8 @@ class ConnectBatch:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         if self._sink is None:
-            self._sink = self.sink_settings.build()
+            self._sink = self.sink
+            self._sink.use_stable_task_numbers(self.source.stable_task_numbers)
             self._sink.open()
         if self._checkpoint is None:
             self._checkpoint = Checkpoint.open(self.checkpoint_location)

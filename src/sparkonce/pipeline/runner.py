@@ -465,12 +465,12 @@ def _run(
         batch_function: Callable[[DataFrame, int], None] = handler
         if connect:
             # The function is pickled and runs beside the Spark server: plain values only.
-            from sparkonce.pipeline.connect import ConnectBatch, SinkSettings
+            from sparkonce.pipeline.connect import ConnectBatch
 
             batch_function = ConnectBatch(
                 pipeline.name,
                 owner.epoch,
-                SinkSettings.of(sink),
+                sink,
                 pipeline.source,
                 checkpoint.path,
                 pipeline.stateful,

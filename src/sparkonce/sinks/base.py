@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from sparkonce.commit.committer import Committer
 from sparkonce.config import Guarantee, OutputMode
@@ -57,6 +57,22 @@ class Sink(ABC):
     supports_connection_drop: ClassVar[bool] = False
     # The run's fault plan (crash points of the commit); the no-op plan until use_faults().
     faults: FaultPlan = NO_FAULTS
+    _built_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        sink = super().__new__(cls)
+        sink._built_with = (args, kwargs)
+        return sink
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A sink pickles as the call that built it: the copy is a new, unopened sink of the
+        same class and arguments, with no connection, lock, producer or session of the
+        original. That is what a Spark Connect batch function carries to the Spark server's
+        Python worker, where it opens its own store (:mod:`sparkonce.pipeline.connect`).
+        The arguments hold the store's credentials, as the sink does; like the sink, they
+        are never logged."""
+        args, kwargs = self._built_with
+        return (_rebuild, (type(self), args, kwargs))
 
     def use_faults(self, faults: FaultPlan) -> None:
         """Take the run's fault plan, for the commit's crash, pause and connection-drop
@@ -130,6 +146,13 @@ class Sink(ABC):
             "cannot be one of a pipeline's outputs; use it as the pipeline's only sink"
         )
 
+    def use_stable_task_numbers(self, stable: bool) -> None:  # noqa: B027 - optional
+        """Say whether the batches' Spark partition numbers name the same input on a replay
+        (``stable``: the source is one of sparkonce's own, which plan their partitions in
+        order). Called where a batch runs with no JVM plan to walk (a Spark Connect
+        session's batch function); only a sink that keys tasks by their input needs it
+        (:class:`~sparkonce.sinks.kafka.KafkaSink`, which refuses a batch it cannot key)."""
+
     def spark_conf(self) -> dict[str, str]:
         """Settings the SparkSession needs for this sink, applied when it is created
         (:func:`sparkonce.build_session`); most sinks need none."""
@@ -145,6 +168,10 @@ class Sink(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rebuild(cls: type[Sink], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sink:
+    return cls(*args, **kwargs)
 
 
 class TransactionalSink(Sink):

@@ -149,6 +149,9 @@ class KafkaStager(Stager):
         self.transaction_timeout_ms = transaction_timeout_ms
         self.store = store
         self.sink = sink
+        # Whether a batch's Spark partition numbers name its input on a replay when there is
+        # no JVM plan to check (a Spark Connect session); Sink.use_stable_task_numbers.
+        self.numbers_stable = False
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         """Step 3, in Spark tasks: each task commits its records and marker (driver starts them).
@@ -183,10 +186,10 @@ class KafkaStager(Stager):
         # is planned; then again on the write's own plan, which the action below runs. Both
         # see the one RDD Spark made of the batch (foreachBatch hands it over as such), so
         # they agree; if they did not, nothing is written.
-        keys = task_keys(df)
+        keys = task_keys(df, numbers_stable=self.numbers_stable)
         plan = dataclasses.replace(plan, task_keys=keys, steps=self.task_steps)
         written = df.mapInArrow(lambda it: write_task(plan, it), TASK_RESULT_DDL)
-        if keys is not None and task_keys(written) != keys:
+        if keys is not None and task_keys(written, numbers_stable=self.numbers_stable) != keys:
             raise SinkError(
                 f"pipeline {ctx.pipeline!r}: Spark planned this batch's Kafka input in two "
                 "orders within one run, so KafkaSink cannot name its tasks; nothing was "
@@ -341,6 +344,9 @@ class KafkaSink(TransactionalSink):
 
     def _status_hint(self, pipeline: str) -> str:
         return f"sparkonce status --pipeline {pipeline} --sink 'kafka://{self.conn.bootstrap}/{self.topic}'"
+
+    def use_stable_task_numbers(self, stable: bool) -> None:
+        self.stager.numbers_stable = stable
 
     # -- schema -------------------------------------------------------------------------------
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:

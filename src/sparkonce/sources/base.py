@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from sparkonce.config import mask_url
 from sparkonce.errors import ConfigError
@@ -98,6 +98,10 @@ class Source(ABC):
 
     # The source's read limits (none by default); a source with limits sets its own.
     limits: ReadLimits = ReadLimits()
+    #: Whether Spark task ``i`` of a batch reads the same input when the batch is replayed:
+    #: sparkonce's own sources plan their partitions in order, so they do. A sink that keys
+    #: tasks by their input relies on it where it cannot walk the plan (Spark Connect).
+    stable_task_numbers: ClassVar[bool] = False
 
     def aligned(self) -> Self | None:
         """This source as a query with an event-time watermark must read it: a copy whose

@@ -30,7 +30,7 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.errors import ConfigError, SourceError, TopicNotFoundError
 from sparkonce.log.storage import Topic, validate_topic_name
@@ -63,6 +63,8 @@ class EmbeddedLogSource(Source):
     sink's ledger has a position: ``"earliest"`` (default), ``"latest"``, or a
     JSON object ``{"<partition>": offset}``.
     """
+
+    stable_task_numbers: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -54,7 +54,7 @@ import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.errors import ConfigError, OffsetOutOfRangeError, SourceError
 from sparkonce.kafka.client import RETRY_S, TIMEOUT_S, KafkaConnection, masked
@@ -167,6 +167,8 @@ class KafkaSource(Source):
     retrying across leader changes and broker restarts before the run stops with
     :class:`~sparkonce.errors.KafkaUnavailableError` (exit 4).
     """
+
+    stable_task_numbers: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -49,7 +49,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.errors import CheckpointError, ConfigError
 from sparkonce.kafka.client import RETRY_S, TIMEOUT_S, masked
@@ -134,6 +134,8 @@ class SparkKafkaSource(KafkaSource):
     ``max_records_per_batch`` becomes ``maxOffsetsPerTrigger``. The other arguments are
     KafkaSource's.
     """
+
+    stable_task_numbers: ClassVar[bool] = False  # the connector can renumber a replay
 
     def __init__(
         self,

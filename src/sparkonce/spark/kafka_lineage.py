@@ -19,9 +19,15 @@ if TYPE_CHECKING:  # pragma: no cover
 KAFKA_INPUT_PARTITION = "org.apache.spark.sql.kafka010.KafkaBatchInputPartition"
 
 
-def task_keys(df: DataFrame) -> tuple[str, ...] | None:
+def task_keys(df: DataFrame, *, numbers_stable: bool = False) -> tuple[str, ...] | None:
     """The task key of each Spark partition of ``df``'s action, or None where the partition
     number is one (see the module docstring).
+
+    A Spark Connect DataFrame has no JVM plan to walk. Its partition numbers serve as keys
+    only when the caller knows they are stable (``numbers_stable``: the batch reads one of
+    sparkonce's own sources, which plan their partitions in order); otherwise the batch is
+    refused with :class:`SinkError` before anything is written, never keyed by numbers
+    that a replay may change.
 
     Walks ``df``'s RDD lineage from the action's RDD along one-to-one dependencies. If it
     reaches the input of Spark's Kafka connector, task ``i`` reads that input's partition
@@ -32,6 +38,16 @@ def task_keys(df: DataFrame) -> tuple[str, ...] | None:
     stable key, and is refused with :class:`SinkError`.
     """
     jdf = getattr(df, "_jdf", None)
+    if jdf is None and type(df).__module__.startswith("pyspark.sql.connect"):
+        if numbers_stable:
+            return None
+        raise SinkError(
+            "KafkaSink cannot name this batch's tasks on a Spark Connect session: the batch "
+            "does not read one of sparkonce's own sources (the embedded log or KafkaSource), "
+            "whose task numbers are stable, and a Connect DataFrame has no plan to walk for "
+            "the input of Spark's Kafka connector. Read with KafkaSource, or run on a classic "
+            "session. Nothing of this batch was written."
+        )
     if jdf is None:  # no JVM plan: the protocol simulation's frames number tasks as given
         return None
     rdd = jdf.queryExecution().toRdd()
