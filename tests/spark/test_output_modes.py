@@ -173,3 +173,20 @@ def test_append_mode_into_an_upsert_sink_with_latest_by_keeps_each_keys_last_cha
 @pytest.fixture
 def tmp_sqlite(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'sink.db'}"
+
+
+def test_an_output_mode_spark_refuses_is_refused_before_the_epoch(
+    spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path], tmp_sqlite: str
+) -> None:
+    """An aggregation without a watermark cannot run in append mode: Spark's own check, run
+    through the JVM before the epoch (not when the query starts, after it), says so, and no
+    owner row is written."""
+    import sqlite3
+
+    from sparkonce import ConfigError
+
+    log_dir = make_log(RECORDS, partitions=PARTITIONS)
+    with pytest.raises(ConfigError, match="Spark does not support this query with output_mode"):
+        run(spark, tmp_path, log_dir, tmp_sqlite, output_mode="append", transform=counts)
+    with sqlite3.connect(tmp_path / "sink.db") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM sparkonce_owner").fetchone() == (0,)

@@ -126,11 +126,9 @@ def _quiet_accumulator_server(spark: object) -> None:
     """PySpark's accumulator server prints a traceback on stderr when Spark's JVM goes
     away mid-connection (an ``EOFError``, as when the run's process group gets SIGTERM,
     often after the run's log file is closed): keep it for ``-vv`` (debug) instead."""
-    from sparkonce.spark.session import is_connect
+    from sparkonce.jvm import accumulator_server
 
-    if is_connect(spark):  # no SparkContext in this process (its property raises)
-        return
-    server = getattr(getattr(spark, "sparkContext", None), "_accumulatorServer", None)
+    server = accumulator_server(spark)  # None on Connect: no SparkContext in this process
     if server is None:
         return
     spark_log = logging.getLogger("pyspark.accumulators")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkonce.jvm import analyzed_plan
 from sparkonce.offsets import TopicPartition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -274,7 +275,10 @@ def source_reads(out: DataFrame) -> int:
     the plan cannot be read). A pipeline reads one source; the transform's branches over
     it (several outputs, a self-join) each scan it again."""
     try:
-        leaves = out._jdf.queryExecution().analyzed().collectLeaves()
+        plan = analyzed_plan(out)
+        if plan is None:  # Spark Connect: no JVM plan here
+            return 1
+        leaves = plan.collectLeaves()
         names = [leaves.apply(i).getClass().getSimpleName() for i in range(leaves.size())]
     except Exception as exc:  # monitoring only
         log.debug("could not read the query's plan: %s", exc)

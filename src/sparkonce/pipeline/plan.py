@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkonce.jvm import analyzed_plan
 from sparkonce.outputs.dedup import BARRIER_COLUMN
-from sparkonce.spark.session import is_connect
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -113,9 +113,9 @@ def plan_facts(df: DataFrame) -> PlanFacts:
     On a Spark Connect session the plan is read from its text (see :class:`_TextPlan`):
     non-deterministic expressions and clock reads are found by their function names, and
     ``unchecked`` says so; which of them come before a shuffle is not noted."""
-    if is_connect(df):
+    plan = analyzed_plan(df)
+    if plan is None:
         return _TextPlan(df).facts()
-    plan = df._jdf.queryExecution().analyzed()
     nondet: list[str] = []
     clock: list[str] = []
     python: list[str] = []
@@ -185,9 +185,10 @@ def has_watermark(df: DataFrame) -> bool:
     def found(n: Any) -> bool:
         return n.nodeName() in _WATERMARK_NODES or any(found(c) for c in _seq(n.children()))
 
-    if is_connect(df):
+    plan = analyzed_plan(df)
+    if plan is None:
         return any(n.name in _WATERMARK_NODES for n in _TextPlan(df).nodes)
-    return bool(found(df._jdf.queryExecution().analyzed()))
+    return bool(found(plan))
 
 
 def _seq(seq: Any) -> list[Any]:
@@ -215,7 +216,8 @@ class StreamingSource:
 def streaming_sources(df: DataFrame) -> list[StreamingSource]:
     """The streaming relations the analyzed plan of ``df`` reads, one per leaf."""
     found: list[StreamingSource] = []
-    if is_connect(df):
+    analyzed = analyzed_plan(df)
+    if analyzed is None:
         plan = _TextPlan(df)
         return [n.source() for n in plan.nodes if n.streaming and not plan.children(n)]
 
@@ -226,7 +228,7 @@ def streaming_sources(df: DataFrame) -> list[StreamingSource]:
         for c in kids:
             node(c)
 
-    node(df._jdf.queryExecution().analyzed())
+    node(analyzed)
     return found
 
 

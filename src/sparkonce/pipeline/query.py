@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sparkonce.errors import ConfigError, SparkOnceError
+from sparkonce.jvm import analyzed_plan, jvm
 from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.pipeline.failure import short_error
 from sparkonce.pipeline.plan import has_watermark, plan_facts, stateful_operators, streaming_sources
@@ -175,21 +176,16 @@ def _check_sources(
 def check_query(pipeline: PipelineSpec, spark: SparkSession, out: DataFrame) -> None:
     """Spark's checks of the query that would otherwise run only when it starts (after the
     epoch), and ``stateful=False`` against the plan's state operators."""
-    from sparkonce.spark.session import is_connect
-
     # A Spark Connect session has no JVM here: its server makes these checks when the query
     # starts, and a query it refuses fails before its first batch (nothing is written).
     checked = str(spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true"))
-    if checked != "false" and not is_connect(spark):
-        jvm = spark._jvm
-        assert jvm is not None
-        modes = jvm.org.apache.spark.sql.streaming.OutputMode
+    gateway, plan = jvm(spark), analyzed_plan(out)
+    if checked != "false" and gateway is not None and plan is not None:
+        modes = gateway.org.apache.spark.sql.streaming.OutputMode
         mode = {"append": modes.Append, "update": modes.Update, "complete": modes.Complete}
-        checker = jvm.org.apache.spark.sql.catalyst.analysis.UnsupportedOperationChecker
+        checker = gateway.org.apache.spark.sql.catalyst.analysis.UnsupportedOperationChecker
         try:
-            checker.checkForStreaming(
-                out._jdf.queryExecution().analyzed(), mode[pipeline.output_mode]()
-            )
+            checker.checkForStreaming(plan, mode[pipeline.output_mode]())
         except Exception as exc:
             raise ConfigError(
                 f"pipeline {pipeline.name!r}: Spark does not support this query with "

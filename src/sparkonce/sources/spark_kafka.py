@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkonce.errors import CheckpointError, ConfigError
+from sparkonce.jvm import spark_jars
 from sparkonce.kafka.client import RETRY_S, TIMEOUT_S, masked
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.sources.kafka import (
@@ -336,7 +337,7 @@ def _check_options(options: Mapping[str, str | int | float | bool] | None) -> di
 
 
 def _missing_connector(spark: SparkSession) -> str:
-    jars = spark.sparkContext.getConf().get("spark.jars", "") or "(none)"
+    jars = spark_jars(spark) or "(none)"
     found = spark_kafka_jars()
     where = (
         f"found here: {', '.join(found)}; build the session with them"

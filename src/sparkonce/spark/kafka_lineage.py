@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import SinkError
+from sparkonce.jvm import java_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -37,7 +38,7 @@ def task_keys(df: DataFrame, *, numbers_stable: bool = False) -> tuple[str, ...]
     A lineage that merges or reorders the connector's partitions without a shuffle has no
     stable key, and is refused with :class:`SinkError`.
     """
-    jdf = getattr(df, "_jdf", None)
+    jdf = java_frame(df)
     if jdf is None and type(df).__module__.startswith("pyspark.sql.connect"):
         if numbers_stable:
             return None

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.files import FETCHED_SCHEMES, scheme
+from sparkonce.jvm import jvm as java_gateway
+from sparkonce.jvm import set_log_level
 from sparkonce.spark.jars import S3_JARS, S3_JARS_ENV, cached_jars
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,7 +106,7 @@ def build_session(
         .config("spark.driver.extraJavaOptions", java_options)
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    set_log_level(spark, "ERROR")
     return spark
 
 
@@ -124,8 +126,8 @@ def connect_session(remote: str, app_name: str, shuffle_partitions: int = 2) -> 
 def is_connect(spark: object) -> bool:
     """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote(...)``,
     ``spark.api.mode=connect``, the thin ``pyspark-client``): a client of a Spark server,
-    with no JVM in this process (no ``_jvm``, ``_jsc``, ``_jsparkSession``, no ``_jdf`` on
-    its DataFrames). Decided by the session's class, so it imports nothing of Connect."""
+    with no JVM in this process (none of the py4j handles :mod:`sparkonce.jvm` reads).
+    Decided by the session's class, so it imports nothing of Connect."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
@@ -222,7 +224,7 @@ def quiet_query_errors(spark: SparkSession) -> Iterator[None]:
     logs. The loggers' levels are restored when the block ends.
     """
     try:
-        jvm: Any = spark._jvm
+        jvm: Any = java_gateway(spark)
         chosen = jvm.java.lang.System.getProperty("log4j2.configurationFile")
     except Exception:  # no JVM to look at: nothing to quiet
         chosen = "unknown"
