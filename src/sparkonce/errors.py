@@ -100,6 +100,13 @@ class KafkaUnavailableError(StoreUnavailableError):
     kind: str = "no answer"
 
 
+class SparkServerUnavailableError(StoreUnavailableError):
+    """The Spark Connect server of the run's session stopped answering (its client's retries
+    ran out). The streaming query ran in that server and ended with it; what it committed
+    is in the sink's ledger, so a run started once the server is back resumes from there.
+    The CLI exits with code 4, as for an unreachable store."""
+
+
 class SinkError(SparkOnceError):
     """A sink refused a write (schema mismatch, constraint violation, bad rows)."""
 

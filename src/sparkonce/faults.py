@@ -176,6 +176,17 @@ class FaultPlan:
     _hits: dict[CrashPoint, int] = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a Spark Connect batch function carries the run's plan to the server's
+        Python worker): what to inject, not this process's hit counts or lock."""
+        state = dict(self.__dict__)
+        state["_hits"] = {}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())  # frozen: no attribute setting
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> FaultPlan:
         """Parse the fault variables; a bad value raises ``ConfigError`` naming it."""

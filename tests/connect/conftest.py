@@ -4,7 +4,9 @@ refuse a local one), and client sessions of it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,42 +27,66 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class ConnectServer:
+    """A Spark Connect server process (tests/connect/server.py) in a process group of its
+    own, so a test can SIGKILL it with its JVM and Python workers at once."""
+
+    def __init__(self, log: Path, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.log = log
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+        src = str(Path(__file__).resolve().parents[2] / "src")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+        # The server's output (and its Python workers', which print per batch) goes to a
+        # file: a pipe nobody reads once the server is up fills and blocks the server.
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SERVER), str(self.port)],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:  # the gRPC port opens with the plugin
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the Connect server exited: {log.read_text()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"no Connect server in {START_TIMEOUT_S} s: {log.read_text()}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            time.sleep(0.5)
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group: its JVM and every Python worker."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        except (subprocess.TimeoutExpired, BrokenPipeError):
+            self.kill()
+
+
 @pytest.fixture(scope="session")
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``sc://127.0.0.1:PORT`` of a running Spark Connect server (local[2])."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("connect") / "server.log"
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    # The server's output (and its Python workers', which print per batch) goes to a file:
-    # a pipe nobody reads once the server is up fills and blocks the server.
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(SERVER), str(port)],
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    server = ConnectServer(tmp_path_factory.mktemp("connect") / "server.log")
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:  # the gRPC port opens with the plugin
-            assert proc.poll() is None, f"the Connect server exited: {log.read_text()}"
-            assert time.monotonic() < deadline, f"no Connect server: {log.read_text()}"
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
+        yield server.url
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 @pytest.fixture

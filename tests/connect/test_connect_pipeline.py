@@ -193,14 +193,17 @@ pipeline = Pipeline(
 """
 
 
-def cli_pipeline(tmp_path: Path, log_dir: Path, batch: int) -> tuple[Path, Path]:
+def cli_pipeline(
+    tmp_path: Path, log_dir: Path, batch: int, url: str | None = None
+) -> tuple[Path, Path]:
     """The pipeline file ``sparkonce run`` is given (``batch`` records per log partition per
-    batch), and the SQLite sink it writes."""
+    batch), and the SQLite sink it writes (unless ``url`` names another store)."""
     pipeline_file = tmp_path / "pipeline.py"
     db = tmp_path / "sink.db"
+    url = url or f"sqlite:///{db}"
     pipeline_file.write_text(
         _PIPELINE_FILE.format(
-            log=str(log_dir), url=f"sqlite:///{db}", checkpoint=str(tmp_path / "chk"), batch=batch
+            log=str(log_dir), url=url, checkpoint=str(tmp_path / "chk"), batch=batch
         )
     )
     return pipeline_file, db
@@ -444,3 +447,104 @@ def test_kafka_source_into_kafka_sink_on_connect_is_exact_skips_a_replay_and_fen
         query.awaitTermination()
     seen = _committed_values(kafka_broker.bootstrap, out)
     assert sorted(seen) == list(range(1, 181)) and set(seen.values()) == {1}
+
+
+@pytest.mark.campaign_lane
+def test_a_server_killed_mid_run_loses_and_repeats_nothing(
+    tmp_path: Path, make_log: Callable[..., Path], store_url: str
+) -> None:
+    """SIGKILL of the Spark Connect server itself (its JVM and Python workers, a process
+    group of its own) after the run's second commit, whatever the commit was doing then.
+    The client fails; a run of the same pipeline against a new server resumes from the
+    ledger and the checkpoint the dead server left, and the store ends with every value
+    once. The store is read with sqlite3 or psycopg."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.connect.conftest import ConnectServer
+
+    pipeline_file, _ = cli_pipeline(tmp_path, make_log(400, partitions=2), 5, store_url)
+    run = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote"]
+    first_server = ConnectServer(tmp_path / "server1.log")
+    client = subprocess.Popen(
+        [*run, first_server.url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=client_env(),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        committed = 0
+        while committed < 2:
+            assert client.poll() is None, "the client ended before its second commit"
+            assert time.monotonic() < deadline, "no second commit in 240 s"
+            time.sleep(0.2)
+            try:
+                committed = read_url(store_url, "SELECT COUNT(*) FROM sparkonce_ledger")[0][0]
+            except Exception:  # the ledger table is not there yet
+                committed = 0
+        first_server.kill()
+        killed = time.monotonic()
+        _, err = client.communicate(timeout=180)
+        gave_up_s = time.monotonic() - killed
+    finally:
+        first_server.kill()
+        client.kill()
+        client.wait()
+    # exit 4 (unavailable), with one line saying what happened and what to do, within about
+    # sparkonce's bound on the client's retries (30 s; PySpark's own is 10 minutes)
+    assert client.returncode == 4, err[-3000:]
+    assert b"the Spark Connect server stopped answering" in err, err[-3000:]
+    assert b"Run the pipeline again once the server is back" in err
+    assert gave_up_s < 90, gave_up_s
+
+    second_server = ConnectServer(tmp_path / "server2.log")
+    try:
+        again = subprocess.run(
+            [*run, second_server.url], capture_output=True, text=True, env=client_env(), timeout=400
+        )
+    finally:
+        second_server.stop()
+    assert again.returncode == 0, again.stderr[-3000:]
+    counts = Counter(v for (v,) in read_url(store_url, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 401))
+    assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}
+    per_epoch = dict(
+        read_url(store_url, "SELECT epoch, COUNT(*) FROM sparkonce_ledger GROUP BY epoch")
+    )
+    print("ledger entries per epoch:", per_epoch, f"; the client gave up in {gave_up_s:.0f} s")
+    assert set(per_epoch) == {1, 2} and per_epoch[1] >= 2, per_epoch
+
+
+@pytest.mark.campaign_lane
+@pytest.mark.parametrize(
+    "point", ["before-commit", "after-rows", "before-ledger-commit", "after-ledger-commit"]
+)
+def test_a_commit_killed_at_each_crash_point_on_connect_loses_and_repeats_nothing(
+    connect_url: str, tmp_path: Path, make_log: Callable[..., Path], point: str
+) -> None:
+    """The run's fault plan travels with the batch function: SIGKILL of the server's Python
+    worker at a named step of its second commit fails the query and the client; the next
+    run resumes, and SQLite (read with sqlite3) holds every value once."""
+    import json
+    import subprocess
+    import sys
+
+    pipeline_file, db = cli_pipeline(tmp_path, make_log(60, partitions=2), batch=10)
+    run = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", connect_url]
+    events = tmp_path / "events.jsonl"
+    env = dict(client_env(), SPARKONCE_CRASH_AT=f"{point}@2", SPARKONCE_FAULT_EVENTS=str(events))
+    crashed = subprocess.run(run, capture_output=True, text=True, env=env, timeout=400)
+    assert crashed.returncode != 0, crashed.stderr[-2000:]
+    fired = [json.loads(line) for line in events.read_text().splitlines()]
+    crash = [e for e in fired if e["event"] == "crash"]
+    assert [(e["point"], e["hit"]) for e in crash] == [(point, 2)], fired
+    committed = read(db, "SELECT COUNT(*) FROM sparkonce_ledger")[0][0]
+    assert committed == (2 if point == "after-ledger-commit" else 1)
+
+    again = subprocess.run(run, capture_output=True, text=True, env=client_env(), timeout=400)
+    assert again.returncode == 0, again.stderr[-2000:]
+    counts = Counter(v for (v,) in read(db, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 61))
+    assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}

@@ -252,3 +252,33 @@ def test_the_jvm_module_answers_none_for_a_session_without_a_jvm() -> None:
         assert read(connect_like) is None, read
     assert jvm.java_frame(connect_like) is None and jvm.analyzed_plan(connect_like) is None
     assert jvm.set_log_level(connect_like, "ERROR") is False
+
+
+def test_a_server_that_stopped_answering_is_named_and_other_errors_pass_through() -> None:
+    from sparkonce.errors import SparkServerUnavailableError, StoreUnavailableError
+    from sparkonce.pipeline.connect import server_gone
+
+    class Unavailable(Exception):
+        def code(self) -> str:
+            return "StatusCode.UNAVAILABLE"
+
+    p: Any = SimpleNamespace(name="c1")
+    with pytest.raises(SparkServerUnavailableError, match="Run the pipeline again") as caught:
+        server_gone(p, Unavailable("<_InactiveRpcError: failed to connect to all addresses>"))
+    assert isinstance(caught.value, StoreUnavailableError)  # the CLI's exit 4
+    server_gone(p, RuntimeError("a batch failed: division by zero"))  # not the server's
+
+
+def test_the_fault_plan_pickles_with_the_batch_function_without_its_hits(tmp_path: Path) -> None:
+    from sparkonce.faults import FaultPlan
+    from sparkonce.protocol import CrashPoint
+
+    plan = FaultPlan.from_env(
+        {"SPARKONCE_CRASH_AT": "after-rows@2", "SPARKONCE_FAULT_EVENTS": str(tmp_path / "e")}
+    )
+    assert plan.crash_point(CrashPoint.AFTER_ROWS) is False  # hit 1 of 2 here
+    p = _pipeline(tmp_path)
+    fn = ConnectBatch("c1", 7, p.sink, p.source, str(tmp_path / "chk"), None, plan)
+    back = pickle.loads(pickle.dumps(fn)).faults
+    assert (back.crash, back.events) == (plan.crash, plan.events)
+    assert back._hits == {} and plan._hits  # the worker counts its own hits

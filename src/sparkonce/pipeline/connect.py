@@ -20,8 +20,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import CheckpointError, ConfigError, SparkOnceError
-from sparkonce.faults import FaultPlan
+from sparkonce.errors import (
+    CheckpointError,
+    ConfigError,
+    SparkOnceError,
+    SparkServerUnavailableError,
+)
+from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.observe.report import BatchReport, RunReport
 from sparkonce.sinks.kafka import KafkaSink
@@ -69,8 +74,8 @@ def refuse_on_connect(
         what = f"the source {pipeline.source.describe()}"
     elif Checkpoint(pipeline.checkpoint_location).remote:
         what = f"a checkpoint that is not a local path ({pipeline.checkpoint_location})"
-    elif not faults.empty:
-        what = "injected faults (SPARKONCE_FAULTS)"
+    elif faults.fail_tasks or faults.pause_tasks:
+        what = "injected task faults (SPARKONCE_FAIL_TASKS, SPARKONCE_PAUSE_TASKS)"
     elif observed:
         what = "run observers (metrics, the progress display, the ui)"
     elif on_batch:
@@ -98,6 +103,7 @@ class ConnectBatch:
         source: Source,
         checkpoint: str,
         stateful: bool | None,
+        faults: FaultPlan = NO_FAULTS,
     ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
@@ -105,6 +111,9 @@ class ConnectBatch:
         self.source = source
         self.checkpoint_location = checkpoint
         self.stateful = stateful
+        # The run's crash, pause and connection-drop points: they fire where the commit
+        # runs, in the server's Python worker (a crash there SIGKILLs that worker).
+        self.faults = faults
         self._sink: Sink | None = None
         self._checkpoint: Checkpoint | None = None
 
@@ -119,6 +128,7 @@ class ConnectBatch:
         if self._sink is None:
             self._sink = self.sink
             self._sink.use_stable_task_numbers(self.source.stable_task_numbers)
+            self._sink.use_faults(self.faults)
             self._sink.open()
         if self._checkpoint is None:
             self._checkpoint = Checkpoint.open(self.checkpoint_location)
@@ -209,3 +219,22 @@ def connect_report(
             report.batches_skipped += 1
         else:
             report.batches_empty += 1
+
+
+def server_gone(pipeline: PipelineSpec, exc: BaseException) -> None:
+    """Raise :class:`SparkServerUnavailableError` if ``exc`` says the Spark Connect server
+    stopped answering (gRPC's ``UNAVAILABLE`` once the client's retries ran out); return
+    otherwise. The query ran in that server, so it is gone too: the message says what the
+    ledger holds and what to do."""
+    code = getattr(exc, "code", None)
+    status = code() if callable(code) else None
+    text = f"{status} {exc}"
+    if "UNAVAILABLE" not in text and "failed to connect to all addresses" not in text:
+        return
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    raise SparkServerUnavailableError(
+        f"pipeline {pipeline.name!r}: the Spark Connect server stopped answering ({first}). "
+        "The streaming query ran in that server and ended with it; every batch it committed "
+        "is in the sink's ledger. Run the pipeline again once the server is back: it resumes "
+        "from the ledger."
+    ) from exc

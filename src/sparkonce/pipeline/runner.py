@@ -474,6 +474,7 @@ def _run(
                 pipeline.source,
                 checkpoint.path,
                 pipeline.stateful,
+                faults,
             )
         writer = (
             out.writeStream.foreachBatch(batch_function)
@@ -542,9 +543,13 @@ def _run(
                 raise
             except RunStopped:
                 raise
-            except Exception:
+            except Exception as exc:
                 if stop is not None and stop.is_set():  # the JVM went away on the signal
                     raise _stopped(pipeline, handler, stop) from None
+                if connect:
+                    from sparkonce.pipeline.connect import server_gone
+
+                    server_gone(pipeline, exc)  # raises SparkServerUnavailableError if so
                 raise
         notes(query, everything=True)
         if isinstance(handler.error, SparkOnceError):

@@ -120,7 +120,35 @@ def connect_session(remote: str, app_name: str, shuffle_partitions: int = 2) -> 
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     if remote.startswith("local"):
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    _bound_retries(spark)
+    return spark
+
+
+#: How long (about) ``sparkonce run --remote`` keeps retrying a Spark Connect server that
+#: stopped answering before it stops with exit 4. PySpark's own default tolerates at least
+#: 10 minutes, which serves a batch job waiting out a server restart; a streaming query
+#: does not survive its server, so a run has nothing to wait for.
+SERVER_RETRY_S = 30
+
+
+def _bound_retries(spark: SparkSession) -> None:
+    """Give the session's client a retry policy that gives up after about
+    :data:`SERVER_RETRY_S` of an unreachable server (sessions sparkonce builds only; a
+    user's own session keeps its own policy)."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client: Any = getattr(spark, "client", None)
+    if client is None or not hasattr(client, "set_retry_policies"):
+        return
+    # Waits of 0.25, 0.5, 1, 2, 4, 8 and 8 s (plus jitter): about 24 s, then one more try.
+    client.set_retry_policies(
+        [
+            DefaultPolicy(
+                max_retries=7, backoff_multiplier=2.0, initial_backoff=250, max_backoff=8000
+            )
+        ]
+    )
 
 
 def is_connect(spark: object) -> bool:
