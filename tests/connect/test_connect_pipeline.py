@@ -134,10 +134,12 @@ def test_a_pipeline_connect_cannot_run_is_refused_before_the_epoch(
         p.run(connect_spark)
     assert not (tmp_path / "chk").exists()  # nothing was read or written
 
-    # A SQLite pipeline refused for what it asks (an on_batch callback) writes no owner row.
+    # A SQLite pipeline refused for what it asks (task faults) writes no owner row.
+    from sparkonce.faults import FaultPlan
+
     q = pipeline(tmp_path, log_dir)
-    with pytest.raises(ConfigError, match="do not support the on_batch callback"):
-        q.run(connect_spark, on_batch=lambda b: None)
+    with pytest.raises(ConfigError, match="do not support injected task faults"):
+        q.run(connect_spark, faults=FaultPlan(fail_tasks=frozenset({"read"})))
     db = tmp_path / "sink.db"
     assert not db.exists() or read(db, "SELECT COUNT(*) FROM sparkonce_owner") == [(0,)]
 
@@ -548,3 +550,57 @@ def test_a_commit_killed_at_each_crash_point_on_connect_loses_and_repeats_nothin
     counts = Counter(v for (v,) in read(db, "SELECT value FROM out"))
     assert sorted(counts) == list(range(1, 61))
     assert set(counts.values()) == {1}, {v: n for v, n in counts.items() if n > 1}
+
+
+@pytest.mark.campaign_lane
+def test_observers_and_on_batch_on_connect_get_each_batch_from_the_ledger(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """The batches commit in the server; the client hands each committed batch to the
+    observers and to on_batch as its ledger entry appears, with Spark's progress from the
+    listener, the lag from the source, and the end; an on_batch that raises stops the
+    query and fails the run."""
+    from sparkonce.observe.base import RunObserver
+
+    class Seen(RunObserver):
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+            self.batches: list[int] = []
+            self.lag: dict[Any, int] = {}
+
+        def on_start(self, start: Any) -> None:
+            self.calls.append("start")
+
+        def on_batch(self, report: Any) -> None:
+            self.batches.append(report.result.seq)
+
+        def on_progress(self, progress: Any) -> None:
+            self.calls.append("progress")
+
+        def on_lag(self, lag: Any) -> None:
+            self.lag = dict(lag)
+
+        def on_end(self, report: Any) -> None:
+            self.calls.append("end")
+
+    log_dir = make_log(120, partitions=2)
+    p = pipeline(tmp_path, log_dir)
+    seen, got = Seen(), list[Any]()
+    report = p.run(connect_spark, observer=seen, on_batch=got.append)
+    entries = read(tmp_path / "sink.db", "SELECT seq, row_count FROM sparkonce_ledger ORDER BY seq")
+    assert report.batches_committed == len(entries) >= 3
+    assert [b.result.seq for b in got] == [seq for seq, _ in entries] == seen.batches
+    assert [b.result.row_count for b in got] == [n for _, n in entries]
+    assert seen.calls[0] == "start" and seen.calls[-1] == "end"
+    assert "progress" in seen.calls  # the listener's, from the server
+    assert seen.lag and set(seen.lag.values()) == {0}  # all read at the end
+
+    # An on_batch that raises fails the run and stops the query in the server.
+    make_log(60, partitions=2, start=121)
+
+    def fail(_batch: Any) -> None:
+        raise RuntimeError("on_batch refused this batch")
+
+    with pytest.raises(RuntimeError, match="on_batch refused"):
+        p.run(connect_spark, on_batch=fail)
+    assert not [q for q in connect_spark.streams.active]

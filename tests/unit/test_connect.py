@@ -23,8 +23,8 @@ from sparkonce.observe.report import RunReport
 from sparkonce.offsets import BatchRanges
 from sparkonce.pipeline.connect import (
     ConnectBatch,
+    LedgerFeed,
     _release_on_server_only,
-    connect_report,
 )
 
 
@@ -110,14 +110,34 @@ def test_the_report_counts_replays_from_the_ledger_not_from_input_rows() -> None
         _entry(2, 2, 2),
         _entry(3, 1, 4, checkpoint="q0"),
     ]
-    pipeline: Any = SimpleNamespace(name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger))
+    source = SimpleNamespace(committed=lambda _name, _ranges: None)
+    pipeline: Any = SimpleNamespace(
+        name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger), source=source
+    )
     progress = [SimpleNamespace(batchId=b, numInputRows=0) for b in (1, 2, 3, 4)]
     query: Any = SimpleNamespace(recentProgress=progress)
     report = RunReport("c1", 2, "checkpoint")
-    connect_report(pipeline, report, query, "q1")
+    LedgerFeed(pipeline, report).finish(query, "q1")
     assert report.batches_committed == 1 and report.rows_committed == 10
     assert [b.spark_batch_id for b in report.batches] == [2]
     assert (report.batches_skipped, report.batches_empty) == (1, 2)
+
+
+def test_the_feed_hands_each_new_entry_of_the_epoch_to_the_hooks_once_in_ledger_order() -> None:
+    ledger = [_entry(0, 1, 0), _entry(1, 2, 1)]
+    told: list[Any] = []
+    source = SimpleNamespace(committed=lambda name, ranges: told.append(("source", name)))
+    pipeline: Any = SimpleNamespace(
+        name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger), source=source
+    )
+    report = RunReport("c1", 2, "checkpoint")
+    feed = LedgerFeed(pipeline, report, [lambda b: told.append(("hook", b.spark_batch_id))])
+    feed.poll()
+    ledger.append(_entry(2, 2, 2))
+    feed.poll()
+    feed.poll()
+    assert told == [("source", "c1"), ("hook", 1), ("source", "c1"), ("hook", 2)]
+    assert [b.result.seq for b in report.batches] == [1, 2] and report.batches_committed == 2
 
 
 class _Client:

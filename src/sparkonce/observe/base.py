@@ -153,8 +153,13 @@ class RunWatch:
 
     # -- the runner's calls -----------------------------------------------------------------
 
-    def start(self, spark: SparkSession, start: RunStart) -> None:
-        """On the thread that runs the pipeline, after the epoch, before the query."""
+    def start(self, spark: SparkSession, start: RunStart, *, listen: bool = True) -> None:
+        """On the thread that runs the pipeline, after the epoch, before the query.
+
+        ``listen`` False: no ``StreamingQueryListener``; the runner passes each progress
+        on itself (:meth:`polled`). On a Spark Connect session PySpark 4.2's client-side
+        listener thread dies at the first observed-metrics message of a query that runs
+        Python code (``UNKNOWN_RESPONSE``, seen here), so the runner polls there."""
         with self._lock:
             self._committed = dict(start.end_offsets)
         self._call("on_start", start)
@@ -162,6 +167,8 @@ class RunWatch:
             target=self._lag_loop, name=f"sparkonce-lag-{self.pipeline}", daemon=True
         )
         self._lag_thread.start()
+        if not listen:
+            return
         try:
             self._listener = _listener(self)
             spark.streams.addListener(self._listener)
@@ -241,6 +248,10 @@ class RunWatch:
                 self._call("on_lag", lag)
             if self._done.wait(self.lag_interval):
                 return
+
+    def polled(self, progress: StreamingQueryProgress) -> None:
+        """A progress of the run's query that the runner read from the query itself."""
+        self._progress(progress)
 
     def _progress(self, progress: StreamingQueryProgress) -> None:
         if self.query_id is None or str(progress.id) != self.query_id:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import (
@@ -52,13 +53,7 @@ CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
 
 
-def refuse_on_connect(
-    pipeline: PipelineSpec,
-    *,
-    faults: FaultPlan,
-    observed: bool,
-    on_batch: bool,
-) -> None:
+def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
     """Raise :class:`ConfigError` for what cannot run on a Spark Connect session yet.
 
     Called before anything is read or written (no epoch is taken): each message names
@@ -76,10 +71,6 @@ def refuse_on_connect(
         what = f"a checkpoint that is not a local path ({pipeline.checkpoint_location})"
     elif faults.fail_tasks or faults.pause_tasks:
         what = "injected task faults (SPARKONCE_FAIL_TASKS, SPARKONCE_PAUSE_TASKS)"
-    elif observed:
-        what = "run observers (metrics, the progress display, the ui)"
-    elif on_batch:
-        what = "the on_batch callback (batches commit in the Spark server's Python worker)"
     if what is not None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
@@ -184,41 +175,76 @@ def _release_on_server_only(df: DataFrame) -> None:
         plan._relation_id = None
 
 
-def connect_report(
-    pipeline: PipelineSpec, report: RunReport, query: StreamingQuery, checkpoint_id: str | None
-) -> None:
-    """Fill ``report`` once the query has ended, from the ledger and the query's progress.
+class LedgerFeed:
+    """The user's process's view of a run on a Spark Connect session, from the ledger.
 
-    The batches this run's epoch committed are its ledger entries. A batch of the query's
-    progress that this epoch did not commit was skipped if an earlier epoch's entry holds
-    it (the same Spark batch of the same checkpoint: a replay), else it was empty. Input
-    rows cannot tell: a skipped batch is never read, so Spark counts 0 rows for it."""
-    ledger = list(pipeline.sink.ledger(pipeline.name))
-    committed = [e for e in ledger if e.epoch == report.epoch]
-    ids = {e.spark_batch_id for e in committed}
-    earlier = {
-        e.spark_batch_id
-        for e in ledger
-        if e.epoch != report.epoch and e.checkpoint_id == checkpoint_id
-    }
-    for e in committed:
-        result = CommitResult(False, e.row_count, e.seq)
-        report.batches.append(
-            BatchReport(e.spark_batch_id or 0, e.ranges, result, e.commit_seconds or 0.0)
-        )
-        report.batches_committed += 1
-        report.rows_committed += e.row_count
-        report.rows_written += e.row_count
-    try:
-        progress = list(query.recentProgress)
-    except Exception as exc:  # monitoring only
-        log.debug("pipeline %s: could not read the query's progress: %s", pipeline.name, exc)
-        progress = []
-    for bid in sorted({int(p.batchId) for p in progress} - ids):
-        if bid in earlier:
-            report.batches_skipped += 1
-        else:
-            report.batches_empty += 1
+    The batches commit in the server's Python worker, so the client learns of each from
+    the sink's ledger: :meth:`poll` (every second while the query runs, when someone
+    listens: run observers or ``on_batch``) turns each new entry of this run's epoch into a
+    :class:`BatchReport`, adds it to the run report, and hands it to the source's
+    ``committed`` hook, the observers and ``on_batch``, in ledger order. :meth:`finish`
+    reads the rest once the query has ended and counts the batches it did not commit."""
+
+    def __init__(
+        self,
+        pipeline: PipelineSpec,
+        report: RunReport,
+        hooks: Sequence[Callable[[BatchReport], None]] = (),
+    ) -> None:
+        self.pipeline = pipeline
+        self.report = report
+        self.hooks = tuple(hooks)
+        self._seen: set[int] = set()  # the seqs already reported
+
+    def poll(self) -> None:
+        """Report the entries of this run's epoch that appeared since the last call."""
+        p, report = self.pipeline, self.report
+        for e in p.sink.ledger(p.name):
+            if e.epoch != report.epoch or e.seq in self._seen:
+                continue
+            self._seen.add(e.seq)
+            batch = BatchReport(
+                e.spark_batch_id or 0,
+                e.ranges,
+                CommitResult(False, e.row_count, e.seq),
+                e.commit_seconds or 0.0,
+            )
+            report.batches.append(batch)
+            report.batches_committed += 1
+            report.rows_committed += e.row_count
+            report.rows_written += e.row_count
+            try:
+                p.source.committed(p.name, e.ranges)
+            except Exception as exc:  # monitoring only: the ledger holds the truth
+                log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
+            for hook in self.hooks:
+                hook(batch)
+
+    def finish(self, query: StreamingQuery, checkpoint_id: str | None) -> None:
+        """Once the query has ended: the entries not yet reported, then the batches of the
+        query's progress that this epoch did not commit. Such a batch was skipped if an
+        earlier epoch's entry holds it (the same Spark batch of the same checkpoint: a
+        replay), else it was empty. Input rows cannot tell: a skipped batch is never read,
+        so Spark counts 0 rows for it."""
+        self.poll()
+        ids = {b.spark_batch_id for b in self.report.batches}
+        earlier = {
+            e.spark_batch_id
+            for e in self.pipeline.sink.ledger(self.pipeline.name)
+            if e.epoch != self.report.epoch and e.checkpoint_id == checkpoint_id
+        }
+        try:
+            progress = list(query.recentProgress)
+        except Exception as exc:  # monitoring only
+            log.debug(
+                "pipeline %s: could not read the query's progress: %s", self.pipeline.name, exc
+            )
+            progress = []
+        for bid in sorted({int(p.batchId) for p in progress} - ids):
+            if bid in earlier:
+                self.report.batches_skipped += 1
+            else:
+                self.report.batches_empty += 1
 
 
 def server_gone(pipeline: PipelineSpec, exc: BaseException) -> None:

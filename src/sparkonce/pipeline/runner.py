@@ -35,11 +35,12 @@ pipeline is recognised from the ledger alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import (
     RUNBOOKS,
@@ -363,9 +364,7 @@ def run_pipeline(
     if is_connect(spark):
         from sparkonce.pipeline.connect import refuse_on_connect
 
-        refuse_on_connect(
-            pipeline, faults=plan, observed=observer is not None, on_batch=on_batch is not None
-        )
+        refuse_on_connect(pipeline, faults=plan)
     watch = None if observer is None else RunWatch(observer, pipeline.name, pipeline.source)
     report: RunReport | None = None
     try:
@@ -459,11 +458,20 @@ def _run(
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
         handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch, faults)
-        notes = _ProgressNotes(pipeline, report)
-        trigger = Trigger.parse(pipeline.trigger)
         connect = is_connect(spark)
+        # On Connect the observers get Spark's progress from these notes, not a listener.
+        polled = watch.polled if watch is not None and connect else None
+        notes = _ProgressNotes(pipeline, report, polled)
+        trigger = Trigger.parse(pipeline.trigger)
         batch_function: Callable[[DataFrame, int], None] = handler
+        feed = None
         if connect:
+            from sparkonce.pipeline.connect import LedgerFeed
+
+            # The batches commit beside the server: this process learns of each from the
+            # ledger, and passes it on to the observers and on_batch.
+            hooks = [h for h in (None if watch is None else watch.batch, on_batch) if h]
+            feed = LedgerFeed(pipeline, report, hooks)
             # The function is pickled and runs beside the Spark server: plain values only.
             from sparkonce.pipeline.connect import ConnectBatch
 
@@ -495,7 +503,8 @@ def _run(
         )
         if watch is not None:
             watch.planned(out)  # the scans of the source, which Spark's progress adds up
-            watch.start(spark, RunStart(pipeline.name, owner.epoch, resumed, dict(ledger_end)))
+            run_start = RunStart(pipeline.name, owner.epoch, resumed, dict(ledger_end))
+            watch.start(spark, run_start, listen=not connect)
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
             query = writer.start()
@@ -507,6 +516,8 @@ def _run(
                 # within a second, and handled here, in the main thread, between batches.
                 while not query.awaitTermination(1):
                     notes(query)
+                    if feed is not None and feed.hooks:
+                        _poll(feed, query)
                     if stop is not None and stop.is_set():
                         why = _stopped(pipeline, handler, stop)
                         handler.stop_between_batches(query, why)
@@ -554,10 +565,8 @@ def _run(
         notes(query, everything=True)
         if isinstance(handler.error, SparkOnceError):
             raise handler.error
-        if connect:
-            from sparkonce.pipeline.connect import connect_report
-
-            connect_report(pipeline, report, query, checkpoint.query_id())
+        if feed is not None:
+            feed.finish(query, checkpoint.query_id())
         report.end_offsets = sink.end_offsets(pipeline.name)
         return report
     finally:
@@ -571,14 +580,32 @@ QUERY_START_ATTEMPTS = 3
 _WORKER_START_TIMEOUT = "Python worker failed to connect back"
 
 
+def _poll(feed: Any, query: StreamingQuery) -> None:
+    """Report the batches a Connect query committed since the last poll; an ``on_batch``
+    that raises stops the query (it runs in the server, which would otherwise go on) and
+    fails the run, as it fails the batch on a classic session."""
+    try:
+        feed.poll()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            query.stop()
+        raise
+
+
 class _ProgressNotes:
     """Reads Spark's progress of the batches reported since the last call: what the dedup
     steps did goes to the log and ``report.dedup``. Monitoring only: a failure to read it
     is logged at debug level and changes nothing."""
 
-    def __init__(self, pipeline: PipelineSpec, report: RunReport) -> None:
+    def __init__(
+        self,
+        pipeline: PipelineSpec,
+        report: RunReport,
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.report = report
+        self.on_progress = on_progress
         self.seen = -1  # the last Spark batch id whose progress was read
 
     def __call__(self, query: StreamingQuery, *, everything: bool = False) -> None:
@@ -593,6 +620,8 @@ class _ProgressNotes:
             for progress in entries:
                 self.seen = max(self.seen, int(progress["batchId"]))
                 self._note(progress)
+                if self.on_progress is not None:
+                    self.on_progress(progress)
         except Exception as exc:  # monitoring only; the JVM may be going away on a signal
             log.debug(
                 "pipeline %s: could not read the query's progress: %s", self.pipeline.name, exc
