@@ -1,12 +1,15 @@
 """A local Spark Connect server for the tests: a classic session with Spark's Connect
-plugin (the installed PySpark's own jars), serving gRPC on the port given as argv[1].
-Prints "ready" once it listens and runs until its stdin closes."""
+plugin (the installed PySpark's own jars) and Spark's Kafka connector (the pinned jars,
+scripts/fetch-jars.sh), serving gRPC on the port given as argv[1]. Prints "ready" once it
+listens and runs until its stdin closes."""
 
 from __future__ import annotations
 
 import sys
 
 from pyspark.sql import SparkSession
+
+from sparkonce.spark.jars import find_jars
 
 
 def main(port: int) -> None:
@@ -19,6 +22,7 @@ def main(port: int) -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.jars", ",".join(find_jars("spark-kafka")))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

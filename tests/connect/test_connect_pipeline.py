@@ -604,3 +604,46 @@ def test_observers_and_on_batch_on_connect_get_each_batch_from_the_ledger(
     with pytest.raises(RuntimeError, match="on_batch refused"):
         p.run(connect_spark, on_batch=fail)
     assert not [q for q in connect_spark.streams.active]
+
+
+@pytest.mark.campaign_lane
+def test_spark_kafka_source_on_connect_is_exact_across_a_replay_and_refused_into_kafka_sink(
+    connect_spark: SparkSession, tmp_path: Path, kafka_broker: Any, kafka_topic: Any
+) -> None:
+    """Spark's Kafka connector, in the Connect server, into SQLite (read with sqlite3): each
+    record once, and a replay after a restart skipped. Into KafkaSink it is refused before
+    the epoch: without the JVM plan, the tasks of a replay cannot be named."""
+    from sparkonce import KafkaSink, SparkKafkaSource
+
+    topic = kafka_topic("in", partitions=2)
+    _produce(kafka_broker.bootstrap, topic, 1, 100)
+    db = tmp_path / "sink.db"
+    p = Pipeline(
+        name="sk",
+        source=SparkKafkaSource(kafka_broker.bootstrap, topic, max_records_per_batch=30),
+        sink=sink_from_url(f"sqlite:///{db}", "out"),
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: df.select(
+            "record_id", F.col("value").cast("string").cast("long").alias("value")
+        ),
+    )
+    first = p.run(connect_spark)
+    assert first.batches_committed >= 3 and first.rows_committed == 100
+    forget_last_commit(tmp_path / "chk")
+    _produce(kafka_broker.bootstrap, topic, 101, 130)
+    again = p.run(connect_spark)
+    assert again.batches_skipped == 1 and again.rows_committed == 30
+    counts = Counter(v for (v,) in read(db, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 131)) and set(counts.values()) == {1}
+
+    into_kafka = Pipeline(
+        name="sk2",
+        source=SparkKafkaSource(kafka_broker.bootstrap, topic),
+        sink=KafkaSink(kafka_broker.bootstrap, kafka_topic("out", partitions=1)),
+        checkpoint=tmp_path / "chk2",
+        transform=lambda df: df.select(F.col("value").cast("string").alias("value")),
+    )
+    with pytest.raises(ConfigError, match="into KafkaSink") as refused:
+        into_kafka.run(connect_spark)
+    assert "no epoch was taken" in str(refused.value)
+    assert not (tmp_path / "chk2").exists()

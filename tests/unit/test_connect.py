@@ -302,3 +302,18 @@ def test_the_fault_plan_pickles_with_the_batch_function_without_its_hits(tmp_pat
     back = pickle.loads(pickle.dumps(fn)).faults
     assert (back.crash, back.events) == (plan.crash, plan.events)
     assert back._hits == {} and plan._hits  # the worker counts its own hits
+
+
+def test_a_kafka_source_pickles_without_its_monitoring_consumer() -> None:
+    """The client's source has reported progress (its monitoring consumer is open) before
+    the next run's batch function carries it to the server."""
+    import threading
+
+    from sparkonce.sources import KafkaSource, SparkKafkaSource
+
+    for kind in (KafkaSource, SparkKafkaSource):
+        source = kind("127.0.0.1:9", "in")
+        source._committer, source._committer_group = threading.Lock(), "g"  # unpicklable
+        back = pickle.loads(pickle.dumps(source))
+        assert back._committer is None and back._committer_group is None
+        assert back.describe() == source.describe() and source._committer is not None

@@ -35,6 +35,7 @@ from sparkonce.sinks.sql import PostgresSink, SQLiteSink
 from sparkonce.sinks.twophase import PostgresTwoPhaseSink
 from sparkonce.sources.embedded import EmbeddedLogSource
 from sparkonce.sources.kafka import KafkaSource
+from sparkonce.sources.spark_kafka import SparkKafkaSource
 from sparkonce.spark.checkpoint import Checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +50,7 @@ log = logging.getLogger("sparkonce.run")
 
 #: The sinks and sources a pipeline on a Spark Connect session may use today.
 CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink)
-CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource)
+CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource, SparkKafkaSource)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
 
 
@@ -67,6 +68,14 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
         what = f"the sink {pipeline.sink.describe()}"
     elif type(pipeline.source) not in CONNECT_SOURCES:
         what = f"the source {pipeline.source.describe()}"
+    elif isinstance(pipeline.sink, KafkaSink) and not pipeline.source.stable_task_numbers:
+        # KafkaSink names a replay's tasks by their input; without the JVM plan to find it,
+        # only a source with stable task numbers will do (see spark/kafka_lineage.py).
+        what = (
+            f"the source {pipeline.source.describe()} into KafkaSink (Spark's Kafka "
+            "connector can number a replay's tasks differently, and a Connect session has "
+            "no plan to tell; KafkaSource, whose numbers are stable, works)"
+        )
     elif Checkpoint(pipeline.checkpoint_location).remote:
         what = f"a checkpoint that is not a local path ({pipeline.checkpoint_location})"
     elif faults.fail_tasks or faults.pause_tasks:
@@ -74,8 +83,9 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
     if what is not None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
-            "On Connect, sparkonce runs the embedded log or KafkaSource into SQLite, "
-            "PostgreSQL (two-phase too) or KafkaSink. Nothing was changed (no epoch was taken)."
+            "On Connect, sparkonce runs the embedded log, KafkaSource or SparkKafkaSource into "
+            "SQLite, PostgreSQL (two-phase too) or KafkaSink (not from SparkKafkaSource). "
+            "Nothing was changed (no epoch was taken)."
         )
 
 

@@ -356,6 +356,13 @@ class KafkaSource(Source):
                 "progress); check the group's ACLs if lag monitoring matters."
             )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the monitoring consumer of :meth:`committed` (a Spark Connect
+        batch function carries the source to the server; a copy opens its own)."""
+        state = dict(self.__dict__)
+        state["_committer"] = state["_committer_group"] = None
+        return state
+
     def close(self) -> None:
         """Close the monitoring consumer of :meth:`committed`, if one was opened."""
         committer, self._committer, self._committer_group = self._committer, None, None

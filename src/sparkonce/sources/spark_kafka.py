@@ -337,7 +337,16 @@ def _check_options(options: Mapping[str, str | int | float | bool] | None) -> di
 
 
 def _missing_connector(spark: SparkSession) -> str:
-    jars = spark_jars(spark) or "(none)"
+    listed = spark_jars(spark)
+    if listed is None:  # a Spark Connect session: the server's classpath, not ours
+        return (
+            "SparkKafkaSource needs Spark's Kafka connector "
+            "(org.apache.spark:spark-sql-kafka-0-10_2.13 and its kafka-clients and commons-pool2) "
+            "on the Spark Connect server's classpath, which does not have it. Start the server "
+            "with them (start-connect-server.sh --jars ..., or spark.jars in its configuration); "
+            f"the pinned jars: {fetch_hint('spark-kafka')}"
+        )
+    jars = listed or "(none)"
     found = spark_kafka_jars()
     where = (
         f"found here: {', '.join(found)}; build the session with them"
