@@ -647,3 +647,30 @@ def test_spark_kafka_source_on_connect_is_exact_across_a_replay_and_refused_into
         into_kafka.run(connect_spark)
     assert "no epoch was taken" in str(refused.value)
     assert not (tmp_path / "chk2").exists()
+
+
+@pytest.mark.campaign_lane
+def test_a_stateful_aggregation_on_connect_is_exact_across_a_replay(
+    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
+) -> None:
+    """State in the server's checkpoint: a count per key (update mode, upsert by key). After
+    Spark forgets its last batch, the replay is skipped by the ledger, and the final counts
+    are those of a run that never failed (read with sqlite3)."""
+    log_dir = make_log(90, partitions=3, keys=4)
+    db = tmp_path / "sink.db"
+    p = Pipeline(
+        name="agg",
+        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=10),
+        sink=sink_from_url(f"sqlite:///{db}", "out", mode="upsert", keys=["key"]),
+        checkpoint=tmp_path / "chk",
+        transform=lambda df: df.groupBy(F.col("key").cast("string").alias("key")).count(),
+        output_mode="update",
+    )
+    first = p.run(connect_spark)
+    assert first.batches_committed >= 3
+    forget_last_commit(tmp_path / "chk")
+    make_log(30, partitions=3, keys=4, start=91)
+    again = p.run(connect_spark)
+    assert again.batches_skipped == 1, again
+    expected = Counter(f"k{v % 4}" for v in range(1, 121))
+    assert dict(read(db, "SELECT key, count FROM out")) == dict(expected)
