@@ -428,7 +428,14 @@ class ArrowSettings:
     Without ``access_key`` (and not ``anonymous``) pyarrow's AWS client finds credentials
     itself: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
     ``~/.aws``, then the EC2 instance's role, in the process that reads (on Connect,
-    the server's Python worker too).
+    the server's Python worker too). On a Spark Connect session that is always the way:
+    the server hands out no secret setting (measured on PySpark 4.2's Connect server:
+    ``spark.conf.get`` of ``spark.hadoop.fs.s3a.access.key``, ``.secret.key`` and
+    ``.aws.credentials.provider`` raises ``SQL_CONF_NOT_FOUND``, and ``getAll`` leaves
+    them and any ``...token...`` key out, though they were set), so keys the server's S3A
+    uses from its configuration are not the client's to carry; give both processes the
+    AWS environment (or an instance role), or build the settings with the keys
+    (``dataclasses.replace(settings, access_key=..., secret_key=...)``).
     """
 
     endpoint: str | None = None  # host[:port] (fs.s3a.endpoint without its scheme)
@@ -512,7 +519,9 @@ class ArrowSettings:
 
         On Connect the session's configuration is all there is (``spark.conf``: the
         ``spark.hadoop.fs.s3a.*`` the server was started with and any set on the session,
-        in one round trip). On a classic session the Hadoop configuration of its
+        in one round trip), without its secrets, which the server keeps to itself: the
+        credentials then come from the AWS chain of the process that reads (see the class's
+        docstring). On a classic session the Hadoop configuration of its
         SparkContext comes first, as it is what :class:`HadoopFiles` and Spark's checkpoint
         writer use (settings put there directly, not through ``spark.hadoop.*``, count);
         ``spark.conf`` fills what it lacks."""

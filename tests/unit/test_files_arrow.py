@@ -137,6 +137,13 @@ def test_a_connect_session_reads_remote_locations_through_pyarrow(tmp_path: Path
     assert files.settings == ArrowSettings.from_hadoop(MOTO_LIKE)
     assert isinstance(files_for(str(tmp_path), spark), LocalFiles)
     assert ArrowSettings.of(spark) == files.settings
+    # What a real Connect server gives: its secret settings are left out of getAll (seen
+    # on PySpark 4.2's), so the credentials are the AWS chain's where the files are read.
+    hidden = ("access.key", "secret.key", "session.token", "credentials.provider")
+    given = {k: v for k, v in conf.items() if not k.endswith(hidden)}
+    settings = ArrowSettings.of(_connect_session(given))
+    assert settings.credentials == "default AWS chain" and settings.endpoint == "127.0.0.1:9000"
+    assert "access_key" not in settings.s3_options()
     # A classic session still reads through its JVM (HadoopFiles asks for it).
     classic = SimpleNamespace(_jvm=object(), _jsc=SimpleNamespace(hadoopConfiguration=dict))
     assert isinstance(files_for("s3a://bucket/ck", classic), HadoopFiles)  # type: ignore[arg-type]
