@@ -1,4 +1,5 @@
-"""Files on any filesystem Spark can reach: local paths directly, the rest through Hadoop.
+"""Files on any filesystem Spark can reach: local paths directly, the rest through Hadoop
+(or pyarrow, where there is no JVM).
 
 A pipeline's checkpoint and a Delta table's ledger files live wherever the user puts
 them: a local directory, or ``s3a://``, ``hdfs://``, ``abfs://``, ``gs://`` and any
@@ -122,8 +123,9 @@ class Files(Protocol):
         ...
 
     def write_text(self, path: str, text: str, *, overwrite: bool) -> bool:
-        """Write ``text`` through a temporary file and a rename. Without ``overwrite`` a
-        file already there is kept (returns False)."""
+        """Write ``text`` so that readers see the old file or the whole new one: through a
+        temporary file and a rename, or on S3 through pyarrow as one object. Without
+        ``overwrite`` a file already there is kept (returns False)."""
         ...
 
     def delete(self, path: str) -> None:
