@@ -1,4 +1,5 @@
-"""Files on any filesystem Spark can reach: local paths directly, the rest through Hadoop.
+"""Files on any filesystem Spark can reach: local paths directly, the rest through Hadoop
+(or pyarrow, where there is no JVM).
 
 A pipeline's checkpoint and a Delta table's ledger files live wherever the user puts
 them: a local directory, or ``s3a://``, ``hdfs://``, ``abfs://``, ``gs://`` and any
@@ -13,6 +14,12 @@ and writes the few small files it needs there through one small interface,
   with the session's Hadoop configuration, which is exactly the filesystem Spark's
   own checkpoint writer and Delta use. So a location works for sparkonce if and only
   if it works for Spark, with the same credentials and settings (``spark.hadoop.*``).
+* :class:`ArrowFiles`, through :mod:`pyarrow.fs`, for where there is no JVM: a Spark
+  Connect client (no ``_jvm``, ``_jsc``) and the Spark server's Python worker that runs
+  a Connect pipeline's batch function. It reaches ``s3a://`` and ``s3://`` (pyarrow's
+  S3 client) and ``hdfs://`` (pyarrow's libhdfs binding), with the S3A settings the
+  user gave Spark, carried as plain values (:class:`ArrowSettings`), so that a process
+  without a session can rebuild it.
 
 Every path handed to these classes is a location string as :func:`location` returns
 it: an absolute local path, or a URL with its scheme. :func:`join` builds children
@@ -23,6 +30,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlparse
@@ -114,8 +123,9 @@ class Files(Protocol):
         ...
 
     def write_text(self, path: str, text: str, *, overwrite: bool) -> bool:
-        """Write ``text`` through a temporary file and a rename. Without ``overwrite`` a
-        file already there is kept (returns False)."""
+        """Write ``text`` so that readers see the old file or the whole new one: through a
+        temporary file and a rename, or on S3 through pyarrow as one object. Without
+        ``overwrite`` a file already there is kept (returns False)."""
         ...
 
     def delete(self, path: str) -> None:
@@ -378,11 +388,418 @@ def filesystem_error(path: str, exc: BaseException) -> ConfigError:
     )
 
 
-def files_for(loc: str, spark: SparkSession | None = None) -> Files:
-    """The :class:`Files` that reach ``loc``: local paths need no session; any other
-    location needs ``spark`` (or an active session)."""
+# --- without a JVM: pyarrow.fs ------------------------------------------------------------
+
+#: The schemes :class:`ArrowFiles` reaches; on a Spark Connect session a checkpoint elsewhere
+#: is refused (:func:`arrow_scheme_error`).
+ARROW_SCHEMES = ("s3a", "s3", "hdfs")
+# The S3A settings ArrowSettings reads (Hadoop names; Spark's are "spark.hadoop." + these).
+S3A_KEYS = (
+    "fs.s3a.endpoint",
+    "fs.s3a.endpoint.region",
+    "fs.s3a.path.style.access",
+    "fs.s3a.connection.ssl.enabled",
+    "fs.s3a.aws.credentials.provider",
+    "fs.s3a.access.key",
+    "fs.s3a.secret.key",
+    "fs.s3a.session.token",
+    "fs.s3a.connection.establish.timeout",
+    "fs.s3a.connection.timeout",
+    "fs.s3a.attempts.maximum",
+)
+_SPARK_HADOOP = "spark.hadoop."
+# Hadoop's time suffixes (Configuration.getTimeDuration), in seconds; S3A's timeouts without
+# one are milliseconds.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# The endpoint S3A uses when none is set: AWS itself, for which pyarrow needs no override.
+_AWS_GLOBAL_ENDPOINTS = {"", "s3.amazonaws.com"}
+
+
+@dataclass(frozen=True, repr=False)
+class ArrowSettings:
+    """How :class:`ArrowFiles` reaches S3: the S3A settings the user gave Spark
+    (``spark.hadoop.fs.s3a.*``), as plain values.
+
+    Plain and picklable on purpose: a Spark Connect pipeline's batch function runs in the
+    Spark server's Python worker, where there is no session to ask, so the user's process
+    builds these (:meth:`of`) and the function carries them. The keys are secrets: they
+    appear in no repr, str or log line (``credentials=`` says only where they come from);
+    the pickled function carries them as it carries the sink's store URL.
+
+    Without ``access_key`` (and not ``anonymous``) pyarrow's AWS client finds credentials
+    itself: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
+    ``~/.aws``, then the EC2 instance's role, in the process that reads (on Connect,
+    the server's Python worker too). On a Spark Connect session that is always the way:
+    the server hands out no secret setting (measured on PySpark 4.2's Connect server:
+    ``spark.conf.get`` of ``spark.hadoop.fs.s3a.access.key``, ``.secret.key`` and
+    ``.aws.credentials.provider`` raises ``SQL_CONF_NOT_FOUND``, and ``getAll`` leaves
+    them and any ``...token...`` key out, though they were set), so keys the server's S3A
+    uses from its configuration are not the client's to carry; give both processes the
+    AWS environment (or an instance role), or build the settings with the keys
+    (``dataclasses.replace(settings, access_key=..., secret_key=...)``).
+    """
+
+    endpoint: str | None = None  # host[:port] (fs.s3a.endpoint without its scheme)
+    scheme: str = "https"  # http when fs.s3a.connection.ssl.enabled is false
+    region: str | None = None  # fs.s3a.endpoint.region
+    path_style: bool = False  # fs.s3a.path.style.access
+    anonymous: bool = False  # an AnonymousAWSCredentialsProvider in the provider list
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    connect_timeout_s: float | None = None  # fs.s3a.connection.establish.timeout
+    request_timeout_s: float | None = None  # fs.s3a.connection.timeout
+    max_attempts: int | None = None  # fs.s3a.attempts.maximum
+
+    @property
+    def credentials(self) -> str:
+        """Where the S3 credentials come from, for messages (never the keys)."""
+        if self.anonymous:
+            return "anonymous"
+        if self.access_key:
+            return "session keys" if self.session_token else "keys"
+        return "default AWS chain"
+
+    def __repr__(self) -> str:
+        shown = [f"endpoint={self.endpoint!r}", f"scheme={self.scheme!r}"]
+        if self.region:
+            shown.append(f"region={self.region!r}")
+        if self.path_style:
+            shown.append("path_style=True")
+        shown.append(f"credentials={self.credentials!r}")
+        return f"ArrowSettings({', '.join(shown)})"
+
+    @classmethod
+    def from_hadoop(cls, conf: Mapping[str, str | None]) -> ArrowSettings:
+        """Settings from S3A's Hadoop names (``fs.s3a.endpoint``...); missing or empty
+        values keep pyarrow's defaults. Raises :class:`ConfigError` naming the setting (never
+        a secret's value) for one S3A would refuse too."""
+
+        def get(key: str) -> str | None:
+            value = conf.get(key)
+            return value.strip() if value is not None and value.strip() else None
+
+        endpoint = get("fs.s3a.endpoint")
+        scheme = "https" if _hadoop_bool(get("fs.s3a.connection.ssl.enabled"), True) else "http"
+        if endpoint is not None and "://" in endpoint:
+            parsed = urlparse(endpoint)
+            scheme, endpoint = parsed.scheme.lower(), parsed.netloc + parsed.path.rstrip("/")
+        if endpoint is not None and endpoint.lower() in _AWS_GLOBAL_ENDPOINTS:
+            endpoint = None
+        access, secret = get("fs.s3a.access.key"), get("fs.s3a.secret.key")
+        if (access is None) != (secret is None):
+            given, missing = ("access", "secret") if secret is None else ("secret", "access")
+            raise ConfigError(
+                f"spark.hadoop.fs.s3a.{given}.key is set without spark.hadoop.fs.s3a.{missing}"
+                ".key; set both, or neither to use the AWS credential chain (environment, "
+                "~/.aws, the instance's role)"
+            )
+        attempts = get("fs.s3a.attempts.maximum")
+        if attempts is not None and (not attempts.isdigit() or int(attempts) < 1):
+            raise ConfigError(
+                f"spark.hadoop.fs.s3a.attempts.maximum is {attempts!r}; give a whole number of "
+                "attempts, 1 or more"
+            )
+        return cls(
+            endpoint=endpoint,
+            scheme=scheme,
+            region=get("fs.s3a.endpoint.region"),
+            path_style=_hadoop_bool(get("fs.s3a.path.style.access"), False),
+            anonymous="anonymous" in (get("fs.s3a.aws.credentials.provider") or "").lower(),
+            access_key=access,
+            secret_key=secret,
+            session_token=get("fs.s3a.session.token") if access else None,
+            connect_timeout_s=_hadoop_seconds(conf, "fs.s3a.connection.establish.timeout"),
+            request_timeout_s=_hadoop_seconds(conf, "fs.s3a.connection.timeout"),
+            max_attempts=int(attempts) if attempts is not None else None,
+        )
+
+    @classmethod
+    def of(cls, spark: SparkSession) -> ArrowSettings:
+        """The settings of ``spark``'s S3A configuration, on a classic or a Connect session.
+
+        On Connect the session's configuration is all there is (``spark.conf``: the
+        ``spark.hadoop.fs.s3a.*`` the server was started with and any set on the session,
+        in one round trip), without its secrets, which the server keeps to itself: the
+        credentials then come from the AWS chain of the process that reads (see the class's
+        docstring). On a classic session the Hadoop configuration of its
+        SparkContext comes first, as it is what :class:`HadoopFiles` and Spark's checkpoint
+        writer use (settings put there directly, not through ``spark.hadoop.*``, count);
+        ``spark.conf`` fills what it lacks."""
+        conf: dict[str, str | None] = {}
+        if not _is_connect(spark):
+            hadoop = spark._jsc.hadoopConfiguration()
+            for key in S3A_KEYS:
+                value = hadoop.get(key)
+                if value is not None:
+                    conf[key] = str(value)
+        for key, value in spark.conf.getAll.items():
+            if key.startswith(_SPARK_HADOOP + "fs.s3a."):
+                conf.setdefault(key[len(_SPARK_HADOOP) :], value)
+        return cls.from_hadoop(conf)
+
+    def s3_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`pyarrow.fs.S3FileSystem` for these settings."""
+        options: dict[str, Any] = {"scheme": self.scheme, "anonymous": self.anonymous}
+        if self.access_key and not self.anonymous:
+            options.update(access_key=self.access_key, secret_key=self.secret_key)
+            if self.session_token:
+                options["session_token"] = self.session_token
+        if self.region:
+            options["region"] = self.region
+        if self.endpoint:
+            options["endpoint_override"] = self.endpoint
+            # pyarrow addresses buckets by path once an endpoint is given; S3A by host name
+            # unless path.style.access is set.
+            options["force_virtual_addressing"] = not self.path_style
+        if self.connect_timeout_s is not None:
+            options["connect_timeout"] = self.connect_timeout_s
+        if self.request_timeout_s is not None:
+            options["request_timeout"] = self.request_timeout_s
+        if self.max_attempts is not None:
+            from pyarrow.fs import AwsStandardS3RetryStrategy
+
+            options["retry_strategy"] = AwsStandardS3RetryStrategy(max_attempts=self.max_attempts)
+        return options
+
+
+def _hadoop_bool(value: str | None, default: bool) -> bool:
+    """As Hadoop's ``Configuration.getBoolean``: ``true``/``false`` in any case, else the
+    default."""
+    if value is not None and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return default
+
+
+def _hadoop_seconds(conf: Mapping[str, str | None], key: str) -> float | None:
+    """A Hadoop time setting in seconds (``15s``, ``200ms``, ``1m``; a bare number is
+    milliseconds, as S3A reads its timeouts); None when unset."""
+    value = conf.get(key)
+    if value is None or not value.strip():
+        return None
+    found = _DURATION.match(value)
+    if found is None:
+        raise ConfigError(
+            f"spark.hadoop.{key} is {value!r}, not a duration; write it as S3A does, such as "
+            "15s, 200ms or 15000 (milliseconds)"
+        )
+    return float(found.group(1)) * _UNIT_S[(found.group(2) or "ms").lower()]
+
+
+def _is_connect(spark: object) -> bool:
+    """Whether ``spark`` is a Spark Connect session: the rule of
+    :func:`sparkonce.spark.session.is_connect` (its session's class), repeated here because
+    that module sits above this one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def arrow_scheme_error(path: str) -> ConfigError:
+    """The error for a location :class:`ArrowFiles` cannot reach (a Connect session)."""
+    s = scheme(path)
+    return ConfigError(
+        f"{path}: on a Spark Connect session sparkonce reads the checkpoint without Spark's "
+        f"JVM, through pyarrow, which it does for {', '.join(f'{x}://' for x in ARROW_SCHEMES)} "
+        f"only, not {s}://. Use one of those, a local path that this process and the Spark "
+        "server both see, or a classic Spark session (SparkSession.builder.master(...)), which "
+        f"reads {s}:// through Spark's own Hadoop filesystem"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+class ArrowFiles:
+    """:class:`Files` through :mod:`pyarrow.fs`, for a process with no JVM to ask.
+
+    One pyarrow filesystem per scheme and bucket (or name node), made on first use, so
+    building one costs nothing and a location it cannot reach fails where it is first
+    used (``check_usable`` at the start of a run) with a :class:`ConfigError`.
+
+    Writes: on S3 an object appears whole or not at all (one PUT, or a multipart upload
+    completed in one request), so a file is written in place, with no temporary object to
+    leave behind; on HDFS through a temporary file and a rename. ``write_text`` with
+    ``overwrite=False`` checks that the file is missing and then writes: another writer
+    between the two wins or loses unseen, as with :class:`HadoopFiles` on ``s3a://``
+    (its check and rename, a copy on S3, are two requests too), and unlike HDFS through
+    the JVM, whose rename refuses an existing target (pyarrow's replaces it). sparkonce's
+    checkpoint readers only read; one writer per location is the pipeline's job, and the
+    sinks' epoch fencing keeps a second driver's output out.
+    """
+
+    def __init__(self, settings: ArrowSettings | None = None) -> None:
+        self.settings = settings if settings is not None else ArrowSettings()
+        self._fs: dict[tuple[str, str], Any] = {}
+
+    def __repr__(self) -> str:
+        return f"ArrowFiles({self.settings!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings, "_fs": {}}  # filesystems are made again where used
+
+    def _path(self, path: str) -> tuple[Any, str]:
+        parsed = urlparse(path)
+        s = parsed.scheme.lower()
+        if s not in ARROW_SCHEMES:
+            raise arrow_scheme_error(path)
+        key = (s, parsed.netloc)
+        fs = self._fs.get(key)
+        if fs is None:
+            fs = self._hdfs(path, parsed.netloc) if s == "hdfs" else self._s3(path)
+            self._fs[key] = fs
+        if s == "hdfs":
+            return fs, parsed.path or "/"
+        return fs, (parsed.netloc + parsed.path).rstrip("/")
+
+    def _s3(self, path: str) -> Any:
+        from pyarrow.fs import S3FileSystem
+
+        options = self.settings.s3_options()
+        try:
+            try:
+                # One PUT per small file instead of a multipart upload's three requests.
+                return S3FileSystem(**options, allow_delayed_open=True)
+            except TypeError:  # an older pyarrow: a multipart upload, as atomic
+                return S3FileSystem(**options)
+        except (OSError, ValueError) as exc:
+            raise arrow_error(path, exc, self.settings) from None
+
+    def _hdfs(self, path: str, netloc: str) -> Any:
+        from pyarrow.fs import HadoopFileSystem
+
+        try:
+            return HadoopFileSystem.from_uri(f"hdfs://{netloc}/")
+        except OSError as exc:
+            if "Unable to load lib" in str(exc):  # libjvm or libhdfs
+                raise ConfigError(
+                    f"{path}: without Spark's JVM sparkonce reads hdfs:// through pyarrow's "
+                    "HadoopFileSystem, which loads libhdfs and a Java runtime into the process "
+                    f"that reads (on Spark Connect also the server's Python worker): "
+                    f"{_first_line(exc)}. Set JAVA_HOME, ARROW_LIBHDFS_DIR (the directory of "
+                    "libhdfs.so; or HADOOP_HOME with lib/native) and CLASSPATH (the output of "
+                    "`hadoop classpath --glob`) there, or use a classic Spark session, which "
+                    "reads hdfs:// through its own JVM"
+                ) from None
+            raise arrow_error(path, exc, self.settings) from None
+
+    def _type(self, path: str) -> Any:
+        fs, p = self._path(path)
+        return fs.get_file_info(p).type
+
+    def exists(self, path: str) -> bool:
+        from pyarrow.fs import FileType
+
+        return bool(self._type(path) != FileType.NotFound)
+
+    def is_dir(self, path: str) -> bool:
+        from pyarrow.fs import FileType
+
+        return bool(self._type(path) == FileType.Directory)
+
+    def list_names(self, path: str) -> list[str]:
+        from pyarrow.fs import FileSelector
+
+        fs, p = self._path(path)
+        try:
+            infos = fs.get_file_info(FileSelector(p, allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [str(i.base_name) for i in infos]
+
+    def read_bytes(self, path: str) -> bytes | None:
+        fs, p = self._path(path)
+        try:
+            with fs.open_input_stream(p) as stream:
+                return bytes(stream.read())
+        except FileNotFoundError:
+            return None
+
+    def read_text(self, path: str) -> str | None:
+        data = self.read_bytes(path)
+        return None if data is None else data.decode("utf-8")
+
+    def write_text(self, path: str, text: str, *, overwrite: bool) -> bool:
+        from pyarrow.fs import FileType
+
+        fs, p = self._path(path)
+        if not overwrite and fs.get_file_info(p).type != FileType.NotFound:
+            return False
+        data = text.encode("utf-8")
+        if scheme(path) != "hdfs":  # S3: the object appears whole, in place
+            with fs.open_output_stream(p) as out:
+                out.write(data)
+            return True
+        tmp = f"{p}.{os.getpid()}.tmp"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        try:
+            fs.move(tmp, p)
+        except OSError:
+            fs.delete_file(tmp)
+            raise
+        return True
+
+    def delete(self, path: str) -> None:
+        from pyarrow.fs import FileType
+
+        fs, p = self._path(path)
+        kind = fs.get_file_info(p).type
+        if kind == FileType.NotFound:
+            return
+        if kind == FileType.Directory and scheme(path) != "hdfs" and "/" not in p:
+            raise ConfigError(f"{path} is a whole bucket; sparkonce deletes only paths inside one")
+        try:
+            if kind == FileType.Directory:
+                fs.delete_dir(p)
+            else:
+                fs.delete_file(p)
+        except FileNotFoundError:  # another process deleted it meanwhile
+            pass
+
+    def check_writable_dir(self, path: str, what: str) -> None:
+        from pyarrow.fs import FileType
+
+        fs, p = self._path(path)  # raises for a scheme it cannot reach
+        try:
+            kind = fs.get_file_info(p).type
+        except OSError as exc:
+            raise arrow_error(path, exc, self.settings) from None
+        if kind == FileType.File:
+            raise ConfigError(
+                f"{what} {path} is a file, not a directory. Operator action: point it at a "
+                "directory; it is created if missing"
+            )
+
+
+def arrow_error(path: str, exc: BaseException, settings: ArrowSettings) -> ConfigError:
+    """A clear error for a location pyarrow cannot reach, naming its first line and where
+    the credentials came from (never the keys)."""
+    where = f"endpoint {settings.endpoint}" if settings.endpoint else "AWS"
+    what = "pyarrow's HDFS client" if scheme(path) == "hdfs" else f"pyarrow's S3 client ({where})"
+    return ConfigError(
+        f"{path} cannot be reached through {what}: {_first_line(exc)}. Check the location, the "
+        f"credentials ({settings.credentials}) and the spark.hadoop.fs.s3a.* settings of the "
+        "session"
+    )
+
+
+def files_for(
+    loc: str, spark: SparkSession | None = None, *, settings: ArrowSettings | None = None
+) -> Files:
+    """The :class:`Files` that reach ``loc``.
+
+    Local paths need no session (:class:`LocalFiles`). With ``settings``, any other location
+    is read through pyarrow (:class:`ArrowFiles`), with no session at all: the way of a
+    process that has none, such as the Spark server's Python worker running a Connect
+    pipeline's batch function. Otherwise ``spark`` (or the active session) decides: a
+    classic session reads through its JVM (:class:`HadoopFiles`), a Spark Connect session,
+    which has none, through pyarrow with its S3A settings (:meth:`ArrowSettings.of`)."""
     if not is_remote(loc):
         return LocalFiles()
+    if settings is not None:
+        return ArrowFiles(settings)
     if spark is None:
         from pyspark.sql import SparkSession
 
@@ -392,4 +809,6 @@ def files_for(loc: str, spark: SparkSession | None = None) -> Files:
             f"{loc} is read through Spark's Hadoop filesystem, and this process has no Spark "
             "session; start one first (sparkonce.build_session) or use a local path"
         )
+    if _is_connect(spark):
+        return ArrowFiles(ArrowSettings.of(spark))
     return HadoopFiles(spark)

@@ -5,7 +5,10 @@ batch's source offsets, our offset ranges) and ``<checkpoint>/commits/<batchId>`
 after the batch's sink finished. sparkonce reads the offset log to learn which
 ranges a batch covers; it never trusts the checkpoint for progress (the ledger
 is the truth). The checkpoint may be on any filesystem Spark supports: it is read
-through :mod:`sparkonce.files`, the way Spark writes it.
+through :mod:`sparkonce.files`, the way Spark writes it on a classic session, and
+through pyarrow where there is no JVM (a Spark Connect client, and the Spark server's
+Python worker that runs a Connect pipeline's batches: ``s3a://``, ``s3://`` and
+``hdfs://``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from sparkonce.errors import CheckpointError
-from sparkonce.files import Files, files_for, is_remote, join, location
+from sparkonce.files import ArrowSettings, Files, files_for, is_remote, join, location
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -41,7 +44,8 @@ class Checkpoint:
     ``location`` is as :func:`sparkonce.files.location` returns it; ``files`` reads it
     (:func:`sparkonce.files.files_for`: local paths need no Spark session, other
     locations go through the session's Hadoop filesystem, as Spark's own checkpoint
-    writer does).
+    writer does, or through pyarrow on a Spark Connect session or with
+    :class:`~sparkonce.files.ArrowSettings`).
     """
 
     def __init__(self, location: str | Path, files: Files | None = None) -> None:
@@ -49,10 +53,22 @@ class Checkpoint:
         self.files: Files = files if files is not None else files_for(self.location)
 
     @classmethod
-    def open(cls, location: str | Path, spark: SparkSession | None = None) -> Checkpoint:
-        """The checkpoint at ``location``, read through ``spark`` when it is not local."""
+    def open(
+        cls,
+        location: str | Path,
+        spark: SparkSession | None = None,
+        *,
+        settings: ArrowSettings | None = None,
+    ) -> Checkpoint:
+        """The checkpoint at ``location``, read through ``spark`` when it is not local.
+
+        With ``settings`` (:meth:`ArrowSettings.of` a session, made where there is one) a
+        location that is not local is read through pyarrow with no session at all: for a
+        process that has none, such as the Spark server's Python worker that runs a Spark
+        Connect pipeline's batch function. A local location is read as a local path
+        either way."""
         loc = _location(location)
-        return cls(loc, files_for(loc, spark))
+        return cls(loc, files_for(loc, spark, settings=settings))
 
     @property
     def path(self) -> str:
