@@ -15,11 +15,14 @@ and writes the few small files it needs there through one small interface,
   own checkpoint writer and Delta use. So a location works for sparkonce if and only
   if it works for Spark, with the same credentials and settings (``spark.hadoop.*``).
 * :class:`ArrowFiles`, through :mod:`pyarrow.fs`, for where there is no JVM: a Spark
-  Connect client (no ``_jvm``, ``_jsc``) and the Spark server's Python worker that runs
-  a Connect pipeline's batch function. It reaches ``s3a://`` and ``s3://`` (pyarrow's
-  S3 client) and ``hdfs://`` (pyarrow's libhdfs binding), with the S3A settings the
-  user gave Spark, carried as plain values (:class:`ArrowSettings`), so that a process
-  without a session can rebuild it.
+  Connect client (:mod:`sparkonce.jvm` answers None there) and the Spark server's Python
+  worker that runs a Connect pipeline's batch function. It reaches ``s3a://`` and
+  ``s3://`` (pyarrow's S3 client) and ``hdfs://`` (pyarrow's libhdfs binding), with the
+  S3A settings the user gave Spark, carried as plain values (:class:`ArrowSettings`), so
+  that a process without a session can rebuild it. It reads a checkpoint on S3 about 2-3x
+  faster than :class:`HadoopFiles` (``benchmarks/connect_files.py``); classic sessions
+  keep :class:`HadoopFiles` all the same, for its parity with Spark: every Hadoop scheme
+  and S3A credential provider that Spark's own checkpoint writer uses.
 
 Every path handed to these classes is a location string as :func:`location` returns
 it: an absolute local path, or a URL with its scheme. :func:`join` builds children
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from sparkonce.errors import ConfigError, SparkOnceError
+from sparkonce.jvm import hadoop_conf, jvm
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -215,10 +219,11 @@ class HadoopFiles:
     """
 
     def __init__(self, spark: SparkSession) -> None:
-        jvm = spark._jvm
-        assert jvm is not None
-        self.jvm: Any = jvm
-        self.conf = spark._jsc.hadoopConfiguration()
+        gateway, conf = jvm(spark), hadoop_conf(spark)
+        if gateway is None or conf is None:
+            raise ConfigError("HadoopFiles needs a classic Spark session (a JVM in this process)")
+        self.jvm: Any = gateway
+        self.conf = conf
         self._fs: dict[tuple[str, str], Any] = {}
 
     def _path(self, path: str) -> tuple[Any, Any]:
@@ -528,8 +533,8 @@ class ArrowSettings:
         writer use (settings put there directly, not through ``spark.hadoop.*``, count);
         ``spark.conf`` fills what it lacks."""
         conf: dict[str, str | None] = {}
-        if not _is_connect(spark):
-            hadoop = spark._jsc.hadoopConfiguration()
+        hadoop = hadoop_conf(spark)  # None on Connect
+        if hadoop is not None:
             for key in S3A_KEYS:
                 value = hadoop.get(key)
                 if value is not None:
@@ -585,13 +590,6 @@ def _hadoop_seconds(conf: Mapping[str, str | None], key: str) -> float | None:
             "15s, 200ms or 15000 (milliseconds)"
         )
     return float(found.group(1)) * _UNIT_S[(found.group(2) or "ms").lower()]
-
-
-def _is_connect(spark: object) -> bool:
-    """Whether ``spark`` is a Spark Connect session: the rule of
-    :func:`sparkonce.spark.session.is_connect` (its session's class), repeated here because
-    that module sits above this one."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def arrow_scheme_error(path: str) -> ConfigError:
@@ -809,6 +807,6 @@ def files_for(
             f"{loc} is read through Spark's Hadoop filesystem, and this process has no Spark "
             "session; start one first (sparkonce.build_session) or use a local path"
         )
-    if _is_connect(spark):
+    if jvm(spark) is None:  # a Spark Connect session
         return ArrowFiles(ArrowSettings.of(spark))
     return HadoopFiles(spark)

@@ -5,6 +5,7 @@ refuse a local one), and client sessions of it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -31,10 +32,21 @@ class ConnectServer:
     """A Spark Connect server process (tests/connect/server.py) in a process group of its
     own, so a test can SIGKILL it with its JVM and Python workers at once."""
 
-    def __init__(self, log: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        log: Path,
+        port: int | None = None,
+        *,
+        conf: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``conf``: more settings of the server's session; ``env``: more environment for
+        the server and its Python workers."""
         self.port = port or _free_port()
         self.log = log
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+        env = dict(os.environ, **(env or {}), PYSPARK_PYTHON=sys.executable)
+        if conf:
+            env["SPARKONCE_TEST_CONNECT_CONF"] = json.dumps(conf)
         src = str(Path(__file__).resolve().parents[2] / "src")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
         # The server's output (and its Python workers', which print per batch) goes to a

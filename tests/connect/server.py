@@ -1,10 +1,14 @@
 """A local Spark Connect server for the tests: a classic session with Spark's Connect
 plugin (the installed PySpark's own jars) and Spark's Kafka connector (the pinned jars,
 scripts/fetch-jars.sh), serving gRPC on the port given as argv[1]. Prints "ready" once it
-listens and runs until its stdin closes."""
+listens and runs until its stdin closes. ``SPARKONCE_TEST_CONNECT_CONF`` (JSON, optional)
+holds more settings, such as S3A's for a server that writes checkpoints on S3; its
+``spark.jars`` are added to the connector's."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from pyspark.sql import SparkSession
@@ -13,7 +17,9 @@ from sparkonce.spark.jars import find_jars
 
 
 def main(port: int) -> None:
-    spark = (
+    extra = json.loads(os.environ.get("SPARKONCE_TEST_CONNECT_CONF", "{}"))
+    jars = [*find_jars("spark-kafka"), *filter(None, extra.pop("spark.jars", "").split(","))]
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("sparkonce-connect-tests")
         .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
@@ -22,9 +28,11 @@ def main(port: int) -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.jars", ",".join(find_jars("spark-kafka")))
-        .getOrCreate()
+        .config("spark.jars", ",".join(jars))
     )
+    for key, value in extra.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     print("ready", flush=True)
     sys.stdin.read()

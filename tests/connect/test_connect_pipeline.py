@@ -674,3 +674,73 @@ def test_a_stateful_aggregation_on_connect_is_exact_across_a_replay(
     assert again.batches_skipped == 1, again
     expected = Counter(f"k{v % 4}" for v in range(1, 121))
     assert dict(read(db, "SELECT key, count FROM out")) == dict(expected)
+
+
+_S3_PIPELINE_FILE = """
+from pyspark.sql import functions as F
+from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+
+pipeline = Pipeline(
+    name="s3c",
+    source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=10),
+    sink=sink_from_url({url!r}, "out"),
+    checkpoint={checkpoint!r},
+    transform=lambda df: df.select(
+        "record_id", F.col("value").cast("string").cast("long").alias("value")
+    ),
+)
+"""
+
+
+@pytest.mark.campaign_lane
+def test_a_checkpoint_on_s3_on_connect_is_read_through_pyarrow_across_a_replay(
+    tmp_path: Path, make_log: Callable[..., Path], s3: Any, s3_bucket: str
+) -> None:
+    """The server writes the checkpoint on S3 (moto) through S3A; the client and the
+    server's Python worker read it through pyarrow, with the server's S3A settings and the
+    keys from the AWS environment (a Connect server never hands out the secret ones). A
+    replay after Spark's last commit file was deleted (with boto3) is skipped, and SQLite
+    (read with sqlite3) holds every value once."""
+    import subprocess
+    import sys
+
+    from sparkonce.spark.jars import s3_jars
+    from tests.connect.conftest import ConnectServer
+    from tests.services.s3 import s3a_settings
+
+    keys = {
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_REGION": s3.region,
+    }
+    db = tmp_path / "sink.db"
+    pipeline_file = tmp_path / "pipeline.py"
+    pipeline_file.write_text(
+        _S3_PIPELINE_FILE.format(
+            log=str(make_log(60, partitions=2)),
+            url=f"sqlite:///{db}",
+            checkpoint=f"s3a://{s3_bucket}/chk",
+        )
+    )
+    conf = {**s3a_settings(s3), "spark.jars": ",".join(s3_jars())}
+    server = ConnectServer(tmp_path / "server.log", conf=conf, env=keys)
+    run = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", server.url]
+    env = {**client_env(), **keys}
+    try:
+        first = subprocess.run(run, capture_output=True, text=True, env=env, timeout=400)
+        assert first.returncode == 0, first.stderr[-3000:]
+        commits = sorted(
+            int(k.rsplit("/", 1)[1])
+            for k in s3.list_keys(s3_bucket, "chk/commits/")
+            if k.rsplit("/", 1)[1].isdigit()
+        )
+        assert len(commits) >= 3, commits
+        s3.client().delete_object(Bucket=s3_bucket, Key=f"chk/commits/{commits[-1]}")
+        make_log(20, partitions=2, start=61)
+        again = subprocess.run(run, capture_output=True, text=True, env=env, timeout=400)
+        assert again.returncode == 0, again.stderr[-3000:]
+    finally:
+        server.stop()
+    assert "skipped 1 replayed batch" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    counts = Counter(v for (v,) in read(db, "SELECT value FROM out"))
+    assert sorted(counts) == list(range(1, 81)) and set(counts.values()) == {1}

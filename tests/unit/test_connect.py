@@ -237,7 +237,7 @@ def test_kafka_task_keys_of_a_connect_frame_need_a_source_with_stable_numbers() 
 
 
 # Modules that still reach py4j themselves, each until its Connect route lands.
-_BRIDGE_USERS_LEFT = {"files.py", "spark/delta.py", "sinks/delta.py"}
+_BRIDGE_USERS_LEFT = {"spark/delta.py", "sinks/delta.py"}
 
 
 def test_only_the_jvm_module_reaches_into_py4j() -> None:

@@ -28,6 +28,7 @@ from sparkonce.errors import (
     SparkServerUnavailableError,
 )
 from sparkonce.faults import NO_FAULTS, FaultPlan
+from sparkonce.files import ArrowSettings
 from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.observe.report import BatchReport, RunReport
 from sparkonce.sinks.kafka import KafkaSink
@@ -76,8 +77,6 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
             "connector can number a replay's tasks differently, and a Connect session has "
             "no plan to tell; KafkaSource, whose numbers are stable, works)"
         )
-    elif Checkpoint(pipeline.checkpoint_location).remote:
-        what = f"a checkpoint that is not a local path ({pipeline.checkpoint_location})"
     elif faults.fail_tasks or faults.pause_tasks:
         what = "injected task faults (SPARKONCE_FAIL_TASKS, SPARKONCE_PAUSE_TASKS)"
     if what is not None:
@@ -105,6 +104,7 @@ class ConnectBatch:
         checkpoint: str,
         stateful: bool | None,
         faults: FaultPlan = NO_FAULTS,
+        files: ArrowSettings | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
@@ -115,6 +115,9 @@ class ConnectBatch:
         # The run's crash, pause and connection-drop points: they fire where the commit
         # runs, in the server's Python worker (a crash there SIGKILLs that worker).
         self.faults = faults
+        # How the worker reaches a checkpoint that is not a local path (pyarrow; no
+        # secrets: a Connect server hands out none, the worker's AWS chain supplies them).
+        self.files = files
         self._sink: Sink | None = None
         self._checkpoint: Checkpoint | None = None
 
@@ -132,7 +135,7 @@ class ConnectBatch:
             self._sink.use_faults(self.faults)
             self._sink.open()
         if self._checkpoint is None:
-            self._checkpoint = Checkpoint.open(self.checkpoint_location)
+            self._checkpoint = Checkpoint.open(self.checkpoint_location, settings=self.files)
         checkpoint = self._checkpoint
         current = checkpoint.source_offset(batch_id)
         if current is None:

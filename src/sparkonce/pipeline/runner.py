@@ -466,6 +466,7 @@ def _run(
         batch_function: Callable[[DataFrame, int], None] = handler
         feed = None
         if connect:
+            from sparkonce.files import ArrowSettings
             from sparkonce.pipeline.connect import LedgerFeed
 
             # The batches commit beside the server: this process learns of each from the
@@ -483,6 +484,7 @@ def _run(
                 checkpoint.path,
                 pipeline.stateful,
                 faults,
+                ArrowSettings.of(spark) if checkpoint.remote else None,
             )
         writer = (
             out.writeStream.foreachBatch(batch_function)
