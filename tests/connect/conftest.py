@@ -19,6 +19,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 SERVER = Path(__file__).with_name("server.py")
+# What PySpark puts in the environment of a process that built a Connect client session.
+_CLIENT_MARKS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 START_TIMEOUT_S = 180
 
 
@@ -38,13 +40,17 @@ class ConnectServer:
         port: int | None = None,
         *,
         conf: dict[str, str] | None = None,
-        env: dict[str, str] | None = None,
+        env_extra: dict[str, str] | None = None,
     ) -> None:
-        """``conf``: more settings of the server's session; ``env``: more environment for
-        the server and its Python workers."""
+        """``conf``: more settings of the server's session; ``env_extra``: more environment
+        for the server and its Python workers."""
         self.port = port or _free_port()
         self.log = log
-        env = dict(os.environ, **(env or {}), PYSPARK_PYTHON=sys.executable)
+        # Without the marks a client session of this process left in its environment
+        # (PySpark sets SPARK_CONNECT_MODE_ENABLED when it builds one): the server builds a
+        # classic session.
+        env = {k: v for k, v in os.environ.items() if k not in _CLIENT_MARKS}
+        env.update(env_extra or {}, PYSPARK_PYTHON=sys.executable)
         if conf:
             env["SPARKONCE_TEST_CONNECT_CONF"] = json.dumps(conf)
         src = str(Path(__file__).resolve().parents[2] / "src")

@@ -211,6 +211,23 @@ def cli_pipeline(
     return pipeline_file, db
 
 
+def wait_for_commits(client: Any, url: str, count: int, timeout: float = 240) -> None:
+    """Wait until the ledger at ``url`` holds ``count`` entries, while ``client`` (a
+    ``sparkonce run`` process) still runs."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    committed = 0
+    while committed < count:
+        assert client.poll() is None, f"the client ended before its commit number {count}"
+        assert time.monotonic() < deadline, f"no commit number {count} in {timeout} s"
+        time.sleep(0.2)
+        try:
+            committed = read_url(url, "SELECT COUNT(*) FROM sparkonce_ledger")[0][0]
+        except Exception:  # the store or its ledger table is not there yet
+            committed = 0
+
+
 def client_env() -> dict[str, str]:
     """This process's environment without a session choice of its own: each command names
     its server."""
@@ -309,7 +326,6 @@ def test_a_client_killed_mid_run_leaves_a_query_that_the_next_run_takes_over(
     import signal
     import subprocess
     import sys
-    import time
 
     pipeline_file, db = cli_pipeline(tmp_path, make_log(400, partitions=2), batch=5)
     env = client_env()
@@ -320,17 +336,7 @@ def test_a_client_killed_mid_run_leaves_a_query_that_the_next_run_takes_over(
         env=env,
     )
     try:
-        deadline = time.monotonic() + 240
-        committed = 0
-        while committed < 2:
-            assert client.poll() is None, "the client ended before its second commit"
-            assert time.monotonic() < deadline, "no second commit in 240 s"
-            time.sleep(0.2)
-            if db.exists():
-                try:
-                    committed = read(db, "SELECT COUNT(*) FROM sparkonce_ledger")[0][0]
-                except sqlite3.OperationalError:  # the table is not there yet
-                    committed = 0
+        wait_for_commits(client, f"sqlite:///{db}", 2)
         client.send_signal(signal.SIGKILL)
     finally:
         client.kill()
@@ -476,16 +482,7 @@ def test_a_server_killed_mid_run_loses_and_repeats_nothing(
         env=client_env(),
     )
     try:
-        deadline = time.monotonic() + 240
-        committed = 0
-        while committed < 2:
-            assert client.poll() is None, "the client ended before its second commit"
-            assert time.monotonic() < deadline, "no second commit in 240 s"
-            time.sleep(0.2)
-            try:
-                committed = read_url(store_url, "SELECT COUNT(*) FROM sparkonce_ledger")[0][0]
-            except Exception:  # the ledger table is not there yet
-                committed = 0
+        wait_for_commits(client, store_url, 2)
         first_server.kill()
         killed = time.monotonic()
         _, err = client.communicate(timeout=180)
@@ -723,7 +720,7 @@ def test_a_checkpoint_on_s3_on_connect_is_read_through_pyarrow_across_a_replay(
         )
     )
     conf = {**s3a_settings(s3), "spark.jars": ",".join(s3_jars())}
-    server = ConnectServer(tmp_path / "server.log", conf=conf, env=keys)
+    server = ConnectServer(tmp_path / "server.log", conf=conf, env_extra=keys)
     run = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", server.url]
     env = {**client_env(), **keys}
     try:
