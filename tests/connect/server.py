@@ -1,6 +1,7 @@
 """A local Spark Connect server for the tests: a classic session with Spark's Connect
-plugin (the installed PySpark's own jars), serving gRPC on the port given as argv[1].
-Prints "ready" once it listens and runs until its stdin closes."""
+plugin (the installed PySpark's own jars) and Delta Lake (sparkonce's pinned jars, extension
+and catalog: :func:`sparkonce.sinks.delta.delta_spark_conf`), serving gRPC on the port given
+as argv[1]. Prints "ready" once it listens and runs until its stdin closes."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from sparkonce.sinks.delta import delta_spark_conf
+
 
 def main(port: int) -> None:
+    builder = SparkSession.builder
+    for key, value in delta_spark_conf().items():
+        builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("sparkonce-connect-tests")
         .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
         .config("spark.connect.grpc.binding.port", str(port))

@@ -72,11 +72,12 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sparkonce.errors import ConfigError, FencedError, LedgerError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
@@ -87,6 +88,10 @@ from sparkonce.spark.delta import (
     is_retryable_conflict,
     stored_version,
 )
+from sparkonce.spark.delta_log import ConnectDeltaTable
+
+#: The adapter under the store: through the JVM (a classic session) or without it.
+AnyDeltaTable = DeltaTable | ConnectDeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +161,8 @@ class DeltaLedgerStore(LedgerStore):
         self._views: dict[str, PipelineView] = {}
 
     @property
-    def table(self) -> DeltaTable:
-        t: DeltaTable = self._table_of()
+    def table(self) -> AnyDeltaTable:
+        t: AnyDeltaTable = self._table_of()
         return t
 
     def describe(self) -> str:
@@ -180,7 +185,8 @@ class DeltaLedgerStore(LedgerStore):
             if stored is None:
                 view = PipelineView()
             else:
-                epoch, entries = unpack(stored)
+                epoch = unpack(stored)[0]
+                entries = self._entries_of(pipeline, stored, t.version())
                 last = self._entry(pipeline, entries - 1) if entries else None
                 view = PipelineView(epoch, entries, last)
         self._views[pipeline] = view
@@ -271,8 +277,11 @@ class DeltaLedgerStore(LedgerStore):
 
     # -- owner epochs ----------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        """Take ``epoch + 1`` in one Delta transaction that reads the stored version."""
-        t = self.table
+        """Take ``epoch + 1`` in one Delta transaction that reads the stored version (or,
+        without one, by a write and a look at the log: :meth:`_acquire_by_write`)."""
+        if not self.table.transactions:
+            return self._acquire_by_write(pipeline, source)
+        t = cast(DeltaTable, self.table)
         app = app_id(pipeline)
         holder = f"{socket.gethostname()} pid {os.getpid()}"
         for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
@@ -282,8 +291,11 @@ class DeltaLedgerStore(LedgerStore):
             # concurrent commit of ``app`` fails this one, and take the stored version
             # from the snapshot's checksum (stored_version).
             txn.readTxn().addOne(app)
-            stored = stored_version(txn.snapshot(), app)
+            snapshot = txn.snapshot()
+            stored = stored_version(snapshot, app)
             epoch, entries = unpack(stored) if stored is not None else (0, 0)
+            if stored is not None:
+                entries = self._entries_of(pipeline, stored, int(snapshot.version()))
             new = epoch + 1
             now = datetime.now(UTC)
             t.write_text(
@@ -307,6 +319,133 @@ class DeltaLedgerStore(LedgerStore):
             self._views[pipeline] = PipelineView(new, entries, last)
             return Owner(pipeline, new, now, holder, source)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _acquire_by_write(self, pipeline: str, source: str | None) -> Owner:
+        """Take ``epoch + 1`` without a Delta transaction object (a Spark Connect session):
+        a write of ``(epoch + 1, entries)``, then a look at the commits between the read
+        and that write, and a second write if an older epoch's batch committed there. The
+        module docstring ("Taking an epoch by a write") has the reasoning."""
+        t = cast(ConnectDeltaTable, self.table)
+        app = app_id(pipeline)
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        for _ in range(ACQUIRE_ATTEMPTS):
+            read, stored = t.read_txn(app)
+            epoch, entries = (0, 0) if stored is None else unpack(stored)
+            if stored is not None:
+                entries = self._entries_of(pipeline, stored, read)
+            new = epoch + 1
+            now = datetime.now(UTC)
+            t.write_text(
+                self._dir(pipeline, "owners", f"{new}.json"),
+                json.dumps(
+                    {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
+                ),
+                overwrite=True,
+            )
+            nonce = uuid.uuid4().hex
+            meta = {"sparkonce": "acquire", "pipeline": pipeline, "epoch": new, "read": read}
+            at = self._commit_epoch(pipeline, pack(new, entries), {**meta, "nonce": nonce}, read)
+            if at is None:
+                continue  # Delta skipped it (a newer epoch is stored) or lost a race: again
+            gap = [unpack(v) for v in self._txns_between(pipeline, read, at)]
+            if any(e >= new for e, _ in gap):
+                # Another run committed this same epoch first (it read before an older
+                # batch that this run saw): this run takes a later epoch, fencing it.
+                log.info("pipeline %r: another run took epoch %d too; again", pipeline, new)
+                continue
+            counted = max([entries, *(n for _, n in gap)])
+            if counted > entries:
+                log.info(
+                    "pipeline %r: a batch of epoch %d committed while epoch %d was taken; "
+                    "storing %d batches instead of %d",
+                    pipeline,
+                    epoch,
+                    new,
+                    counted,
+                    entries,
+                )
+                nonce = uuid.uuid4().hex
+                fixed = pack(new, counted)
+                meta = {"sparkonce": "acquire", "pipeline": pipeline, "epoch": new}
+                done = self._commit_epoch(pipeline, fixed, {**meta, "nonce": nonce}, at)
+                if done is None and t.txn_version(app) != fixed:
+                    continue  # a newer run moved the version meanwhile: start over
+                entries = counted
+            last = self._entry(pipeline, entries - 1) if entries else None
+            self._views[pipeline] = PipelineView(new, entries, last)
+            return Owner(pipeline, new, now, holder, source)
+        raise LedgerError(
+            f"pipeline {pipeline!r}: could not take an epoch of Delta table {t.path} in "
+            f"{ACQUIRE_ATTEMPTS} attempts: other runs of the pipeline kept taking epochs at the "
+            "same time. Stop the other runs of this pipeline, then start one."
+        )
+
+    def _commit_epoch(
+        self, pipeline: str, version: int, meta: dict[str, Any], after: int
+    ) -> int | None:
+        """Commit only ``txn(app, version)``; the commit's log version, or None when Delta
+        skipped it or it lost a race on the application id (nothing committed)."""
+        t = cast(ConnectDeltaTable, self.table)
+        app = app_id(pipeline)
+        try:
+            t.commit_txn(app, version, json.dumps(meta))
+        except Exception as exc:
+            if is_concurrent_transaction(exc):
+                log.info("pipeline %r: another commit took %s first", pipeline, app)
+                return None
+            raise
+        for v in range(after + 1, t.version() + 1):
+            actions = t.commit_actions(v)
+            if (
+                actions is not None
+                and _txn_of(actions, app) == version
+                and _metadata_of(actions).get("nonce") == meta["nonce"]
+            ):
+                return v
+        return None
+
+    def _txns_between(self, pipeline: str, low: int, high: int) -> list[int]:
+        """The ``txn`` versions of ``pipeline`` committed after log version ``low`` and
+        before ``high``."""
+        t = self.table
+        app = app_id(pipeline)
+        found = []
+        for v in range(low + 1, high):
+            actions = t.commit_actions(v)
+            if actions is None:
+                raise LedgerError(
+                    f"pipeline {pipeline!r}: commit {v} of Delta table {t.path} is gone from "
+                    "its log, and the epoch commit after it needs it to count the batches "
+                    "committed meanwhile. Restore the table's _delta_log from a backup, or "
+                    "start the pipeline under a new name."
+                )
+            value = _txn_of(actions, app)
+            if value is not None:
+                found.append(value)
+        return found
+
+    def _entries_of(self, pipeline: str, stored: int, at: int) -> int:
+        """The committed batches when ``stored`` is the stored version at log version
+        ``at``: its count, unless an epoch commit by write stored it, and a batch of an
+        older epoch committed between that commit's read and itself (module docstring,
+        "Taking an epoch by a write"): then that batch's count."""
+        t = self.table
+        app = app_id(pipeline)
+        entries = unpack(stored)[1]
+        v = at
+        while v >= 0:
+            actions = t.commit_actions(v)
+            if actions is None:
+                return entries  # that commit expired (a limit: module docstring)
+            value = _txn_of(actions, app)
+            if value is not None and value <= stored:
+                meta = _metadata_of(actions)
+                if value == stored and meta.get("sparkonce") == "acquire" and "read" in meta:
+                    gap = self._txns_between(pipeline, int(meta["read"]), v)
+                    entries = max([entries, *(unpack(g)[1] for g in gap)])
+                return entries
+            v -= 1
+        return entries
 
     # -- the committer's steps -----------------------------------------------------------
     @contextmanager
@@ -478,6 +617,26 @@ class DeltaLedgerStore(LedgerStore):
         self._views.clear()
 
 
+def _txn_of(actions: list[dict[str, Any]], app: str) -> int | None:
+    """The ``txn`` version of ``app`` in a commit's actions (None: the commit has none)."""
+    for a in actions:
+        txn = a.get("txn")
+        if txn and txn.get("appId") == app:
+            return int(txn["version"])
+    return None
+
+
+def _metadata_of(actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A commit's ``userMetadata``, as sparkonce wrote it (JSON), or {}."""
+    for a in actions:
+        info = a.get("commitInfo")
+        if info and info.get("userMetadata"):
+            with contextlib.suppress(ValueError):
+                data = json.loads(info["userMetadata"])
+                return data if isinstance(data, dict) else {}
+    return {}
+
+
 def _rows_of(actions: list[dict[str, Any]]) -> int:
     for a in actions:
         info = a.get("commitInfo")
@@ -491,7 +650,7 @@ def _rows_of(actions: list[dict[str, Any]]) -> int:
     return -1
 
 
-def check_table_properties(table: DeltaTable) -> None:
+def check_table_properties(table: AnyDeltaTable) -> None:
     """Refuse a table whose ``txn`` actions expire (the ledger's progress would vanish)."""
     value = table.property("delta.setTransactionRetentionDuration")
     if value:

@@ -24,6 +24,7 @@ from sparkonce.errors import CheckpointError, ConfigError, SparkOnceError
 from sparkonce.faults import FaultPlan
 from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.observe.report import BatchReport, RunReport
+from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
 from sparkonce.sinks.sql import PostgresSink, SQLiteSink
 from sparkonce.sinks.twophase import PostgresTwoPhaseSink
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sparkonce.run")
 
 #: The sinks and sources a pipeline on a Spark Connect session may use today.
-CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink)
+CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink, DeltaSink)
 CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
 
@@ -79,7 +80,8 @@ def refuse_on_connect(
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
             "On Connect, sparkonce runs the embedded log or KafkaSource into SQLite, "
-            "PostgreSQL (two-phase too) or KafkaSink. Nothing was changed (no epoch was taken)."
+            "PostgreSQL (two-phase too), KafkaSink or DeltaSink (a local table). Nothing was "
+            "changed (no epoch was taken)."
         )
 
 

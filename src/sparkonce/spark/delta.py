@@ -60,6 +60,9 @@ def is_retryable_conflict(exc: BaseException) -> bool:
 class DeltaTable:
     """One Delta table at ``path``, reached through the session's JVM (driver only)."""
 
+    # The ledger store takes an epoch in a Delta transaction of its own (start_transaction).
+    transactions = True
+
     def __init__(self, spark: SparkSession, path: str) -> None:
         self.spark = spark
         self.path = path
