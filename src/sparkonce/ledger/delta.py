@@ -59,9 +59,58 @@ once that has expired, and its seconds from the entry file (up to step 4).
 The owner's details (host, pid, source) go to ``_sparkonce/<pipeline>/owners/<epoch>.json``
 before the acquire commits; the epoch itself is the stored version's.
 
-Everything here runs on the **driver**, through the session's JVM (Delta's
-``DeltaLog`` and Hadoop's ``FileSystem``, so any filesystem Spark can write Delta
-tables on works), reached through the adapter in :mod:`sparkonce.spark.delta`.
+**Taking an epoch by a write** (a Spark Connect session: no Delta transaction object to
+register a read in). The acquire reads the log at version ``r``: stored ``(e, n)``. It
+commits ``(e + 1, n)`` by a write of zero rows with ``txnAppId``/``txnVersion`` (Delta 4.4.0
+commits it as a ``WRITE`` holding only the ``txn`` action), its ``userMetadata`` naming it an
+acquire, with ``r`` and a nonce. Delta's writer starts its own transaction at some version
+``w >= r``, so commits in ``(r, w]`` are not conflicts for it: the trap is an older epoch's
+batch ``(e, n + 1)`` landing there, which the write of ``(e + 1, n)`` would move back (the
+next run would commit batch ``n`` again). So, once its commit ``c`` is found in the log (by
+the nonce; not found: Delta skipped it, and the acquire starts over), the acquire reads the
+commits of the application id in ``(r, c)`` (the *gap*):
+
+1. one with epoch ``>= e + 1``: another acquire took ``e + 1`` first; this one starts over
+   and takes a later epoch, which fences that one;
+2. else, if the highest count ``m`` in the gap exceeds ``n``, it commits ``(e + 1, m)``
+   again (a *repair*), which Delta accepts since ``(e + 1, m) > (e + 1, n)``; if Delta
+   skips it and the stored version is not ``(e + 1, m)``, a newer run moved it: start over.
+
+Why this holds:
+
+* **The gap holds only batches of epoch e and acquires of epoch e + 1.** Delta's writer
+  skips a write whose version is at most the stored one; it saw the stored version at
+  ``w``, and committed ours: no commit up to ``w`` stored ``(e + 1, k)`` with ``k >= n``,
+  nor any later epoch. Commits in ``(w, c)`` of the application id would have failed our
+  write (``ConcurrentTransactionException``: the writer registers its read of the id).
+  Batches of epochs below ``e`` were skipped by Delta (``e`` was stored at ``r``).
+* **Counts never go back.** Batch commits carry the true count (each is ``seq + 1`` on top
+  of its own epoch's previous batch). The older run's batches after ``c`` are skipped
+  (epoch ``e + 1`` is stored), so the true count at ``c`` is the highest count in the gap,
+  or ``n`` with none: exactly ``m``, which the repair stores. Until the repair lands, and if
+  the acquiring process dies before it, a reader sees ``(e + 1, n)``: so every read of the
+  count (:meth:`DeltaLedgerStore._entries_of`, the classic acquire's too) looks at the
+  commit that stored the version, and when it is an acquire by write, takes the highest
+  count in its gap, ``(r, c)``. The next acquire thus starts from the true count.
+* **No two runs hold the same epoch.** Two acquires that commit ``e + 1`` at ``c1 < c2``:
+  the second read at ``r2 < c1`` (had it read at or after ``c1`` it would have seen ``e +
+  1`` and aimed higher), so ``c1`` is in its gap and it starts over (rule 1), taking a
+  later epoch. The first keeps ``e + 1`` and is fenced by that later epoch at its next
+  commit.
+* Batch commits are unchanged: a write of ``(epoch, seq + 1)`` that Delta skips is looked
+  up and explained as above, so a zombie is still told it is fenced.
+
+A limit: a count is read through the gap's commit files. If an acquire died between its
+write and its repair, and the commits of its gap expired (Delta's log retention, 30 days by
+default) before the next acquire, the count read is the acquire's ``n``; a gap whose files
+are gone while the acquire's own commit is still there raises a
+:class:`~sparkonce.errors.LedgerError` instead.
+
+Everything here runs on the **driver** (or, on a Spark Connect session, in the user's
+process and in the server's Python worker), through the adapters in
+:mod:`sparkonce.spark.delta` (the session's JVM: Delta's ``DeltaLog`` and Hadoop's
+``FileSystem``, so any filesystem Spark can write Delta tables on works) and
+:mod:`sparkonce.spark.delta_log` (no JVM: the log read with pyarrow, local tables only).
 """
 
 from __future__ import annotations
