@@ -230,12 +230,12 @@ class DeltaLedgerStore(LedgerStore):
         if not t.exists():
             view = PipelineView()
         else:
-            stored = t.txn_version(app_id(pipeline))
+            at, stored = t.read_txn(app_id(pipeline))
             if stored is None:
                 view = PipelineView()
             else:
                 epoch = unpack(stored)[0]
-                entries = self._entries_of(pipeline, stored, t.version())
+                entries = self._entries_of(pipeline, stored, at)
                 last = self._entry(pipeline, entries - 1) if entries else None
                 view = PipelineView(epoch, entries, last)
         self._views[pipeline] = view

@@ -100,6 +100,11 @@ class DeltaTable:
         """The stored version of application ``app`` (None: never committed)."""
         return stored_version(self.snapshot(), app)
 
+    def read_txn(self, app: str) -> tuple[int, int | None]:
+        """The newest version and ``app``'s stored version in it, from one snapshot."""
+        snapshot = self.snapshot()
+        return int(snapshot.version()), stored_version(snapshot, app)
+
     def append(
         self, jdf: Any, app: str, version: int, metadata: str, *, overwrite: bool = False
     ) -> tuple[bool, int]:
