@@ -82,6 +82,7 @@ def stored(path: Path) -> tuple[int, int]:
     return unpack(found)
 
 
+@pytest.mark.campaign_lane  # a 10-batch pipeline run first (about 40 s here)
 def test_reads_agree_with_the_classic_adapter_on_a_table_the_classic_path_wrote(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
