@@ -43,6 +43,12 @@ have every output column, with the same type. The session needs Delta: use
 does) or set ``spark.jars`` to the Delta jars, ``spark.sql.extensions`` and
 ``spark.sql.catalog.spark_catalog`` as :func:`delta_spark_conf` returns.
 
+On a Spark Connect session (its server started with that conf) the same protocol runs
+without a JVM in sparkonce's processes (:mod:`sparkonce.spark.delta_log`): batches are
+written through Spark's writer (``MERGE`` for upserts) with the same ``txn`` versions, the
+log is read with pyarrow, and an epoch is taken by a write followed by a look at the log
+(:mod:`sparkonce.ledger.delta`, "Taking an epoch by a write"). Local tables only there.
+
 Limits, stated plainly:
 
 * **Other writers of the table** are fine (their appends never conflict with the
