@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 
 from sparkonce import (
     ConfigError,
-    DeltaSink,
     EmbeddedLogSource,
     Pipeline,
+    SQLiteSink,
     sink_from_url,
 )
 
@@ -118,6 +118,10 @@ def test_upsert_on_connect_keeps_the_latest_row_per_key(
     assert len(entries) == report.batches_committed and {e for (e,) in entries} == {1}
 
 
+class UnlistedSink(SQLiteSink):
+    """A sink that is not on Connect's list (every sparkonce sink but Iceberg's is now)."""
+
+
 @pytest.mark.campaign_lane
 def test_a_pipeline_connect_cannot_run_is_refused_before_the_epoch(
     connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
@@ -126,7 +130,7 @@ def test_a_pipeline_connect_cannot_run_is_refused_before_the_epoch(
     p = Pipeline(
         name="c1",
         source=EmbeddedLogSource(log_dir, "events"),
-        sink=DeltaSink(str(tmp_path / "delta")),
+        sink=UnlistedSink(f"sqlite:///{tmp_path / 'other.db'}", "out"),
         checkpoint=tmp_path / "chk",
         transform=values,
     )

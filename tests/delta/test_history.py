@@ -58,6 +58,7 @@ class OneRow(Stager):
 
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         table = self.sink.table
+        assert isinstance(table, DeltaTable)
         txn.publish = lambda app, version, meta: table.append(self.df._jdf, app, version, meta)
         txn.staged = staged
 

@@ -236,8 +236,8 @@ def test_kafka_task_keys_of_a_connect_frame_need_a_source_with_stable_numbers() 
     assert not SparkKafkaSource.stable_task_numbers
 
 
-# Modules that still reach py4j themselves, each until its Connect route lands.
-_BRIDGE_USERS_LEFT = {"spark/delta.py", "sinks/delta.py"}
+# Modules that still reach py4j themselves (none: each has its Connect route).
+_BRIDGE_USERS_LEFT: set[str] = set()
 
 
 def test_only_the_jvm_module_reaches_into_py4j() -> None:

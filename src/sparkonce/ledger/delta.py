@@ -59,9 +59,58 @@ once that has expired, and its seconds from the entry file (up to step 4).
 The owner's details (host, pid, source) go to ``_sparkonce/<pipeline>/owners/<epoch>.json``
 before the acquire commits; the epoch itself is the stored version's.
 
-Everything here runs on the **driver**, through the session's JVM (Delta's
-``DeltaLog`` and Hadoop's ``FileSystem``, so any filesystem Spark can write Delta
-tables on works), reached through the adapter in :mod:`sparkonce.spark.delta`.
+**Taking an epoch by a write** (a Spark Connect session: no Delta transaction object to
+register a read in). The acquire reads the log at version ``r``: stored ``(e, n)``. It
+commits ``(e + 1, n)`` by a write of zero rows with ``txnAppId``/``txnVersion`` (Delta 4.4.0
+commits it as a ``WRITE`` holding only the ``txn`` action), its ``userMetadata`` naming it an
+acquire, with ``r`` and a nonce. Delta's writer starts its own transaction at some version
+``w >= r``, so commits in ``(r, w]`` are not conflicts for it: the trap is an older epoch's
+batch ``(e, n + 1)`` landing there, which the write of ``(e + 1, n)`` would move back (the
+next run would commit batch ``n`` again). So, once its commit ``c`` is found in the log (by
+the nonce; not found: Delta skipped it, and the acquire starts over), the acquire reads the
+commits of the application id in ``(r, c)`` (the *gap*):
+
+1. one with epoch ``>= e + 1``: another acquire took ``e + 1`` first; this one starts over
+   and takes a later epoch, which fences that one;
+2. else, if the highest count ``m`` in the gap exceeds ``n``, it commits ``(e + 1, m)``
+   again (a *repair*), which Delta accepts since ``(e + 1, m) > (e + 1, n)``; if Delta
+   skips it and the stored version is not ``(e + 1, m)``, a newer run moved it: start over.
+
+Why this holds:
+
+* **The gap holds only batches of epoch e and acquires of epoch e + 1.** Delta's writer
+  skips a write whose version is at most the stored one; it saw the stored version at
+  ``w``, and committed ours: no commit up to ``w`` stored ``(e + 1, k)`` with ``k >= n``,
+  nor any later epoch. Commits in ``(w, c)`` of the application id would have failed our
+  write (``ConcurrentTransactionException``: the writer registers its read of the id).
+  Batches of epochs below ``e`` were skipped by Delta (``e`` was stored at ``r``).
+* **Counts never go back.** Batch commits carry the true count (each is ``seq + 1`` on top
+  of its own epoch's previous batch). The older run's batches after ``c`` are skipped
+  (epoch ``e + 1`` is stored), so the true count at ``c`` is the highest count in the gap,
+  or ``n`` with none: exactly ``m``, which the repair stores. Until the repair lands, and if
+  the acquiring process dies before it, a reader sees ``(e + 1, n)``: so every read of the
+  count (:meth:`DeltaLedgerStore._entries_of`, the classic acquire's too) looks at the
+  commit that stored the version, and when it is an acquire by write, takes the highest
+  count in its gap, ``(r, c)``. The next acquire thus starts from the true count.
+* **No two runs hold the same epoch.** Two acquires that commit ``e + 1`` at ``c1 < c2``:
+  the second read at ``r2 < c1`` (had it read at or after ``c1`` it would have seen ``e +
+  1`` and aimed higher), so ``c1`` is in its gap and it starts over (rule 1), taking a
+  later epoch. The first keeps ``e + 1`` and is fenced by that later epoch at its next
+  commit.
+* Batch commits are unchanged: a write of ``(epoch, seq + 1)`` that Delta skips is looked
+  up and explained as above, so a zombie is still told it is fenced.
+
+A limit: a count is read through the gap's commit files. If an acquire died between its
+write and its repair, and the commits of its gap expired (Delta's log retention, 30 days by
+default) before the next acquire, the count read is the acquire's ``n``; a gap whose files
+are gone while the acquire's own commit is still there raises a
+:class:`~sparkonce.errors.LedgerError` instead.
+
+Everything here runs on the **driver** (or, on a Spark Connect session, in the user's
+process and in the server's Python worker), through the adapters in
+:mod:`sparkonce.spark.delta` (the session's JVM: Delta's ``DeltaLog`` and Hadoop's
+``FileSystem``, so any filesystem Spark can write Delta tables on works) and
+:mod:`sparkonce.spark.delta_log` (no JVM: the log read with pyarrow, local tables only).
 """
 
 from __future__ import annotations
@@ -72,11 +121,12 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sparkonce.errors import ConfigError, FencedError, LedgerError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
@@ -87,6 +137,10 @@ from sparkonce.spark.delta import (
     is_retryable_conflict,
     stored_version,
 )
+from sparkonce.spark.delta_log import ConnectDeltaTable
+
+#: The adapter under the store: through the JVM (a classic session) or without it.
+AnyDeltaTable = DeltaTable | ConnectDeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +210,8 @@ class DeltaLedgerStore(LedgerStore):
         self._views: dict[str, PipelineView] = {}
 
     @property
-    def table(self) -> DeltaTable:
-        t: DeltaTable = self._table_of()
+    def table(self) -> AnyDeltaTable:
+        t: AnyDeltaTable = self._table_of()
         return t
 
     def describe(self) -> str:
@@ -176,11 +230,12 @@ class DeltaLedgerStore(LedgerStore):
         if not t.exists():
             view = PipelineView()
         else:
-            stored = t.txn_version(app_id(pipeline))
+            at, stored = t.read_txn(app_id(pipeline))
             if stored is None:
                 view = PipelineView()
             else:
-                epoch, entries = unpack(stored)
+                epoch = unpack(stored)[0]
+                entries = self._entries_of(pipeline, stored, at)
                 last = self._entry(pipeline, entries - 1) if entries else None
                 view = PipelineView(epoch, entries, last)
         self._views[pipeline] = view
@@ -271,8 +326,11 @@ class DeltaLedgerStore(LedgerStore):
 
     # -- owner epochs ----------------------------------------------------------------
     def acquire(self, pipeline: str, source: str | None = None) -> Owner:
-        """Take ``epoch + 1`` in one Delta transaction that reads the stored version."""
-        t = self.table
+        """Take ``epoch + 1`` in one Delta transaction that reads the stored version (or,
+        without one, by a write and a look at the log: :meth:`_acquire_by_write`)."""
+        if not self.table.transactions:
+            return self._acquire_by_write(pipeline, source)
+        t = cast(DeltaTable, self.table)
         app = app_id(pipeline)
         holder = f"{socket.gethostname()} pid {os.getpid()}"
         for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
@@ -282,8 +340,11 @@ class DeltaLedgerStore(LedgerStore):
             # concurrent commit of ``app`` fails this one, and take the stored version
             # from the snapshot's checksum (stored_version).
             txn.readTxn().addOne(app)
-            stored = stored_version(txn.snapshot(), app)
+            snapshot = txn.snapshot()
+            stored = stored_version(snapshot, app)
             epoch, entries = unpack(stored) if stored is not None else (0, 0)
+            if stored is not None:
+                entries = self._entries_of(pipeline, stored, int(snapshot.version()))
             new = epoch + 1
             now = datetime.now(UTC)
             t.write_text(
@@ -307,6 +368,133 @@ class DeltaLedgerStore(LedgerStore):
             self._views[pipeline] = PipelineView(new, entries, last)
             return Owner(pipeline, new, now, holder, source)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _acquire_by_write(self, pipeline: str, source: str | None) -> Owner:
+        """Take ``epoch + 1`` without a Delta transaction object (a Spark Connect session):
+        a write of ``(epoch + 1, entries)``, then a look at the commits between the read
+        and that write, and a second write if an older epoch's batch committed there. The
+        module docstring ("Taking an epoch by a write") has the reasoning."""
+        t = cast(ConnectDeltaTable, self.table)
+        app = app_id(pipeline)
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        for _ in range(ACQUIRE_ATTEMPTS):
+            read, stored = t.read_txn(app)
+            epoch, entries = (0, 0) if stored is None else unpack(stored)
+            if stored is not None:
+                entries = self._entries_of(pipeline, stored, read)
+            new = epoch + 1
+            now = datetime.now(UTC)
+            t.write_text(
+                self._dir(pipeline, "owners", f"{new}.json"),
+                json.dumps(
+                    {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
+                ),
+                overwrite=True,
+            )
+            nonce = uuid.uuid4().hex
+            meta = {"sparkonce": "acquire", "pipeline": pipeline, "epoch": new, "read": read}
+            at = self._commit_epoch(pipeline, pack(new, entries), {**meta, "nonce": nonce}, read)
+            if at is None:
+                continue  # Delta skipped it (a newer epoch is stored) or lost a race: again
+            gap = [unpack(v) for v in self._txns_between(pipeline, read, at)]
+            if any(e >= new for e, _ in gap):
+                # Another run committed this same epoch first (it read before an older
+                # batch that this run saw): this run takes a later epoch, fencing it.
+                log.info("pipeline %r: another run took epoch %d too; again", pipeline, new)
+                continue
+            counted = max([entries, *(n for _, n in gap)])
+            if counted > entries:
+                log.info(
+                    "pipeline %r: a batch of epoch %d committed while epoch %d was taken; "
+                    "storing %d batches instead of %d",
+                    pipeline,
+                    epoch,
+                    new,
+                    counted,
+                    entries,
+                )
+                nonce = uuid.uuid4().hex
+                fixed = pack(new, counted)
+                meta = {"sparkonce": "acquire", "pipeline": pipeline, "epoch": new}
+                done = self._commit_epoch(pipeline, fixed, {**meta, "nonce": nonce}, at)
+                if done is None and t.txn_version(app) != fixed:
+                    continue  # a newer run moved the version meanwhile: start over
+                entries = counted
+            last = self._entry(pipeline, entries - 1) if entries else None
+            self._views[pipeline] = PipelineView(new, entries, last)
+            return Owner(pipeline, new, now, holder, source)
+        raise LedgerError(
+            f"pipeline {pipeline!r}: could not take an epoch of Delta table {t.path} in "
+            f"{ACQUIRE_ATTEMPTS} attempts: other runs of the pipeline kept taking epochs at the "
+            "same time. Stop the other runs of this pipeline, then start one."
+        )
+
+    def _commit_epoch(
+        self, pipeline: str, version: int, meta: dict[str, Any], after: int
+    ) -> int | None:
+        """Commit only ``txn(app, version)``; the commit's log version, or None when Delta
+        skipped it or it lost a race on the application id (nothing committed)."""
+        t = cast(ConnectDeltaTable, self.table)
+        app = app_id(pipeline)
+        try:
+            t.commit_txn(app, version, json.dumps(meta))
+        except Exception as exc:
+            if is_concurrent_transaction(exc):
+                log.info("pipeline %r: another commit took %s first", pipeline, app)
+                return None
+            raise
+        for v in range(after + 1, t.version() + 1):
+            actions = t.commit_actions(v)
+            if (
+                actions is not None
+                and _txn_of(actions, app) == version
+                and _metadata_of(actions).get("nonce") == meta["nonce"]
+            ):
+                return v
+        return None
+
+    def _txns_between(self, pipeline: str, low: int, high: int) -> list[int]:
+        """The ``txn`` versions of ``pipeline`` committed after log version ``low`` and
+        before ``high``."""
+        t = self.table
+        app = app_id(pipeline)
+        found = []
+        for v in range(low + 1, high):
+            actions = t.commit_actions(v)
+            if actions is None:
+                raise LedgerError(
+                    f"pipeline {pipeline!r}: commit {v} of Delta table {t.path} is gone from "
+                    "its log, and the epoch commit after it needs it to count the batches "
+                    "committed meanwhile. Restore the table's _delta_log from a backup, or "
+                    "start the pipeline under a new name."
+                )
+            value = _txn_of(actions, app)
+            if value is not None:
+                found.append(value)
+        return found
+
+    def _entries_of(self, pipeline: str, stored: int, at: int) -> int:
+        """The committed batches when ``stored`` is the stored version at log version
+        ``at``: its count, unless an epoch commit by write stored it, and a batch of an
+        older epoch committed between that commit's read and itself (module docstring,
+        "Taking an epoch by a write"): then that batch's count."""
+        t = self.table
+        app = app_id(pipeline)
+        entries = unpack(stored)[1]
+        v = at
+        while v >= 0:
+            actions = t.commit_actions(v)
+            if actions is None:
+                return entries  # that commit expired (a limit: module docstring)
+            value = _txn_of(actions, app)
+            if value is not None and value <= stored:
+                meta = _metadata_of(actions)
+                if value == stored and meta.get("sparkonce") == "acquire" and "read" in meta:
+                    gap = self._txns_between(pipeline, int(meta["read"]), v)
+                    entries = max([entries, *(unpack(g)[1] for g in gap)])
+                return entries
+            v -= 1
+        return entries
 
     # -- the committer's steps -----------------------------------------------------------
     @contextmanager
@@ -478,6 +666,26 @@ class DeltaLedgerStore(LedgerStore):
         self._views.clear()
 
 
+def _txn_of(actions: list[dict[str, Any]], app: str) -> int | None:
+    """The ``txn`` version of ``app`` in a commit's actions (None: the commit has none)."""
+    for a in actions:
+        txn = a.get("txn")
+        if txn and txn.get("appId") == app:
+            return int(txn["version"])
+    return None
+
+
+def _metadata_of(actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A commit's ``userMetadata``, as sparkonce wrote it (JSON), or {}."""
+    for a in actions:
+        info = a.get("commitInfo")
+        if info and info.get("userMetadata"):
+            with contextlib.suppress(ValueError):
+                data = json.loads(info["userMetadata"])
+                return data if isinstance(data, dict) else {}
+    return {}
+
+
 def _rows_of(actions: list[dict[str, Any]]) -> int:
     for a in actions:
         info = a.get("commitInfo")
@@ -491,7 +699,7 @@ def _rows_of(actions: list[dict[str, Any]]) -> int:
     return -1
 
 
-def check_table_properties(table: DeltaTable) -> None:
+def check_table_properties(table: AnyDeltaTable) -> None:
     """Refuse a table whose ``txn`` actions expire (the ledger's progress would vanish)."""
     value = table.property("delta.setTransactionRetentionDuration")
     if value:

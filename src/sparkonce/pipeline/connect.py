@@ -31,6 +31,7 @@ from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.files import ArrowSettings
 from sparkonce.ledger.base import BatchContext, CommitResult
 from sparkonce.observe.report import BatchReport, RunReport
+from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
 from sparkonce.sinks.sql import PostgresSink, SQLiteSink
 from sparkonce.sinks.twophase import PostgresTwoPhaseSink
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sparkonce.run")
 
 #: The sinks and sources a pipeline on a Spark Connect session may use today.
-CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink)
+CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink, DeltaSink)
 CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource, SparkKafkaSource)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
 
@@ -83,8 +84,8 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
             "On Connect, sparkonce runs the embedded log, KafkaSource or SparkKafkaSource into "
-            "SQLite, PostgreSQL (two-phase too) or KafkaSink (not from SparkKafkaSource). "
-            "Nothing was changed (no epoch was taken)."
+            "SQLite, PostgreSQL (two-phase too), KafkaSink (not from SparkKafkaSource) or "
+            "DeltaSink (a local table). Nothing was changed (no epoch was taken)."
         )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import SinkError, SparkOnceError
 from sparkonce.files import HadoopFiles
+from sparkonce.jvm import java_session, jvm
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -60,12 +61,15 @@ def is_retryable_conflict(exc: BaseException) -> bool:
 class DeltaTable:
     """One Delta table at ``path``, reached through the session's JVM (driver only)."""
 
+    # The ledger store takes an epoch in a Delta transaction of its own (start_transaction).
+    transactions = True
+
     def __init__(self, spark: SparkSession, path: str) -> None:
         self.spark = spark
         self.path = path
-        jvm = spark._jvm
-        assert jvm is not None
-        self.jvm = jvm
+        gateway = jvm(spark)
+        assert gateway is not None, "the classic adapter needs a JVM (ConnectDeltaTable: none)"
+        self.jvm = gateway
         self.files = HadoopFiles(spark)
         self._log: Any = None
 
@@ -74,7 +78,7 @@ class DeltaTable:
     def delta_log(self) -> Any:
         if self._log is None:
             self._log = self.jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-                self.spark._jsparkSession,
+                java_session(self.spark),
                 self.path,
             )
         return self._log
@@ -96,6 +100,11 @@ class DeltaTable:
     def txn_version(self, app: str) -> int | None:
         """The stored version of application ``app`` (None: never committed)."""
         return stored_version(self.snapshot(), app)
+
+    def read_txn(self, app: str) -> tuple[int, int | None]:
+        """The newest version and ``app``'s stored version in it, from one snapshot."""
+        snapshot = self.snapshot()
+        return int(snapshot.version()), stored_version(snapshot, app)
 
     def append(
         self, jdf: Any, app: str, version: int, metadata: str, *, overwrite: bool = False
