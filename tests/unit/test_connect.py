@@ -317,3 +317,19 @@ def test_a_kafka_source_pickles_without_its_monitoring_consumer() -> None:
         back = pickle.loads(pickle.dumps(source))
         assert back._committer is None and back._committer_group is None
         assert back.describe() == source.describe() and source._committer is not None
+
+
+def test_resetting_a_delta_table_on_connect_needs_no_jvm(tmp_path: Path) -> None:
+    """sparkonce verify's reset between trials deletes the table; Delta's log cache is
+    cleared only where there is one (the classic adapter's JVM; the Connect adapter's
+    ``jvm`` is None)."""
+    from sparkonce.sinks.inspect import DeltaInspector
+
+    deleted: list[str] = []
+    table = SimpleNamespace(jvm=None, delete=deleted.append)
+    forgotten: list[bool] = []
+    sink: Any = SimpleNamespace(
+        path=str(tmp_path / "t"), table=table, forget_table=lambda: forgotten.append(True)
+    )
+    DeltaInspector(sink).reset("p1")
+    assert deleted == [str(tmp_path / "t")] and forgotten == [True]

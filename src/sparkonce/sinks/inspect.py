@@ -295,7 +295,9 @@ class DeltaInspector(Inspector):
             )
         table = sink.table
         table.delete(sink.path)
-        table.jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+        gateway = getattr(table, "jvm", None)  # the classic adapter's; a Connect one has none
+        if gateway is not None:  # Delta's cached log of the deleted table
+            gateway.org.apache.spark.sql.delta.DeltaLog.clearCache()
         sink.forget_table()
 
     def relocated(self, url: str | StoreURL) -> DeltaSink:
