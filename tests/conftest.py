@@ -407,6 +407,10 @@ def spark() -> Iterator[SparkSession]:
         delta = delta_spark_conf()
     except ConfigError:  # a PySpark the pinned Delta is not built for (test_compat's 4.3 end)
         delta = {}
+    # A Spark Connect client session built earlier in this run (tests/connect) leaves marks
+    # in the environment that make PySpark's builder ask for a remote URL instead.
+    for mark in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        os.environ.pop(mark, None)
     session = build_session(
         master="local[2]",
         app_name="sparkonce-tests",

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -115,3 +116,21 @@ def connect_spark(connect_url: str) -> Iterator[SparkSession]:
         yield spark
     finally:
         spark.stop()
+
+
+def start_zombie(spark: SparkSession, pipeline: Any, epoch: int, checkpoint: Path) -> Any:
+    """Start ``pipeline``'s query with the batch function of a run that holds ``epoch``, as
+    an older run's query still alive in the server would run it (no acquire, no checks):
+    the store must fence its commits. Returns the streaming query."""
+    from sparkonce.pipeline.connect import ConnectBatch
+
+    zombie = ConnectBatch(
+        pipeline.name, epoch, pipeline.sink, pipeline.source, str(checkpoint), None
+    )
+    return (
+        pipeline.transform(pipeline.source.stream(spark, None))
+        .writeStream.foreachBatch(zombie)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )

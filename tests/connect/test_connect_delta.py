@@ -131,7 +131,7 @@ def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
 ) -> None:
     """A batch function holding epoch 1, run after a newer run took epoch 2: its commit in
     the server's worker is refused (FencedError fails the query) and nothing of it shows."""
-    from sparkonce.pipeline.connect import ConnectBatch
+    from tests.connect.conftest import start_zombie
 
     log_dir = make_log(40, partitions=1)
     table = tmp_path / "t"
@@ -145,14 +145,7 @@ def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
     assert p.run(connect_spark).epoch == 1
     make_log(20, partitions=1, start=41)
     assert DeltaSink(table).acquire("d3").epoch == 2  # in this process, on Connect
-    zombie = ConnectBatch("d3", 1, p.sink, p.source, str(tmp_path / "chk"), None)
-    query = (
-        values(p.source.stream(connect_spark, None))
-        .writeStream.foreachBatch(zombie)
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start_zombie(connect_spark, p, 1, tmp_path / "chk")
     with pytest.raises(Exception, match="FencedError"):
         query.awaitTermination()
     assert sorted(r["value"] for r in delta_rows(table)) == list(range(1, 41))

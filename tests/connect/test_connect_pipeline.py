@@ -155,7 +155,7 @@ def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
     """A run's batch function holds its epoch by value; once a newer run has taken the
     pipeline, the old function's next commit, in the server's worker, is refused by the
     store (the query fails, naming the fencing) and writes nothing."""
-    from sparkonce.pipeline.connect import ConnectBatch
+    from tests.connect.conftest import start_zombie
 
     log_dir = make_log(100, partitions=1)
     p = pipeline(tmp_path, log_dir)
@@ -168,14 +168,7 @@ def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
         assert newer.acquire("c1").epoch == 2
     finally:
         newer.close()
-    zombie = ConnectBatch("c1", 1, p.sink, p.source, str(tmp_path / "chk"), None)
-    query = (
-        values(p.source.stream(connect_spark, None))
-        .writeStream.foreachBatch(zombie)
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start_zombie(connect_spark, p, 1, tmp_path / "chk")
     with pytest.raises(Exception, match="FencedError"):
         query.awaitTermination()
     counts = Counter(v for (v,) in read(tmp_path / "sink.db", "SELECT value FROM out"))
@@ -413,7 +406,7 @@ def test_kafka_source_into_kafka_sink_on_connect_is_exact_skips_a_replay_and_fen
     numbers, which KafkaSource keeps stable; the output is read with confluent-kafka's own
     consumer at read_committed."""
     from sparkonce import KafkaSink, KafkaSource
-    from sparkonce.pipeline.connect import ConnectBatch
+    from tests.connect.conftest import start_zombie
 
     source_topic, out = kafka_topic("in", partitions=3), kafka_topic("out", partitions=2)
     _produce(kafka_broker.bootstrap, source_topic, 1, 150)
@@ -447,14 +440,7 @@ def test_kafka_source_into_kafka_sink_on_connect_is_exact_skips_a_replay_and_fen
         assert newer.acquire("k1").epoch == again.epoch + 1
     finally:
         newer.close()
-    zombie = ConnectBatch("k1", again.epoch, p.sink, p.source, str(tmp_path / "chk"), None)
-    query = (
-        p.transform(p.source.stream(connect_spark, None))
-        .writeStream.foreachBatch(zombie)
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start_zombie(connect_spark, p, again.epoch, tmp_path / "chk")
     with pytest.raises(Exception, match=r"FencedError|fenced"):
         query.awaitTermination()
     seen = _committed_values(kafka_broker.bootstrap, out)

@@ -347,13 +347,7 @@ class DeltaLedgerStore(LedgerStore):
                 entries = self._entries_of(pipeline, stored, int(snapshot.version()))
             new = epoch + 1
             now = datetime.now(UTC)
-            t.write_text(
-                self._dir(pipeline, "owners", f"{new}.json"),
-                json.dumps(
-                    {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
-                ),
-                overwrite=True,
-            )
+            self._write_owner(pipeline, new, holder, source, now)
             meta = json.dumps({"sparkonce": "acquire", "pipeline": pipeline, "epoch": new})
             try:
                 t._commit_set_transaction(txn, app, pack(new, entries), meta)
@@ -368,6 +362,16 @@ class DeltaLedgerStore(LedgerStore):
             self._views[pipeline] = PipelineView(new, entries, last)
             return Owner(pipeline, new, now, holder, source)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _write_owner(
+        self, pipeline: str, epoch: int, holder: str, source: str | None, now: datetime
+    ) -> None:
+        """The owner's details, written before the acquire commits ``epoch``."""
+        self.table.write_text(
+            self._dir(pipeline, "owners", f"{epoch}.json"),
+            json.dumps({"epoch": epoch, "holder": holder, "source": source, "at": now.isoformat()}),
+            overwrite=True,
+        )
 
     def _acquire_by_write(self, pipeline: str, source: str | None) -> Owner:
         """Take ``epoch + 1`` without a Delta transaction object (a Spark Connect session):
@@ -384,13 +388,7 @@ class DeltaLedgerStore(LedgerStore):
                 entries = self._entries_of(pipeline, stored, read)
             new = epoch + 1
             now = datetime.now(UTC)
-            t.write_text(
-                self._dir(pipeline, "owners", f"{new}.json"),
-                json.dumps(
-                    {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
-                ),
-                overwrite=True,
-            )
+            self._write_owner(pipeline, new, holder, source, now)
             nonce = uuid.uuid4().hex
             meta = {"sparkonce": "acquire", "pipeline": pipeline, "epoch": new, "read": read}
             at = self._commit_epoch(pipeline, pack(new, entries), {**meta, "nonce": nonce}, read)
