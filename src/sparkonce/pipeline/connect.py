@@ -29,8 +29,9 @@ from sparkonce.errors import (
 )
 from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.files import ArrowSettings
-from sparkonce.ledger.base import BatchContext, CommitResult
+from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.observe.report import BatchReport, RunReport
+from sparkonce.pipeline.failure import short_error
 from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
 from sparkonce.sinks.sql import PostgresSink, SQLiteSink
@@ -210,10 +211,12 @@ class LedgerFeed:
         self.hooks = tuple(hooks)
         self._seen: set[int] = set()  # the seqs already reported
 
-    def poll(self) -> None:
-        """Report the entries of this run's epoch that appeared since the last call."""
+    def poll(self) -> list[LedgerEntry]:
+        """Report the entries of this run's epoch that appeared since the last call; returns
+        the whole ledger it read."""
         p, report = self.pipeline, self.report
-        for e in p.sink.ledger(p.name):
+        ledger = p.sink.ledger(p.name)
+        for e in ledger:
             if e.epoch != report.epoch or e.seq in self._seen:
                 continue
             self._seen.add(e.seq)
@@ -233,6 +236,7 @@ class LedgerFeed:
                 log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
             for hook in self.hooks:
                 hook(batch)
+        return ledger
 
     def finish(self, query: StreamingQuery, checkpoint_id: str | None) -> None:
         """Once the query has ended: the entries not yet reported, then the batches of the
@@ -240,11 +244,11 @@ class LedgerFeed:
         earlier epoch's entry holds it (the same Spark batch of the same checkpoint: a
         replay), else it was empty. Input rows cannot tell: a skipped batch is never read,
         so Spark counts 0 rows for it."""
-        self.poll()
+        ledger = self.poll()
         ids = {b.spark_batch_id for b in self.report.batches}
         earlier = {
             e.spark_batch_id
-            for e in self.pipeline.sink.ledger(self.pipeline.name)
+            for e in ledger
             if e.epoch != self.report.epoch and e.checkpoint_id == checkpoint_id
         }
         try:
@@ -271,9 +275,9 @@ def server_gone(pipeline: PipelineSpec, exc: BaseException) -> None:
     text = f"{status} {exc}"
     if "UNAVAILABLE" not in text and "failed to connect to all addresses" not in text:
         return
-    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     raise SparkServerUnavailableError(
-        f"pipeline {pipeline.name!r}: the Spark Connect server stopped answering ({first}). "
+        f"pipeline {pipeline.name!r}: the Spark Connect server stopped answering "
+        f"({short_error(exc)}). "
         "The streaming query ran in that server and ended with it; every batch it committed "
         "is in the sink's ledger. Run the pipeline again once the server is back: it resumes "
         "from the ledger."

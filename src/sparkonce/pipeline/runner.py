@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from sparkonce.pipeline.connect import LedgerFeed
     from sparkonce.pipeline.spec import PipelineSpec
 
 log = logging.getLogger("sparkonce.run")
@@ -582,7 +583,7 @@ QUERY_START_ATTEMPTS = 3
 _WORKER_START_TIMEOUT = "Python worker failed to connect back"
 
 
-def _poll(feed: Any, query: StreamingQuery) -> None:
+def _poll(feed: LedgerFeed, query: StreamingQuery) -> None:
     """Report the batches a Connect query committed since the last poll; an ``on_batch``
     that raises stops the query (it runs in the server, which would otherwise go on) and
     fails the run, as it fails the batch on a classic session."""
