@@ -58,7 +58,7 @@ from sparkonce.observe.report import BatchReport, RunReport
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import dedup_counts
 from sparkonce.outputs.output_set import OutputSet
-from sparkonce.pipeline.failure import find_cause, rebuild, short_error
+from sparkonce.pipeline.failure import find_cause, rebuild, short_error, where_suffix
 from sparkonce.pipeline.query import check_query, output_query
 from sparkonce.spark.checkpoint import Checkpoint
 
@@ -675,7 +675,7 @@ def _failure(
     text = "\n".join(str(e) for e in (handler.error, exc) if e is not None)
     cause = find_cause(text)
     batch = _failed_batch(pipeline, checkpoint, handler)
-    rebuilt = rebuild(cause, f"(pipeline {pipeline.name!r}, {batch})")
+    rebuilt = rebuild(cause, where_suffix(cause.message, pipeline.name, batch))
     if rebuilt is not None:
         return rebuilt
     fenced = _fenced(pipeline, handler)
