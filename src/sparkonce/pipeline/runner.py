@@ -510,7 +510,23 @@ def _run(
             watch.start(spark, run_start, listen=not connect)
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
-            query = writer.start()
+            try:
+                query = writer.start()
+            except Exception as exc:
+                # On Spark Connect the server starts the foreachBatch function's Python worker
+                # before the query, within the same fixed 10 s; a miss fails the start itself,
+                # before any batch ran, so starting again is safe.
+                if worker_start_timed_out(str(exc)) and attempt < QUERY_START_ATTEMPTS:
+                    log.warning(
+                        "pipeline %s: the Spark server's Python worker did not start in time "
+                        "(%s); starting the query again (attempt %d of %d)",
+                        pipeline.name,
+                        short_error(exc),
+                        attempt + 1,
+                        QUERY_START_ATTEMPTS,
+                    )
+                    continue
+                raise
             faults.phase("query-started")
             if watch is not None:
                 watch.query_started(str(query.id))
@@ -538,7 +554,7 @@ def _run(
                     raise _stopped(pipeline, handler, stop) from None
                 if isinstance(handler.error, SparkOnceError):
                     raise handler.error from None
-                if _WORKER_START_TIMEOUT in str(exc) and attempt < QUERY_START_ATTEMPTS:
+                if worker_start_timed_out(str(exc)) and attempt < QUERY_START_ATTEMPTS:
                     # Spark gives the source's Python planner process a fixed 10 s to
                     # connect back; a busy machine can miss that. A restart resumes from the
                     # checkpoint, as after a crash, so it is always safe.
@@ -580,7 +596,16 @@ def _run(
 STOP_WAIT_S = 60.0
 # A query whose Python worker missed Spark's start-up deadline is started again, this often.
 QUERY_START_ATTEMPTS = 3
-_WORKER_START_TIMEOUT = "Python worker failed to connect back"
+_WORKER_START_TIMEOUT = (
+    "Python worker failed to connect back",  # a task's or the source planner's worker
+    "Timed out while waiting for the Python worker to connect back",  # foreachBatch's
+)
+
+
+def worker_start_timed_out(text: str) -> bool:
+    """Whether Spark's error ``text`` says a Python worker missed Spark's fixed deadline to
+    connect back after its start (a busy machine)."""
+    return any(m in text for m in _WORKER_START_TIMEOUT)
 
 
 def _poll(feed: LedgerFeed, query: StreamingQuery) -> None:
