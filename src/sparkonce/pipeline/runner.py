@@ -525,6 +525,8 @@ def _run(
                         attempt + 1,
                         QUERY_START_ATTEMPTS,
                     )
+                    # A loaded machine is what makes a worker late: give it a moment.
+                    time.sleep(2**attempt)
                     continue
                 raise
             faults.phase("query-started")
@@ -595,7 +597,7 @@ def _run(
 # How long a stop request waits for a commit in flight to finish before stopping anyway.
 STOP_WAIT_S = 60.0
 # A query whose Python worker missed Spark's start-up deadline is started again, this often.
-QUERY_START_ATTEMPTS = 3
+QUERY_START_ATTEMPTS = 5
 _WORKER_START_TIMEOUT = (
     "Python worker failed to connect back",  # a task's or the source planner's worker
     "Timed out while waiting for the Python worker to connect back",  # foreachBatch's
