@@ -40,7 +40,9 @@ cannot win.
 median start of its session; ``summary[sink]["connect"]`` also holds Connect's ratio to
 classic and its extra milliseconds per batch (the ``foreachBatch`` round trip through the
 server's Python worker, which a classic session does not make). Written to
-``benchmarks/results/connect.json`` (``--output``), which keeps the file's dated notes.
+``benchmarks/results/connect.json`` (``--output``, which keeps the file's dated notes) after
+every run: ``complete`` is false, and ``what`` says how many runs there are of how many,
+until the last one, so a run that fails late leaves what was measured.
 """
 
 from __future__ import annotations
@@ -79,8 +81,9 @@ SINK_WHAT = {
 }
 TOPIC_PARTITIONS = 2
 # Ways to spoil a finished run's sink before it is read back (``--tamper``, SQLite only):
-# the smoke test's proof that the row check catches a missing and a repeated row.
-TAMPER = ("drop-and-repeat",)
+# the smoke test's proof that the row check catches a missing and a repeated row, and a
+# repeated row alone.
+TAMPER = ("drop-and-repeat", "repeat")
 
 
 def make_log(root: Path, records: int, start: int = 1) -> Path:
@@ -140,7 +143,15 @@ def session(variant: str, sink: str) -> Any:
     from sparkonce.sinks.delta import delta_spark_conf
     from sparkonce.spark.session import build_session
 
-    conf = delta_spark_conf() if sink == "delta" else {}
+    conf = {
+        **(delta_spark_conf() if sink == "delta" else {}),
+        # How long a Python worker waits to connect and authenticate to its JVM (default
+        # 15 s): on a 2-core machine at a load of 15 (other agents' Spark sessions), a
+        # streaming source's worker timed out so, and the run failed before its first
+        # batch. The JVM's own wait for a new worker is not this setting: it timed out too
+        # at that load ("Timed out while waiting for the Python worker to connect back").
+        "spark.python.authenticate.socketTimeout": "120s",
+    }
     if variant == "classic":
         return build_session(master="local[2]", app_name="bench-classic", conf=conf)
     from pyspark.sql import SparkSession
@@ -252,12 +263,14 @@ def check_values(values: Iterable[int], records: int) -> dict[str, Any]:
     }
 
 
-def tamper(sink: str, where: str, table: str) -> None:
-    """Spoil a finished run's SQLite sink: value 1 deleted, value 2's row written twice."""
+def tamper(sink: str, where: str, table: str, how: str) -> None:
+    """Spoil a finished run's SQLite sink: value 2's row written twice, and with
+    ``drop-and-repeat`` value 1 deleted (the count of rows stays right)."""
     if sink != "sqlite":
         raise SystemExit(f"--tamper works on the sqlite sink only, not on {sink}")
     with sqlite3.connect(where) as conn:
-        conn.execute(f"DELETE FROM {table} WHERE value = 1")
+        if how == "drop-and-repeat":
+            conn.execute(f"DELETE FROM {table} WHERE value = 1")
         conn.execute(f"INSERT INTO {table} SELECT * FROM {table} WHERE value = 2")
 
 
@@ -317,7 +330,7 @@ def child(
     finally:
         spark.stop()
     if spoil:
-        tamper(sink, where, table)
+        tamper(sink, where, table, spoil)
     check = check_values(read_back(sink, where, table), records)
     if check["missing"] or check["repeated"] or check["foreign"]:
         raise SystemExit(
@@ -435,7 +448,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     against classic (its ratio, and its extra milliseconds per batch)."""
     out: dict[str, Any] = {}
     for sink in dict.fromkeys(r["sink"] for r in runs):
-        out[sink] = _summarize([r for r in runs if r["sink"] == sink])
+        mine = [r for r in runs if r["sink"] == sink]
+        if {r["variant"] for r in mine} == set(VARIANTS):  # else no comparison yet
+            out[sink] = _summarize(mine)
     return out
 
 
@@ -450,14 +465,19 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "median_s": round(seconds, 3),
             "per_batch_ms": round(1000 * seconds / batches, 1),
             "batches": batches,
-            "session_start_median_s": round(
-                statistics.median(r["session_start_s"] for r in mine), 2
-            ),
+            "session_start_median_s": _median_or_none([r.get("session_start_s") for r in mine]),
         }
     classic, connect = out["classic"], out["connect"]
     connect["ratio"] = round(connect["median_s"] / classic["median_s"], 3)
     connect["extra_per_batch_ms"] = round(connect["per_batch_ms"] - classic["per_batch_ms"], 1)
     return out
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    """The median, rounded, or None where a run did not record the value."""
+    if not values or None in values:
+        return None
+    return round(statistics.median(v for v in values if v is not None), 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     runs: list[dict[str, Any]] = []
+    planned = args.repeat * len(sinks) * len(VARIANTS)
     root = Path(tempfile.mkdtemp(prefix="bench-connect-services-"))
     services = Services(root, sinks)
     try:
@@ -511,33 +532,19 @@ def main(argv: list[str] | None = None) -> int:
                     with services.target(sink, variant) as target:
                         r = run_child(variant, args.records, args.batch_records, sink, target)
                     runs.append(r)
-                    print(f"  {r['seconds']:.1f} s for {r['batches']} batches ({r['rows']} rows)")
+                    print(
+                        f"  {r['seconds']:.1f} s for {r['batches']} batches ({r['rows']} rows; "
+                        f"session start {r['session_start_s']:.1f} s)",
+                        flush=True,
+                    )
+                    # After every run, so a later run that fails (on a loaded machine, a
+                    # Python worker that does not connect back in time) leaves what was
+                    # measured, marked incomplete.
+                    write_results(args.output, report_of(args, sinks, runs, planned))
     finally:
         services.stop()
         shutil.rmtree(root, ignore_errors=True)
-    summary = summarize(runs)
-    report = {
-        "benchmark": "connect",
-        "what": (
-            "the embedded log into each sink ("
-            + ", ".join(f"{s}: {SINK_WHAT[s]}" for s in sinks)
-            + ") on a Spark Connect session (PySpark's local Connect server) against the "
-            "same sink on a classic local[2] session, side by side in one run, alternating "
-            "child processes; Pipeline.run timed after a warm-up, the session's start not "
-            "counted; every run's rows read back by an independent reader, each value once"
-            + (f". {args.context.strip()}" if args.context.strip() else "")
-        ),
-        "sinks": sinks,
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": commit(),
-        "machine": machine(),
-        "records": args.records,
-        "batch_records": args.batch_records,
-        "repeat": args.repeat,
-        "summary": summary,
-        "runs": runs,
-    }
-    write_results(args.output, report)
+    summary = report_of(args, sinks, runs, planned)["summary"]
     for sink in sinks:
         c = summary[sink]
         print(
@@ -547,6 +554,38 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"-> {args.output}")
     return 0
+
+
+def report_of(
+    args: argparse.Namespace, sinks: list[str], runs: list[dict[str, Any]], planned: int
+) -> dict[str, Any]:
+    """The results file's content after ``runs`` of the ``planned`` ones."""
+    what = (
+        "the embedded log into each sink ("
+        + ", ".join(f"{s}: {SINK_WHAT[s]}" for s in sinks)
+        + ") on a Spark Connect session (PySpark's local Connect server) against the "
+        "same sink on a classic local[2] session, side by side in one run, alternating "
+        "child processes; Pipeline.run timed after a warm-up, the session's start not "
+        "counted; every run's rows read back by an independent reader, each value once"
+    )
+    if len(runs) < planned:
+        what += f"; INCOMPLETE: {len(runs)} of {planned} runs (the others did not run)"
+    if args.context.strip():
+        what += f". {args.context.strip()}"
+    return {
+        "benchmark": "connect",
+        "what": what,
+        "sinks": sinks,
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit(),
+        "machine": machine(),
+        "records": args.records,
+        "batch_records": args.batch_records,
+        "repeat": args.repeat,
+        "complete": len(runs) == planned,
+        "summary": summarize(runs),
+        "runs": runs,
+    }
 
 
 if __name__ == "__main__":

@@ -49,16 +49,27 @@ def test_both_variants_run_and_the_report_compares_them_per_sink(tmp_path: Path)
     )
 
 
-@pytest.mark.campaign_lane  # one classic Spark session
-def test_a_run_whose_sink_lost_one_row_and_repeated_another_fails(tmp_path: Path) -> None:
-    """The child's sink is spoiled after its run (value 1 deleted, value 2 written twice:
-    the count of rows is right), then read back: the run fails, naming both."""
+@pytest.mark.campaign_lane  # one classic Spark session each
+@pytest.mark.parametrize(
+    ("how", "rows", "says"),
+    [
+        ("drop-and-repeat", 200, "1 missing (first: [1]), 1 repeated (first: [2])"),
+        ("repeat", 201, "0 missing (first: []), 1 repeated (first: [2])"),
+    ],
+    ids=["drop-and-repeat", "repeat"],
+)
+def test_a_run_whose_sink_lost_or_repeated_a_row_fails(
+    tmp_path: Path, how: str, rows: int, says: str
+) -> None:
+    """The child's sink is spoiled after its run (value 2 written twice; with
+    ``drop-and-repeat`` value 1 deleted too, so the count of rows is right), then read
+    back: the run fails, naming what is wrong."""
     done = subprocess.run(
         [
             sys.executable,
             str(SCRIPT),
             *("--child", "classic", "--sink", "sqlite", "--workdir", str(tmp_path)),
-            *("--records", "200", "--batch-records", "100", "--tamper", "drop-and-repeat"),
+            *("--records", "200", "--batch-records", "100", "--tamper", how),
         ],
         capture_output=True,
         text=True,
@@ -67,8 +78,8 @@ def test_a_run_whose_sink_lost_one_row_and_repeated_another_fails(tmp_path: Path
     )
     assert done.returncode != 0, done.stdout[-2000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert "classic (sqlite): the sink holds 200 rows" in last, done.stderr[-3000:]
-    assert "1 missing (first: [1]), 1 repeated (first: [2])" in last, last
+    assert f"classic (sqlite): the sink holds {rows} rows" in last, done.stderr[-3000:]
+    assert says in last, last
 
 
 def test_a_bad_batch_size_or_sink_is_refused_before_anything_runs() -> None:
