@@ -144,10 +144,14 @@ bench-broker-faults: setup jars
 # reported in benchmarks/results/verify-connect-FAMILY.json.
 TRIALS ?= 50
 CONNECT ?=
-# Spark Connect against a classic session, side by side (benchmarks/connect.py). Results:
-# benchmarks/results/connect.json. BENCH_ARGS="--records 4000 --repeat 1" for less.
+# Each sink on Spark Connect against the same sink on a classic session, side by side
+# (benchmarks/connect.py: SQLite, Delta, PostgreSQL, two-phase PostgreSQL and Kafka, with a
+# throwaway PostgreSQL server and Kafka broker). Results: benchmarks/results/connect.json.
+# BENCH_ARGS="--records 4000 --batch-records 400 --repeat 2" for less (about 30 minutes),
+# "--sinks sqlite" for one sink.
 .PHONY: bench-connect
-bench-connect: setup
+bench-connect: setup jars
+	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/connect.py $(BENCH_ARGS)
 
 .PHONY: bench-live

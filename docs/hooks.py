@@ -268,7 +268,8 @@ def environment_markdown() -> str:
 # -- performance tables -----------------------------------------------------------------------
 
 RESULTS = SRC.parent / "benchmarks" / "results"
-# The columns a results table shows first, when its rows have them (at most MAX_COLUMNS).
+# The columns a results table shows first, when its rows have them (at most MAX_COLUMNS); rows
+# with none of them at the top but nested per variant show those (``_preferred_nested``).
 PREFERRED = (
     "kind",
     "trials",
@@ -343,11 +344,21 @@ def _rows_of(data: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, Scala
     return None
 
 
+def _preferred_nested(keys: list[str]) -> list[str]:
+    """The nested keys (``variant.key``) whose last part is in :data:`PREFERRED`, in its
+    order, each nesting in the rows' order: the columns of a table whose rows hold one dict
+    per variant (``benchmarks/connect.py``: ``classic.per_batch_ms``,
+    ``connect.per_batch_ms``) and no preferred value of their own."""
+    rank = {k: i for i, k in enumerate(PREFERRED)}
+    nested = [k for k in keys if "." in k and k.rsplit(".", 1)[1] in rank]
+    return sorted(nested, key=lambda k: rank[k.rsplit(".", 1)[1]])
+
+
 def _table(first: str, rows: list[tuple[str, dict[str, Scalar]]]) -> str:
     keys: list[str] = []
     for _, r in rows:
         keys += [k for k in r if k not in keys]
-    chosen = [k for k in PREFERRED if k in keys] or keys
+    chosen = [k for k in PREFERRED if k in keys] or _preferred_nested(keys) or keys
     chosen = chosen[:MAX_COLUMNS]
     lines = [
         "| " + " | ".join([first, *chosen]) + " |",

@@ -56,7 +56,51 @@ def test_a_late_planner_worker_is_retried_and_the_output_is_exact(
     text = driver.log_path.read_text(errors="replace")
     assert marker.exists(), "the wrapper never delayed a planner start"
     assert code == 0, driver.log_tail(30)
-    assert "did not start in time" in text and "attempt 2 of 3" in text
+    assert "did not start in time" in text and "attempt 2 of 5" in text
+
+    state = read_sink(url, STATELESS_TABLE)
+    values = sorted(int(r["value"]) for r in state.rows)
+    assert values == list(range(1, RECORDS + 1))  # every record once
+    assert check_chain(e.ranges for e in state.ledger) == []
+
+
+_SLOW_FOREACH_BATCH = """#!/usr/bin/env bash
+# The first start of Spark Connect's foreachBatch worker waits past Spark's 10 s deadline.
+case "$*" in
+  *foreach_batch_worker*)
+    if mkdir {marker!r} 2>/dev/null; then sleep 13; fi ;;
+esac
+exec {python!r} "$@"
+"""
+
+
+def test_a_late_foreach_batch_worker_on_connect_is_retried_and_the_output_is_exact(
+    tmp_path: Path, make_log: Callable[..., Path], drivers: list[Driver]
+) -> None:
+    """On Spark Connect the server starts the batch function's Python worker as the query
+    starts; late, it fails the start itself (``writeStream.start()``), with another message
+    than a task's worker. The run starts the query again (a local Connect server, started by
+    ``--remote local[2]``, whose workers use the slow wrapper)."""
+    log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    pipeline = write_pipeline(tmp_path, log_dir=log_dir, sink_url=url)
+    wrapper = tmp_path / "slow-python"
+    marker = tmp_path / "slowed-once"
+    wrapper.write_text(_SLOW_FOREACH_BATCH.format(marker=str(marker), python=sys.executable))
+    wrapper.chmod(0o755)
+
+    driver = Driver(
+        pipeline,
+        tmp_path / "run.log",
+        env={"PYSPARK_PYTHON": str(wrapper)},
+        extra_args=("--remote", "local[2]"),
+    )
+    drivers.append(driver)
+    code = run_driver(driver)
+    text = driver.log_path.read_text(errors="replace")
+    assert marker.exists(), "the wrapper never delayed a foreachBatch worker start"
+    assert code == 0, driver.log_tail(30)
+    assert "server's Python worker did not start in time" in text and "attempt 2 of 5" in text
 
     state = read_sink(url, STATELESS_TABLE)
     values = sorted(int(r["value"]) for r in state.rows)

@@ -229,3 +229,30 @@ def test_contributing_shows_the_measured_test_times() -> None:
 def test_a_results_marker_naming_no_file_fails_the_build() -> None:
     with pytest.raises(ValueError, match="no-such-results"):
         hooks().on_page_markdown("<!-- generated: results no-such-results -->\n", page=None)
+
+
+def test_a_table_of_one_dict_per_variant_shows_their_preferred_columns() -> None:
+    """benchmarks/connect.py's summary is ``{sink: {variant: {...}}}``: the table shows each
+    variant's time per batch and Connect's ratio and extra time, not the first ten keys."""
+    first, rows = hooks()._rows_of(
+        {
+            "summary": {
+                "sqlite": {
+                    "classic": {"runs": 2, "batches": 10, "median_s": 9.0, "per_batch_ms": 900.0},
+                    "connect": {
+                        "runs": 2,
+                        "batches": 10,
+                        "median_s": 23.0,
+                        "per_batch_ms": 2300.0,
+                        "ratio": 2.556,
+                        "extra_per_batch_ms": 1400.0,
+                    },
+                }
+            }
+        }
+    )
+    header = hooks()._table(first, rows).splitlines()[0]
+    assert header == (
+        "| variant | connect.ratio | classic.median_s | connect.median_s | classic.per_batch_ms"
+        " | connect.per_batch_ms | connect.extra_per_batch_ms |"
+    )
