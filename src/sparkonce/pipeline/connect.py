@@ -31,6 +31,7 @@ from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.files import ArrowSettings
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.observe.report import BatchReport, RunReport
+from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.pipeline.failure import short_error
 from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
@@ -62,32 +63,45 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
 
     Called before anything is read or written (no epoch is taken): each message names
     what is not supported, says that Spark Connect sessions do not support it yet, and
-    what to use instead."""
+    what to use instead. Several outputs (stable output and dead letters too) are checked
+    output by output: each output's sink must be one that runs on Connect, as a single
+    sink must."""
     name = pipeline.name
-    what: str | None = None
-    if pipeline.output_set is not None:
-        what = "several outputs (outputs=..., stable output, dead letters)"
-    elif type(pipeline.sink) not in CONNECT_SINKS:
-        what = f"the sink {pipeline.sink.describe()}"
-    elif type(pipeline.source) not in CONNECT_SOURCES:
+    what = _unsupported_sink(pipeline)
+    if what is None and type(pipeline.source) not in CONNECT_SOURCES:
         what = f"the source {pipeline.source.describe()}"
-    elif isinstance(pipeline.sink, KafkaSink) and not pipeline.source.stable_task_numbers:
-        # KafkaSink names a replay's tasks by their input; without the JVM plan to find it,
-        # only a source with stable task numbers will do (see spark/kafka_lineage.py).
-        what = (
-            f"the source {pipeline.source.describe()} into KafkaSink (Spark's Kafka "
-            "connector can number a replay's tasks differently, and a Connect session has "
-            "no plan to tell; KafkaSource, whose numbers are stable, works)"
-        )
-    elif faults.fail_tasks or faults.pause_tasks:
+    elif what is None and (faults.fail_tasks or faults.pause_tasks):
         what = "injected task faults (SPARKONCE_FAIL_TASKS, SPARKONCE_PAUSE_TASKS)"
     if what is not None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
             "On Connect, sparkonce runs the embedded log, KafkaSource or SparkKafkaSource into "
             "SQLite, PostgreSQL (two-phase too), KafkaSink (not from SparkKafkaSource) or "
-            "DeltaSink (a local table). Nothing was changed (no epoch was taken)."
+            "DeltaSink (a local table), as one sink or as several outputs (stable output and "
+            "dead letters too). Nothing was changed (no epoch was taken)."
         )
+
+
+def _unsupported_sink(pipeline: PipelineSpec) -> str | None:
+    """What of the pipeline's sink (or of one of its outputs' sinks) Connect cannot run."""
+    outputs = pipeline.output_set
+    sinks = (
+        [(f" (output {n!r})", s) for n, s in outputs.outputs.items()]
+        if outputs is not None and not outputs.single
+        else [("", pipeline.sink if outputs is None else outputs.outputs[SINGLE_OUTPUT])]
+    )
+    for which, sink in sinks:
+        if type(sink) not in CONNECT_SINKS:
+            return f"the sink {sink.describe()}{which}"
+        if isinstance(sink, KafkaSink) and not pipeline.source.stable_task_numbers:
+            # KafkaSink names a replay's tasks by their input; without the JVM plan to find
+            # it, only a source with stable task numbers will do (spark/kafka_lineage.py).
+            return (
+                f"the source {pipeline.source.describe()} into KafkaSink{which} (Spark's "
+                "Kafka connector can number a replay's tasks differently, and a Connect "
+                "session has no plan to tell; KafkaSource, whose numbers are stable, works)"
+            )
+    return None
 
 
 class ConnectBatch:
@@ -135,6 +149,8 @@ class ConnectBatch:
             self._sink = self.sink
             self._sink.use_stable_task_numbers(self.source.stable_task_numbers)
             self._sink.use_faults(self.faults)
+            if isinstance(self._sink, OutputSet):
+                self._sink.files = self.files  # a late output reads the offset log
             self._sink.open()
         if self._checkpoint is None:
             self._checkpoint = Checkpoint.open(self.checkpoint_location, settings=self.files)
