@@ -192,3 +192,57 @@ def test_a_crash_between_two_stores_commits_on_connect_then_the_rerun_is_exact(
     a, b = ledger(sqlite_rows(tmp_path, LEDGER_SQL)), ledger(pg_rows(pg_url, LEDGER_SQL))
     assert [(s, r) for s, _, r in a] == [(s, r) for s, _, r in b]
     assert not [d for d in stable.iterdir() if not d.name.startswith(".")]
+
+
+def test_dedupe_on_connect_removes_what_the_rule_says_and_counts_it_from_the_progress(
+    connect_spark: SparkSession, tmp_path: Path
+) -> None:
+    """tests/outputs/test_dedup.py's named cases (copies in one batch and across batches,
+    a copy past the bound, late copies, NULL ids, no event time) through dedupe and a late
+    output, committed in the server's worker: the kept and late records are the plain
+    Python oracle's, batch by batch the counts the client reads from Spark's progress are
+    the oracle's, and a replay after Spark forgot its last batch changes nothing."""
+    from sparkonce.outputs import DedupCounts, dedupe
+    from sparkonce.outputs.late import late_records
+    from tests.outputs.test_dedup import _events, _named_chunks, _oracle, _write
+
+    records = _write(tmp_path / "log", _named_chunks(), 6)
+    batches = [records[i : i + 6] for i in range(0, len(records), 6)]
+    expected = _oracle(batches)
+
+    def dedup_transform(df: DataFrame) -> dict[str, DataFrame]:
+        events = _events(df).withWatermark("ts", "10 seconds")
+        return {
+            "events": dedupe(events, "id", within="10 seconds", event_time="ts"),
+            "late": late_records(events.where(F.col("id").isNotNull()), "ts"),
+        }
+
+    store = f"sqlite:///{tmp_path / 'a.db'}"
+    p = Pipeline(
+        name="dedup",
+        source=EmbeddedLogSource(tmp_path / "log", "events", max_records_per_partition=6),
+        transform=dedup_transform,
+        outputs={"events": SQLiteSink(store, "events"), "late": SQLiteSink(store, "late")},
+        checkpoint=tmp_path / "chk",
+        output_mode="append",
+    )
+    report = p.run(connect_spark)
+
+    def outputs() -> tuple[list[int], list[int]]:
+        kept = sorted(n for (n,) in sqlite_rows(tmp_path, "SELECT n FROM events"))
+        late = sorted(n for (n,) in sqlite_rows(tmp_path, "SELECT n FROM late"))
+        return kept, late
+
+    want = (
+        sorted(n for e in expected for n in e.kept),
+        sorted(n for e in expected for n in e.late),
+    )
+    assert outputs() == want
+    for b, exp in enumerate(expected):
+        counts = DedupCounts(b, exp.nulls, exp.duplicates, len(exp.late), exp.state)
+        assert report.dedup.get(b) == counts, f"batch {b}"
+
+    forget_last_commit(tmp_path / "chk")
+    again = p.run(connect_spark)
+    assert again.batches_skipped == 1, again
+    assert outputs() == want

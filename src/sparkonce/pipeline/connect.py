@@ -214,7 +214,13 @@ class LedgerFeed:
     listens: run observers or ``on_batch``) turns each new entry of this run's epoch into a
     :class:`BatchReport`, adds it to the run report, and hands it to the source's
     ``committed`` hook, the observers and ``on_batch``, in ledger order. :meth:`finish`
-    reads the rest once the query has ended and counts the batches it did not commit."""
+    reads the rest once the query has ended and counts the batches it did not commit.
+
+    With several outputs, each store keeps its own ledger and the run holds an epoch in
+    each; the stores commit a batch one after the other, in declaration order. A batch is
+    reported once the last store's ledger has it under this run's epoch there (every
+    store has it then), with the rows of every store that committed it in this run, as a
+    classic session's report counts them; its ``seq`` is the first of those stores'."""
 
     def __init__(
         self,
@@ -225,47 +231,68 @@ class LedgerFeed:
         self.pipeline = pipeline
         self.report = report
         self.hooks = tuple(hooks)
-        self._seen: set[int] = set()  # the seqs already reported
+        self._seen: set[int] = set()  # the seqs already reported (the last store's)
 
-    def poll(self) -> list[LedgerEntry]:
-        """Report the entries of this run's epoch that appeared since the last call; returns
-        the whole ledger it read."""
+    def _epochs(self) -> list[tuple[Sink, int]]:
+        """Each store's ledger holder and this run's epoch there, in commit order."""
+        outputs = self.pipeline.output_set
+        if outputs is None:
+            return [(self.pipeline.sink, self.report.epoch)]
+        return [
+            (g.sinks[0], self.report.epoch if g.epoch is None else g.epoch) for g in outputs.groups
+        ]
+
+    def poll(self) -> tuple[list[LedgerEntry], int]:
+        """Report the batches this run committed since the last call; returns the last
+        store's whole ledger as it read it, and this run's epoch there."""
         p, report = self.pipeline, self.report
-        ledger = p.sink.ledger(p.name)
+        stores = [(sink.ledger(p.name), epoch) for sink, epoch in self._epochs()]
+        ledger, last_epoch = stores[-1]
         for e in ledger:
-            if e.epoch != report.epoch or e.seq in self._seen:
+            if e.epoch != last_epoch or e.seq in self._seen:
                 continue
             self._seen.add(e.seq)
+            # This batch's entries of this run in every store (one, for a single sink).
+            mine = [
+                x
+                for entries, epoch in stores
+                for x in entries
+                if x.epoch == epoch
+                and x.spark_batch_id == e.spark_batch_id
+                and x.checkpoint_id == e.checkpoint_id
+            ]
+            rows = sum(x.row_count for x in mine)
             batch = BatchReport(
                 e.spark_batch_id or 0,
                 e.ranges,
-                CommitResult(False, e.row_count, e.seq),
-                e.commit_seconds or 0.0,
+                CommitResult(False, rows, mine[0].seq),
+                sum(x.commit_seconds or 0.0 for x in mine),
             )
             report.batches.append(batch)
             report.batches_committed += 1
-            report.rows_committed += e.row_count
-            report.rows_written += e.row_count
+            report.rows_committed += rows
+            report.rows_written += rows
             try:
                 p.source.committed(p.name, e.ranges)
             except Exception as exc:  # monitoring only: the ledger holds the truth
                 log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
             for hook in self.hooks:
                 hook(batch)
-        return ledger
+        return ledger, last_epoch
 
     def finish(self, query: StreamingQuery, checkpoint_id: str | None) -> None:
         """Once the query has ended: the entries not yet reported, then the batches of the
         query's progress that this epoch did not commit. Such a batch was skipped if an
         earlier epoch's entry holds it (the same Spark batch of the same checkpoint: a
-        replay), else it was empty. Input rows cannot tell: a skipped batch is never read,
-        so Spark counts 0 rows for it."""
-        ledger = self.poll()
+        replay; with several stores, in the last one, which commits a batch last), else it
+        was empty. Input rows cannot tell: a skipped batch is never read, so Spark counts 0
+        rows for it."""
+        ledger, epoch = self.poll()
         ids = {b.spark_batch_id for b in self.report.batches}
         earlier = {
             e.spark_batch_id
             for e in ledger
-            if e.epoch != self.report.epoch and e.checkpoint_id == checkpoint_id
+            if e.epoch != epoch and e.checkpoint_id == checkpoint_id
         }
         try:
             progress = list(query.recentProgress)
