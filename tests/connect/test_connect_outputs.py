@@ -84,10 +84,18 @@ def pg_rows(url: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 def ledger(rows: list[tuple[Any, ...]]) -> list[tuple[int, int, str]]:
-    return [(int(seq), int(epoch), str(ranges)) for seq, epoch, ranges in rows]
+    return [(int(seq), int(epoch), str(ranges)) for seq, epoch, ranges, _ in rows]
 
 
-LEDGER_SQL = f"SELECT seq, epoch, ranges FROM sparkonce_ledger WHERE pipeline='{NAME}' ORDER BY seq"
+def rows_of_epoch(rows: list[tuple[Any, ...]], epoch: int) -> int:
+    """The rows a store's ledger says the run of ``epoch`` committed there."""
+    return sum(int(n) for _, e, _, n in rows if e == epoch)
+
+
+LEDGER_SQL = (
+    "SELECT seq, epoch, ranges, row_count FROM sparkonce_ledger "
+    f"WHERE pipeline='{NAME}' ORDER BY seq"
+)
 
 
 def check_exact(tmp_path: Path, pg_url: str, last: int) -> None:
@@ -149,6 +157,9 @@ def test_several_outputs_in_two_stores_on_connect_are_exact_across_a_replay(
     assert len(a) == first.batches_committed >= 3, first
     assert [(s, r) for s, _, r in a] == [(s, r) for s, _, r in b]
     assert {e for _, e, _ in a} == {1} and {e for _, e, _ in b} == {2}
+    # The client's report, from both ledgers: every store's rows, as a classic run counts.
+    rows = rows_of_epoch(sqlite_rows(tmp_path, LEDGER_SQL), 1)
+    assert first.rows_committed == rows + rows_of_epoch(pg_rows(pg_url, LEDGER_SQL), 2)
     stable = tmp_path / "chk" / "sparkonce" / "stable"
     assert not [d for d in stable.iterdir() if not d.name.startswith(".")], "copies not collected"
 
@@ -188,6 +199,10 @@ def test_a_crash_between_two_stores_commits_on_connect_then_the_rerun_is_exact(
 
     again = p.run(connect_spark)
     assert again.epoch == 2, again
+    # The batch PostgreSQL missed counts as committed (its rows alone), not as skipped.
+    assert (again.batches_skipped, again.batches_committed) == (0, len(again.batches)), again
+    pg_again = rows_of_epoch(pg_rows(pg_url, LEDGER_SQL), 2)
+    assert again.rows_committed == rows_of_epoch(sqlite_rows(tmp_path, LEDGER_SQL), 2) + pg_again
     check_exact(tmp_path, pg_url, 210)
     a, b = ledger(sqlite_rows(tmp_path, LEDGER_SQL)), ledger(pg_rows(pg_url, LEDGER_SQL))
     assert [(s, r) for s, _, r in a] == [(s, r) for s, _, r in b]
