@@ -46,7 +46,10 @@ Resuming
     refused (:meth:`OutputSet.check_stores_agree`) instead of resuming from either end.
 
 Everything here runs on the driver, inside ``foreachBatch``; the sinks' stagers start
-Spark tasks where they do.
+Spark tasks where they do. On a Spark Connect session that "driver" is the server's Python
+worker running the pickled batch function (:mod:`sparkonce.pipeline.connect`): the set
+travels there as the call that built it plus the transform's layout and each store's
+epoch (:meth:`OutputSet.__reduce__`), and opens every store there.
 """
 
 from __future__ import annotations

@@ -10,7 +10,12 @@ every commit checks it against the store. The user's process learns what was com
 from the ledger and from the query's progress once the query ends
 (:func:`connect_report`).
 
-What this first slice does not run on Connect yet is refused before the epoch is taken
+Several outputs (stable output, dead letters, a late output) run the same way: the
+:class:`~sparkonce.outputs.output_set.OutputSet` travels with the layout of the transform's
+outputs and the epoch the run took in each store, and commits store after store in the
+worker; the client's report reads every store's ledger (:class:`LedgerFeed`).
+
+What does not run on Connect yet is refused before the epoch is taken
 (:func:`refuse_on_connect`), with one line that names it and the way out.
 """
 
