@@ -186,11 +186,11 @@ def test_a_crash_between_two_stores_commits_on_connect_then_the_rerun_is_exact(
     plan = FaultPlan.from_env(
         {"SPARKONCE_CRASH_AT": "after-ledger-commit@3", "SPARKONCE_FAULT_EVENTS": str(events)}
     )
-    with pytest.raises(Exception):  # noqa: B017 - the worker's death, in Spark's words
+    with pytest.raises(Exception) as died:  # the worker's death, in Spark's words
         p.run(connect_spark, faults=plan)
     fired = [json.loads(line) for line in events.read_text().splitlines()]
     crash = [(e["point"], e["hit"]) for e in fired if e["event"] == "crash"]
-    assert crash == [("after-ledger-commit", 3)], fired
+    assert crash == [("after-ledger-commit", 3)], (fired, str(died.value)[-3000:])
     a, b = ledger(sqlite_rows(tmp_path, LEDGER_SQL)), ledger(pg_rows(pg_url, LEDGER_SQL))
     assert (len(a), len(b)) == (2, 1), (a, b)
     stable = tmp_path / "chk" / "sparkonce" / "stable"
