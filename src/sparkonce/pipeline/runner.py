@@ -510,25 +510,7 @@ def _run(
             watch.start(spark, run_start, listen=not connect)
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
-            try:
-                query = writer.start()
-            except Exception as exc:
-                # On Connect, the server starts the foreachBatch function's Python worker
-                # as it starts the query, with the same fixed 10 s to connect back: a late
-                # worker fails writer.start() itself (seen twice here on a loaded 2-core
-                # machine, "Python worker failed to connect back" before any batch). No
-                # query was started, so starting again is safe.
-                if _WORKER_START_TIMEOUT not in str(exc) or attempt == QUERY_START_ATTEMPTS:
-                    raise
-                log.warning(
-                    "pipeline %s: Spark's Python worker did not start in time (%s); "
-                    "starting the query again (attempt %d of %d)",
-                    pipeline.name,
-                    short_error(exc),
-                    attempt + 1,
-                    QUERY_START_ATTEMPTS,
-                )
-                continue
+            query = writer.start()
             faults.phase("query-started")
             if watch is not None:
                 watch.query_started(str(query.id))
