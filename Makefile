@@ -140,7 +140,10 @@ bench-broker-faults: setup jars
 # (FAMILY: sqlite, postgres, twophase, kafka or delta), one trial at a time, about 40-100 s each.
 # Resumable: each call runs the trials not yet in benchmarks/results/verify-live-FAMILY.json, up
 # to TRIALS (default 50), so a campaign can span sessions. scripts/live-campaign.sh.
+# CONNECT=1: the same on Spark Connect sessions (verify --remote local[2]; no task-failure),
+# reported in benchmarks/results/verify-connect-FAMILY.json.
 TRIALS ?= 50
+CONNECT ?=
 # Spark Connect against a classic session, side by side (benchmarks/connect.py). Results:
 # benchmarks/results/connect.json. BENCH_ARGS="--records 4000 --repeat 1" for less.
 .PHONY: bench-connect
@@ -150,7 +153,7 @@ bench-connect: setup
 .PHONY: bench-live
 bench-live: setup jars
 	@test -n "$(FAMILY)" || { echo "make bench-live FAMILY=sqlite|postgres|twophase|kafka|delta [TRIALS=50]" >&2; exit 2; }
-	bash scripts/live-campaign.sh $(FAMILY) $(TRIALS)
+	SPARKONCE_CAMPAIGN_CONNECT=$(CONNECT) bash scripts/live-campaign.sh $(FAMILY) $(TRIALS)
 
 # Stable batch output's cost: two outputs in two stores (PostgreSQL and SQLite) with and
 # without it, interleaved, on 2 million records (3 rounds; about 20 minutes). Results:

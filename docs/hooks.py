@@ -185,6 +185,11 @@ ENV_NOTES = {
     "SPARKONCE_PAUSE_TASKS": "fault injection: `write`: each Kafka sink task stops itself "
     "(SIGSTOP) before its commit, its transaction open; see `sparkonce.protocol`",
     "SPARKONCE_FAULT_EVENTS": "a file where each injected fault is recorded as it fires",
+    "SPARK_CONNECT_AUTHENTICATE_TOKEN": "the token of the Spark Connect server that "
+    "`--remote local[N]` starts in the process (PySpark's client sends it); set to a fresh "
+    "random one when unset",
+    "SPARK_CONNECT_MODE_ENABLED": "set (not read) by `--remote local[N]` once its Connect "
+    "client exists, as PySpark sets it, so `pyspark.sql.functions` builds Connect columns",
     "SPARKONCE_JAR_CACHE": "a directory holding the fetched jars by kind (`delta/`, `s3/`, "
     "`spark-kafka/`), as `sparkonce jars fetch --dir` writes it; looked at first, then "
     "`$XDG_CACHE_HOME/sparkonce/jars` (where `sparkonce jars fetch` puts them), then "

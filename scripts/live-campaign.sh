@@ -16,12 +16,22 @@
 # Faults: verify's five kinds (kill, crash-point, task-failure, db-drop, zombie); Kafka has no
 # database to drop, so its campaign runs the other four. SPARKONCE_CAMPAIGN_SEED overrides the
 # family's seed.
+#
+# SPARKONCE_CAMPAIGN_CONNECT=1: the same campaign on Spark Connect sessions (issue 46): every
+# trial driver starts a Connect server of its own and runs as its client
+# (`sparkonce verify --remote local[2]`). Injected task failures do not exist there, so
+# task-failure is left out. Its report is benchmarks/results/verify-connect-FAMILY.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/campaign-lib.sh  # PYTHONPATH: test this checkout
 FAMILY="${1:?usage: $0 sqlite|postgres|twophase|kafka|delta [TRIALS] [VERIFY OPTIONS...]}"
 TRIALS="${2:-50}"
 NAME="verify-live-$FAMILY"
+REMOTE=()
+if [ "${SPARKONCE_CAMPAIGN_CONNECT:-}" = 1 ]; then
+  NAME="verify-connect-$FAMILY"
+  REMOTE=(--remote "local[2]")
+fi
 WORK=".cache/$NAME"
 SERVICES=".services/$NAME"
 PY=.venv/bin/python
@@ -69,7 +79,8 @@ case "$FAMILY" in
     SOURCE="KafkaSource(\"$BOOT\", \"kc-in\", max_records_per_partition=150)"
     SINK="KafkaSink(\"$BOOT\", \"kc-out\")"
     TRANSFORM='df.select(F.col("record_id").alias("key"), F.concat_ws("/", F.col("partition").cast("string"), F.col("value").cast("string")).alias("value"))'
-    FAULTS=(--faults kill,crash-point,task-failure,zombie) ;;
+    FAULTS=(--faults kill,crash-point,task-failure,zombie)
+    if [ ${#REMOTE[@]} -gt 0 ]; then FAULTS=(--faults kill,crash-point,zombie); fi ;;
 esac
 
 cat > "$WORK/pipeline.py" <<PIPE
@@ -110,4 +121,4 @@ if [ -f "$RESULT" ] && [ ! -f "$WORK/out/verify.json" ] &&
   rm -f "$WORK/out/verify.json"
   mv "$RESULT" "$WORK/replaced-report.json"
 fi
-resumable_campaign "$NAME" "$TRIALS" "$WORK/pipeline.py" -- "${FAULTS[@]}" "${@:3}"
+resumable_campaign "$NAME" "$TRIALS" "$WORK/pipeline.py" -- "${FAULTS[@]}" "${REMOTE[@]}" "${@:3}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkonce.errors import FencedError, OffsetOutOfRangeError, SinkUnavailableError
-from sparkonce.pipeline.failure import find_cause, rebuild
+from sparkonce.pipeline.failure import find_cause, rebuild, where_suffix
 
 # The shapes seen from PySpark 4.2: a StreamingQueryException whose first line names only
 # the wrappers, a Python traceback inside, and the real cause deep in the text.
@@ -117,3 +117,14 @@ def test_a_store_connection_lost_in_a_task_is_sink_unavailable() -> None:
         'cimpl.KafkaException: KafkaError{code=TOPIC_AUTHORIZATION_FAILED,val=29,str="x"}',
     ):
         assert find_cause(_WRAPPED.format(inner=inner)).error is None
+
+
+def test_an_error_that_names_its_batch_gets_no_second_context() -> None:
+    """On Spark Connect the batch function names the pipeline and batch where it runs; the
+    user's process, rebuilding the error, adds nothing then (it used to add its own guess,
+    "(pipeline 'p', the query, before its next batch was planned,)", after it)."""
+    worker = "fenced: pipeline 'p': this run holds epoch 1 (pipeline 'p', batch 1 [t[0]:0..5])"
+    assert where_suffix(worker, "p", "batch 2 [t[0]:5..9]") == ""
+    assert where_suffix("fenced: epoch 1", "p", "batch 2 [x]") == "(pipeline 'p', batch 2 [x])"
+    # Another pipeline's name in the message is no context of this one.
+    assert where_suffix(worker, "q", "batch 2 [x]") == "(pipeline 'q', batch 2 [x])"

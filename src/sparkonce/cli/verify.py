@@ -186,6 +186,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             key_columns=tuple(args.key or ()),
             nondeterministic=tuple(args.nondeterministic or ()),
             master=args.master,
+            remote=args.remote,
             checkpoint_root=args.checkpoint,
             live_interval_s=None if args.no_live else (args.live_interval or LIVE_INTERVAL_S),
             broker=broker,
@@ -542,6 +543,14 @@ def add_parser(sub: SubParsers) -> None:
             "cluster, task-failure trials rely on its own task retries, and the reference run "
             "stays local",
             "SPARKONCE_MASTER",
+        ),
+    )
+    p.add_argument(
+        "--remote",
+        metavar="local[N]",
+        help=(
+            "run every trial driver on a Spark Connect session: each driver starts a Connect "
+            "server of its own (local[N]) and is its client; task-failure trials are left out"
         ),
     )
     p.add_argument(

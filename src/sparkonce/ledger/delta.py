@@ -110,7 +110,7 @@ Everything here runs on the **driver** (or, on a Spark Connect session, in the u
 process and in the server's Python worker), through the adapters in
 :mod:`sparkonce.spark.delta` (the session's JVM: Delta's ``DeltaLog`` and Hadoop's
 ``FileSystem``, so any filesystem Spark can write Delta tables on works) and
-:mod:`sparkonce.spark.delta_log` (no JVM: the log read with pyarrow, local tables only).
+:mod:`sparkonce.spark.delta_log` (no JVM: the log read with pyarrow).
 """
 
 from __future__ import annotations

@@ -134,6 +134,15 @@ def rebuild(cause: Cause, suffix: str) -> SparkOnceError | None:
     return err
 
 
+def where_suffix(message: str, pipeline: str, batch: str) -> str:
+    """``(pipeline 'NAME', BATCH)``, the context a rebuilt error's message ends with, or
+    nothing when the message names its batch already: on Spark Connect the batch function,
+    which knows the batch, adds it where it runs (this process may not know it)."""
+    if f"(pipeline {pipeline!r}, batch " in message:
+        return ""
+    return f"(pipeline {pipeline!r}, {batch})"
+
+
 def _error_class(module: str, name: str) -> type[SparkOnceError] | None:
     try:
         cls = getattr(importlib.import_module(module), name, None)

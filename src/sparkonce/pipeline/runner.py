@@ -58,7 +58,7 @@ from sparkonce.observe.report import BatchReport, RunReport
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import dedup_counts
 from sparkonce.outputs.output_set import OutputSet
-from sparkonce.pipeline.failure import find_cause, rebuild, short_error
+from sparkonce.pipeline.failure import find_cause, rebuild, short_error, where_suffix
 from sparkonce.pipeline.query import check_query, output_query
 from sparkonce.spark.checkpoint import Checkpoint
 
@@ -510,7 +510,25 @@ def _run(
             watch.start(spark, run_start, listen=not connect)
         deadline = None if timeout is None else time.monotonic() + timeout
         for attempt in range(1, QUERY_START_ATTEMPTS + 1):
-            query = writer.start()
+            try:
+                query = writer.start()
+            except Exception as exc:
+                # On Spark Connect the server starts the foreachBatch function's Python worker
+                # before the query, within the same fixed 10 s; a miss fails the start itself,
+                # before any batch ran, so starting again is safe.
+                if worker_start_timed_out(str(exc)) and attempt < QUERY_START_ATTEMPTS:
+                    log.warning(
+                        "pipeline %s: the Spark server's Python worker did not start in time "
+                        "(%s); starting the query again (attempt %d of %d)",
+                        pipeline.name,
+                        short_error(exc),
+                        attempt + 1,
+                        QUERY_START_ATTEMPTS,
+                    )
+                    # A loaded machine is what makes a worker late: give it a moment.
+                    time.sleep(2**attempt)
+                    continue
+                raise
             faults.phase("query-started")
             if watch is not None:
                 watch.query_started(str(query.id))
@@ -538,7 +556,7 @@ def _run(
                     raise _stopped(pipeline, handler, stop) from None
                 if isinstance(handler.error, SparkOnceError):
                     raise handler.error from None
-                if _WORKER_START_TIMEOUT in str(exc) and attempt < QUERY_START_ATTEMPTS:
+                if worker_start_timed_out(str(exc)) and attempt < QUERY_START_ATTEMPTS:
                     # Spark gives the source's Python planner process a fixed 10 s to
                     # connect back; a busy machine can miss that. A restart resumes from the
                     # checkpoint, as after a crash, so it is always safe.
@@ -579,8 +597,17 @@ def _run(
 # How long a stop request waits for a commit in flight to finish before stopping anyway.
 STOP_WAIT_S = 60.0
 # A query whose Python worker missed Spark's start-up deadline is started again, this often.
-QUERY_START_ATTEMPTS = 3
-_WORKER_START_TIMEOUT = "Python worker failed to connect back"
+QUERY_START_ATTEMPTS = 5
+_WORKER_START_TIMEOUT = (
+    "Python worker failed to connect back",  # a task's or the source planner's worker
+    "Timed out while waiting for the Python worker to connect back",  # foreachBatch's
+)
+
+
+def worker_start_timed_out(text: str) -> bool:
+    """Whether Spark's error ``text`` says a Python worker missed Spark's fixed deadline to
+    connect back after its start (a busy machine)."""
+    return any(m in text for m in _WORKER_START_TIMEOUT)
 
 
 def _poll(feed: LedgerFeed, query: StreamingQuery) -> None:
@@ -675,7 +702,7 @@ def _failure(
     text = "\n".join(str(e) for e in (handler.error, exc) if e is not None)
     cause = find_cause(text)
     batch = _failed_batch(pipeline, checkpoint, handler)
-    rebuilt = rebuild(cause, f"(pipeline {pipeline.name!r}, {batch})")
+    rebuilt = rebuild(cause, where_suffix(cause.message, pipeline.name, batch))
     if rebuilt is not None:
         return rebuilt
     fenced = _fenced(pipeline, handler)

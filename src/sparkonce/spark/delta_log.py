@@ -23,8 +23,11 @@ the log (:meth:`sparkonce.ledger.delta.DeltaLedgerStore.after_write`). It works 
 session too (the tests use that), but a classic session takes
 :class:`~sparkonce.spark.delta.DeltaTable`, whose writes do not rebuild the table's state.
 
-Local tables only for now: the log and the ledger's files are read with
-:class:`~sparkonce.files.LocalFiles`.
+The log and the ledger's files are read with the :class:`~sparkonce.files.Files` that reach
+the table (:func:`~sparkonce.files.files_for`): a local path directly, ``s3a://`` and
+``s3://`` (and ``hdfs://``) through pyarrow, with the S3A settings of the session that asks,
+the user's or the Spark server's Python worker's, and the credentials of that process's AWS
+chain (a Spark Connect server hands out no secret settings).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.errors import ConfigError, LedgerError, SinkError, SparkOnceError
-from sparkonce.files import Files, LocalFiles, is_remote
+from sparkonce.errors import LedgerError, SinkError, SparkOnceError
+from sparkonce.files import Files, LocalFiles, files_for, is_remote
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -216,15 +219,9 @@ class ConnectDeltaTable:
     jvm: Any = None
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        if is_remote(path):
-            raise ConfigError(
-                f"Delta table {path}: on a Spark Connect session, DeltaSink writes tables at "
-                "local paths only (the server's and the client's machine alike) for now; use a "
-                "classic Spark session for a table on another filesystem."
-            )
         self.spark = spark
         self.path = path
-        self.files: Files = LocalFiles()
+        self.files: Files = files_for(path, spark) if is_remote(path) else LocalFiles()
         self.log = DeltaLogReader(path, self.files)
 
     # -- Delta's log -----------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sparkonce.files import FETCHED_SCHEMES, scheme
 from sparkonce.jvm import jvm as java_gateway
@@ -55,14 +55,17 @@ def build_session(
     ``spark.driver.extraJavaOptions`` follows the ones set here. The driver's JVM maps the
     machine's class-data archive when there is one (:mod:`sparkonce.spark.classdata`).
 
-    ``remote`` (``sc://HOST:PORT``, or ``local[N]`` for a Connect server of the installed
-    PySpark) makes a Spark Connect session instead, as ``SparkSession.builder.remote``
-    does: no JVM here, and the server's own settings and jars apply (``master``, ``jars``,
-    ``quick_start``, ``log_file`` and the JVM settings of ``conf`` are the server's
-    business, so they are not sent).
+    ``remote`` (``sc://HOST:PORT``) makes a Spark Connect session instead, as
+    ``SparkSession.builder.remote`` does: no JVM here, and the server's own settings and
+    jars apply (``master``, ``jars``, ``quick_start``, ``log_file`` and the JVM settings of
+    ``conf`` are the server's business, so they are not sent). ``remote="local[N]"`` starts
+    that server here first (:func:`_local_connect_server`): the session above, with every
+    setting given, serves Spark Connect, and the session returned is its client.
     """
-    if remote is not None:
+    if remote is not None and not remote.startswith("local"):
         return connect_session(remote, app_name, shuffle_partitions)
+    if remote is not None:
+        master = "local[2]" if remote == "local" else remote
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -92,6 +95,10 @@ def build_session(
         # Delta rebuilds a table's state (at checkpoints, and for MERGE's txn check) in
         # 50 partitions by default, sized for clusters; a few-core session wants few.
         extra.setdefault("spark.databricks.delta.snapshotPartitions", str(shuffle_partitions))
+    server_port = None
+    if remote is not None:
+        server_port, server_conf = _local_server_conf()
+        extra.update(server_conf)
     for key, value in extra.items():
         builder = builder.config(key, value)
     spark = (
@@ -107,7 +114,56 @@ def build_session(
         .getOrCreate()
     )
     set_log_level(spark, "ERROR")
+    if server_port is not None:
+        return _local_connect_client(server_port, app_name, shuffle_partitions)
     return spark
+
+
+def _local_server_conf() -> tuple[int, dict[str, str]]:
+    """A free port, and the settings that make the session about to start a Spark Connect
+    server on it (Spark's plugin, from the installed PySpark's jars).
+
+    PySpark's own ``SparkSession.builder.remote("local[N]")`` serves on the fixed port
+    15002 and passes on none of sparkonce's settings (a sink's jars, quick start, the log
+    file). Two such runs on one machine (a paused zombie and the newer run of
+    ``sparkonce verify``, say) would meet on that port, the second as a client of the first
+    one's server. Here each run gets its own server, bound to the loopback interface only and
+    asking for a token that only this process knows (``SPARK_CONNECT_AUTHENTICATE_TOKEN``,
+    which PySpark's client reads)."""
+    import socket
+    import uuid
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    os.environ.setdefault("SPARK_CONNECT_AUTHENTICATE_TOKEN", str(uuid.uuid4()))
+    return port, {
+        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+    }
+
+
+def _local_connect_client(port: int, app_name: str, shuffle_partitions: int) -> SparkSession:
+    """The Connect client of the server :func:`_local_server_conf` set up in this process.
+
+    PySpark's classic builder refuses a remote session once a SparkContext exists here, so
+    the Connect builder is used directly; ``SPARK_CONNECT_MODE_ENABLED`` (set as PySpark
+    sets it for its own local server) makes ``pyspark.sql.functions`` build Connect
+    columns, as a pipeline's transform on this session needs."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    builder: Any = ConnectSession.builder
+    spark: Any = (
+        builder.remote(f"sc://localhost:{port}")
+        .appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .getOrCreate()
+    )
+    _bound_retries(spark)
+    return cast("SparkSession", spark)
 
 
 def connect_session(remote: str, app_name: str, shuffle_partitions: int = 2) -> SparkSession:

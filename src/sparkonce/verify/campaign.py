@@ -140,6 +140,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import re
 import shutil
 import statistics
 import threading
@@ -215,11 +216,15 @@ class Campaign(Injection):
         reference: bool = True,
         nondeterministic: Sequence[str] = (),
         master: str | None = None,
+        remote: str | None = None,
         checkpoint_root: str | None = None,
         live_interval_s: float | None = DEFAULT_INTERVAL_S,
         broker: BrokerKill | None = None,
     ) -> None:
         """``master``: the Spark master of every trial driver (default: ``sparkonce run``'s).
+        ``remote`` (``local[N]``): every driver runs on a Spark Connect session instead, as
+        the client of a Connect server it starts (:func:`check_remote` says why only a
+        local one).
         ``checkpoint_root``: a directory or URL under which every run gets a fresh checkpoint
         of its own, left in place (default: ``workdir/checkpoint``, removed between runs).
         ``live_interval_s``: how often the live readers poll each store during a trial
@@ -250,6 +255,17 @@ class Campaign(Injection):
             check_source(base.source, base.name)
         self.pipeline_name = base.name
         self.master = master
+        self.remote = remote
+        if remote is not None:
+            check_remote(remote, master)
+            if "task-failure" in self.kinds:
+                if tuple(kinds) != FAULT_KINDS:
+                    raise ConfigError(
+                        f"--faults task-failure with --remote {remote}: a Spark Connect "
+                        "session takes no injected task faults; choose among kill, "
+                        "crash-point, db-drop, zombie"
+                    )
+                self.kinds = tuple(k for k in self.kinds if k != "task-failure")
         self.live_interval_s = live_interval_s
         self._live: LiveReader | None = None  # the running trial's live reader
         self.checkpoint_root = (
@@ -783,6 +799,27 @@ class Campaign(Injection):
                     f"{where} ({len(other)}) hold other batches from the {same + 1}th on"
                 )
         return out
+
+
+def check_remote(remote: str, master: str | None) -> None:
+    """Raise :class:`ConfigError` unless ``remote`` names a local Spark Connect server.
+
+    A campaign must kill and pause the process that commits. On Spark Connect that is a
+    Python worker of the server, so each trial driver starts its own server (``local[N]``,
+    a server in the driver's process group, as a machine running both would be): a kill
+    takes the client and its server down together, a crash point SIGKILLs the worker, and a
+    zombie is a server whose worker is frozen while a newer driver's server runs. A shared
+    server (``sc://``) cannot be paused for one trial without pausing every client's."""
+    if master is not None:
+        raise ConfigError(
+            f"--master {master} and --remote {remote} exclude each other: give one of them"
+        )
+    if remote != "local" and not re.fullmatch(r"local\[([1-9][0-9]*|\*)\]", remote):
+        raise ConfigError(
+            f"--remote {remote}: sparkonce verify runs each trial on a Spark Connect server "
+            "of its own, so it takes local or local[N] (a server beside each trial driver); "
+            "a shared server (sc://...) cannot be killed or paused for one trial"
+        )
 
 
 def _ledger_problems(ledger: Sequence[LedgerEntry], owner: Owner | None) -> list[str]:

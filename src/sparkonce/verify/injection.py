@@ -119,6 +119,7 @@ class Injection(ABC):
     workdir: Path
     pipeline: Pipeline
     master: str | None
+    remote: str | None
     sink_url: str | None
     quick_start: bool
     checkpoint: str | Path
@@ -144,7 +145,10 @@ class Injection(ABC):
             args += ["--sink", self.sink_url]
         if self._trial_source is not None:
             args += ["--source", self._trial_source.uri()]
-        if master:
+        if self.remote:
+            # Each driver starts a Spark Connect server of its own and runs as its client.
+            args += ["--remote", self.remote]
+        elif master:
             args += ["--master", master]
         if self.quick_start:
             args.append("--quick-start")
@@ -206,8 +210,14 @@ class Injection(ABC):
             d = self._driver(logs / "fault.log", crash=fault).start()
             out.driver_runs += 1
             code = d.wait(DRIVER_TIMEOUT_S)
-            out.fault_fired = code == SIGKILL_EXIT and bool(d.events("crash"))
-            if code not in (0, SIGKILL_EXIT):
+            crashed = bool(d.events("crash"))
+            if self.remote:
+                # The commit runs in the Connect server's Python worker, which the crash
+                # SIGKILLs; the query fails with it, and the client exits with that failure.
+                out.fault_fired = crashed and code != 0
+            else:
+                out.fault_fired = crashed and code == SIGKILL_EXIT
+            if code != 0 and not out.fault_fired:
                 raise VerificationError(f"faulty run exited with {code}: {d.log_tail(8)}")
             return code == 0
         if fault.kind in ("task-failure", "db-drop"):
@@ -385,7 +395,9 @@ class Injection(ABC):
         old = self._driver(logs / "zombie.log", env={PAUSE_ENV: f"{fault.point}@{fault.hit}"})
         old.start()
         out.driver_runs += 1
-        if not _wait_stopped(old, DRIVER_TIMEOUT_S):
+        # On Spark Connect the commit, and so the pause, is in the server's Python worker: a
+        # process of the driver's group (its server runs in it), found by the pause event.
+        if not _wait_stopped(old, DRIVER_TIMEOUT_S, by_event="pause" if self.remote else None):
             code = old.wait(60)
             if code == 0:
                 out.zombie_fenced = None  # finished before the pause point: no zombie
@@ -413,13 +425,21 @@ class Injection(ABC):
         return True
 
 
-def _wait_stopped(d: Driver, timeout: float) -> bool:
-    """Wait until the driver SIGSTOPped itself (state 'T'); False if it exited first."""
+def _wait_stopped(d: Driver, timeout: float, *, by_event: str | None = None) -> bool:
+    """Wait until the driver SIGSTOPped itself (state 'T'); False if it exited first.
+    ``by_event``: the process that stops is the one that recorded that event (a Python
+    worker of the driver's group), not the driver's own."""
     deadline = time.monotonic() + timeout
     stat = Path(f"/proc/{d.pid}/stat")
     while time.monotonic() < deadline:
         if d.poll() is not None:
             return False
+        if by_event is not None:
+            found = [e["pid"] for e in d.events(by_event) if isinstance(e.get("pid"), int)]
+            if not found:
+                time.sleep(0.1)
+                continue
+            stat = Path(f"/proc/{found[0]}/stat")
         try:
             state = stat.read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, IndexError):

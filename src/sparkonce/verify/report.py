@@ -175,6 +175,13 @@ def write_json(
         },
         sections={
             "reference": None if reference is None else reference.to_json(),
+            # How every trial driver reached Spark: a classic driver of this master, or a
+            # Spark Connect client of a server it started (--remote).
+            "spark_session": (
+                {"mode": "connect", "remote": campaign.remote}
+                if getattr(campaign, "remote", None)
+                else {"mode": "classic", "master": getattr(campaign, "master", None) or "local[2]"}
+            ),
             "this_run": {
                 "trials": len(outcomes) if ran is None else ran,
                 "elapsed_s": round(elapsed_s, 1),
