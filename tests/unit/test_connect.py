@@ -112,7 +112,7 @@ def test_the_report_counts_replays_from_the_ledger_not_from_input_rows() -> None
     ]
     source = SimpleNamespace(committed=lambda _name, _ranges: None)
     pipeline: Any = SimpleNamespace(
-        name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger), source=source
+        name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger), source=source, output_set=None
     )
     progress = [SimpleNamespace(batchId=b, numInputRows=0) for b in (1, 2, 3, 4)]
     query: Any = SimpleNamespace(recentProgress=progress)
@@ -128,7 +128,7 @@ def test_the_feed_hands_each_new_entry_of_the_epoch_to_the_hooks_once_in_ledger_
     told: list[Any] = []
     source = SimpleNamespace(committed=lambda name, ranges: told.append(("source", name)))
     pipeline: Any = SimpleNamespace(
-        name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger), source=source
+        name="c1", sink=SimpleNamespace(ledger=lambda _n: ledger), source=source, output_set=None
     )
     report = RunReport("c1", 2, "checkpoint")
     feed = LedgerFeed(pipeline, report, [lambda b: told.append(("hook", b.spark_batch_id))])
@@ -333,3 +333,147 @@ def test_resetting_a_delta_table_on_connect_needs_no_jvm(tmp_path: Path) -> None
     )
     DeltaInspector(sink).reset("p1")
     assert deleted == [str(tmp_path / "t")] and forgotten == [True]
+
+
+def _outputs(tmp_path: Path) -> Any:
+    """Two outputs in one SQLite file and one in another: two stores, stable output on."""
+    from sparkonce import PostgresSink, SQLiteSink
+
+    return {
+        "a": SQLiteSink(f"sqlite:///{tmp_path / 'a.db'}", "a"),
+        "dead": SQLiteSink(f"sqlite:///{tmp_path / 'a.db'}", "dead"),
+        "b": PostgresSink("postgresql://u:s3cret@127.0.0.1:9/db", "b"),
+    }
+
+
+def test_an_output_set_pickles_with_its_layout_aliases_and_each_stores_epoch(
+    tmp_path: Path,
+) -> None:
+    """What the worker needs of several outputs: the transform's layout and aliases, and
+    the epoch each store gave the run (the stores' epochs differ); nothing opened."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkonce.outputs.combine import OutputLayout
+    from sparkonce.outputs.quality import DEAD_LETTER_SCHEMA
+
+    p = Pipeline(
+        name="c1",
+        source=EmbeddedLogSource(tmp_path / "log", "events"),
+        outputs=_outputs(tmp_path),
+        checkpoint=tmp_path / "chk",
+    )
+    outputs = p.output_set
+    assert outputs is not None and outputs.stable and len(outputs.groups) == 2
+    schema = StructType([StructField("n", LongType())])
+    layout = OutputLayout(("a", "dead"), {"a": schema, "dead": DEAD_LETTER_SCHEMA})
+    outputs.use_layout(layout, {"b": "a"})
+    outputs.groups[0].epoch, outputs.groups[1].epoch = 3, 7
+    fn = ConnectBatch("c1", 3, p.sink, p.source, str(tmp_path / "chk"), None)
+    back = pickle.loads(pickle.dumps(fn)).sink
+    assert back is not outputs and back.describe() == outputs.describe()
+    assert back.layout == layout and back.aliases == {"b": "a"}
+    assert [g.epoch for g in back.groups] == [3, 7]
+    assert [g.committer for g in back.groups] == [None, None] and back._stable is None
+    assert back.stable_root == outputs.stable_root and back.checkpoint == outputs.checkpoint
+    assert "s3cret" not in repr(back)
+
+
+def test_several_outputs_pass_the_connect_check_and_an_unlisted_output_sink_is_named(
+    tmp_path: Path,
+) -> None:
+    from sparkonce import KafkaSink, SparkKafkaSource
+    from sparkonce.faults import NO_FAULTS
+    from sparkonce.pipeline.connect import refuse_on_connect
+
+    def with_outputs(**more: Any) -> Pipeline:
+        return Pipeline(
+            name="c1",
+            source=EmbeddedLogSource(tmp_path / "log", "events"),
+            outputs={**_outputs(tmp_path), **more},
+            checkpoint=tmp_path / "chk",
+        )
+
+    refuse_on_connect(with_outputs(), faults=NO_FAULTS)  # runs on Connect: no error
+    single = Pipeline(
+        name="c1",
+        source=EmbeddedLogSource(tmp_path / "log", "events"),
+        sink=sink_from_url(f"sqlite:///{tmp_path / 'a.db'}", "out"),
+        checkpoint=tmp_path / "chk",
+        stable_output=True,
+    )
+    refuse_on_connect(single, faults=NO_FAULTS)
+
+    class Unlisted(type(_outputs(tmp_path)["a"])):  # type: ignore[misc]
+        """Not on Connect's list."""
+
+    unlisted = Unlisted(f"sqlite:///{tmp_path / 'c.db'}", "c")
+    with pytest.raises(ConfigError) as refused:
+        refuse_on_connect(with_outputs(c=unlisted), faults=NO_FAULTS)
+    text = str(refused.value)
+    assert f"do not support the sink {unlisted.describe()} (output 'c') yet" in text
+    assert "no epoch was taken" in text and "several outputs" in text
+
+    into_kafka = Pipeline(
+        name="c1",
+        source=SparkKafkaSource("127.0.0.1:9", "in"),
+        outputs={**_outputs(tmp_path), "k": KafkaSink("127.0.0.1:9", "out")},
+        checkpoint=tmp_path / "chk",
+    )
+    with pytest.raises(ConfigError, match=r"into KafkaSink \(output 'k'\)"):
+        refuse_on_connect(into_kafka, faults=NO_FAULTS)
+
+
+def test_the_feed_reports_a_batch_of_several_stores_once_the_last_store_has_it() -> None:
+    """Store A (epoch 1 of this run) commits before store B (epoch 3). A batch is reported
+    when B's ledger has it, with both stores' rows; batch 2 is a replay A had from an
+    earlier run (epoch 0), which only B committed now: its rows are B's alone."""
+    a = [_entry(0, 1, 0), _entry(1, 1, 1), _entry(2, 0, 2)]
+    b = [_entry(0, 3, 0)]
+    groups = [
+        SimpleNamespace(sinks=[SimpleNamespace(ledger=lambda _n: a)], epoch=1),
+        SimpleNamespace(sinks=[SimpleNamespace(ledger=lambda _n: b)], epoch=3),
+    ]
+    source = SimpleNamespace(committed=lambda _name, _ranges: None)
+    pipeline: Any = SimpleNamespace(
+        name="c1", source=source, output_set=SimpleNamespace(groups=groups)
+    )
+    report = RunReport("c1", 1, "checkpoint")
+    told: list[tuple[int, int, int | None]] = []
+    feed = LedgerFeed(
+        pipeline,
+        report,
+        [lambda r: told.append((r.spark_batch_id, r.result.row_count, r.result.seq))],
+    )
+    feed.poll()
+    assert told == [(0, 20, 0)]  # batch 1 is in A only: not yet
+    b.extend([_entry(1, 3, 1), _entry(2, 3, 2)])
+    progress = [SimpleNamespace(batchId=i) for i in (0, 1, 2, 3)]
+    feed.finish(SimpleNamespace(recentProgress=progress), "q1")  # type: ignore[arg-type]
+    assert told == [(0, 20, 0), (1, 20, 1), (2, 10, 2)]
+    assert (report.batches_committed, report.rows_committed) == (3, 50)
+    assert (report.batches_skipped, report.batches_empty) == (0, 1)
+
+
+def test_dedup_counts_read_the_observed_metrics_of_a_connect_progress() -> None:
+    """A Connect client's progress holds each observed-metrics row in its JSON form, made a
+    Row of ``values`` and ``schema`` (as PySpark 4.2 parsed it from a real server); the
+    records without an id are counted from it as from a classic session's
+    ``Row(null_ids=...)``."""
+    from pyspark.sql import Row
+
+    from sparkonce.outputs import DedupCounts, dedup_counts
+
+    schema = {"type": "struct", "fields": [{"name": "null_ids", "type": "long"}]}
+    operator = {"operatorName": "dedupeWithinWatermark", "numRowsTotal": 4}
+    for row in (Row(values=[2], schema=schema), Row(null_ids=2)):
+        entry = {
+            "batchId": 3,
+            "observedMetrics": {"sparkonce_dedup": row},
+            "stateOperators": [operator],
+        }
+        assert dedup_counts(entry) == DedupCounts(3, 2, 0, 0, 4), row
+    empty = {
+        "batchId": 0,
+        "observedMetrics": {"sparkonce_dedup": Row(values=[None], schema=schema)},
+    }
+    assert dedup_counts(empty) is None  # no rows yet: Spark's sum is NULL, no operator seen

@@ -337,10 +337,21 @@ def dedup_counts(progress: Mapping[str, Any]) -> DedupCounts | None:
 
 
 def _field(row: object, name: str) -> Any:
-    """A field of an observed-metrics row (a pyspark Row, or a mapping in JSON form)."""
-    if isinstance(row, Mapping):
-        return row.get(name)
-    as_dict = getattr(row, "asDict", None)
-    if callable(as_dict):
-        return as_dict().get(name)
-    return None
+    """A field of an observed-metrics row: a pyspark Row, or a mapping in JSON form.
+
+    A Spark Connect client parses its progress from the JSON the server sends, where a
+    row is ``{"values": [...], "schema": {"fields": [{"name": ...}, ...]}}``; PySpark 4.2
+    makes a Row of that with the two fields ``values`` and ``schema``, not one field per
+    metric (measured: ``Row(values=[2], schema={...})`` for ``null_ids`` = 2). Both
+    shapes are read here; a classic session gives ``Row(null_ids=2)``."""
+    if not isinstance(row, Mapping):
+        as_dict = getattr(row, "asDict", None)
+        if not callable(as_dict):
+            return None
+        row = as_dict()
+        assert isinstance(row, Mapping)
+    values, schema = row.get("values"), row.get("schema")
+    if name not in row and isinstance(values, list) and isinstance(schema, Mapping):
+        names = [f.get("name") for f in schema.get("fields") or [] if isinstance(f, Mapping)]
+        return dict(zip(names, values, strict=False)).get(name)
+    return row.get(name)

@@ -69,6 +69,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
+    from sparkonce.files import ArrowSettings
+
 LATE_COLUMN = "_sparkonce_late"
 """Hidden struct column of a late branch: ``first_end_us``, ``last_end_us``, ``slide_us``
 (the end of the record's earliest and latest window, in microseconds, and the window slide;
@@ -294,15 +296,18 @@ def filter_late(batch_df: DataFrame, watermark_ms: int) -> DataFrame:
     )
 
 
-def batch_watermark_ms(checkpoint_dir: str | Path, batch_id: int) -> int:
+def batch_watermark_ms(
+    checkpoint_dir: str | Path, batch_id: int, *, settings: ArrowSettings | None = None
+) -> int:
     """The watermark (ms) behind which Spark's aggregation drops records in ``batch_id``.
 
     That is ``batchWatermarkMs`` of ``<checkpoint_dir>/offsets/<batch_id - 1>`` (the previous
     batch's), and 0 for batch 0. ``checkpoint_dir`` is a local path, or a URL that the active
-    Spark session's Hadoop filesystem reaches. Call it while batch ``batch_id`` runs or
-    later: Spark keeps the previous batch's entry. Raises :class:`CheckpointError` when that
-    entry is missing or malformed, :class:`ConfigError` for a negative or non-integer
-    ``batch_id``.
+    Spark session's Hadoop filesystem reaches (or, given ``settings``, pyarrow: the way of a
+    Spark Connect server's Python worker, which has no JVM). Call it while batch
+    ``batch_id`` runs or later: Spark keeps the previous batch's entry. Raises
+    :class:`CheckpointError` when that entry is missing or malformed, :class:`ConfigError`
+    for a negative or non-integer ``batch_id``.
     """
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
         raise ConfigError(
@@ -315,7 +320,7 @@ def batch_watermark_ms(checkpoint_dir: str | Path, batch_id: int) -> int:
     loc = location(checkpoint_dir, "checkpoint")
     path = join(loc, "offsets", str(batch_id - 1))
     try:
-        text = files_for(loc).read_text(path)
+        text = files_for(loc, settings=settings).read_text(path)
     except OSError as exc:
         raise CheckpointError(f"{path} cannot be read: {exc}") from exc
     if text is None:

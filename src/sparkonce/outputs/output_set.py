@@ -46,7 +46,10 @@ Resuming
     refused (:meth:`OutputSet.check_stores_agree`) instead of resuming from either end.
 
 Everything here runs on the driver, inside ``foreachBatch``; the sinks' stagers start
-Spark tasks where they do.
+Spark tasks where they do. On a Spark Connect session that "driver" is the server's Python
+worker running the pickled batch function (:mod:`sparkonce.pipeline.connect`): the set
+travels there as the call that built it plus the transform's layout and each store's
+epoch (:meth:`OutputSet.__reduce__`), and opens every store there.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
+    from sparkonce.files import ArrowSettings
     from sparkonce.outputs.stable import BatchKey, StableOutput
 
 log = logging.getLogger(__name__)
@@ -250,6 +254,9 @@ class OutputSet(Sink):
         self.aliases: dict[str, str] = {}
         self._warned = False
         self._stable: StableOutput | None = None
+        # How a late output reads the checkpoint's offset log where there is no JVM (a
+        # Spark Connect batch function sets it for a checkpoint that is not a local path).
+        self.files: ArrowSettings | None = None
 
     # -- construction ----------------------------------------------------------------------
     def _group(self) -> list[_Group]:
@@ -304,6 +311,34 @@ class OutputSet(Sink):
             )
         self.layout = layout
         self.aliases = aliases
+
+    # -- pickling (a Spark Connect batch function carries the set to the server) -----------
+    def __reduce__(self) -> tuple[Any, ...]:
+        """The set pickles as the call that built it (its sinks too, each unopened:
+        :meth:`Sink.__reduce__`), plus what the run added since: the transform's layout and
+        aliases, and the epoch each store's group took at :meth:`acquire`. A Spark Connect
+        batch function needs all three where it runs, in the server's Python worker: each
+        group commits with its own store's epoch, which may differ from the first store's
+        (the batch function's own); without it the copy could not be fenced in that store.
+        No connection, committer or stable-output handle travels: :meth:`open` makes them
+        again."""
+        rebuild, args = super().__reduce__()
+        state = {
+            "layout": self.layout,
+            "aliases": dict(self.aliases),
+            "epochs": [group.epoch for group in self.groups],
+        }
+        return (rebuild, args, state)
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.layout = state["layout"]
+        self.aliases = dict(state["aliases"])
+        for group, epoch in zip(self.groups, state["epochs"], strict=True):
+            group.epoch = epoch
+
+    def use_stable_task_numbers(self, stable: bool) -> None:
+        for sink in self.outputs.values():
+            sink.use_stable_task_numbers(stable)
 
     # -- the Sink hooks the runner calls ---------------------------------------------------
     def use_faults(self, faults: FaultPlan) -> None:
@@ -511,7 +546,9 @@ class OutputSet(Sink):
             # the batch ran with (from the offset log's previous entry; fixed on replay).
             if self.checkpoint is None:
                 raise ConfigError("OutputSet: a late output needs the pipeline's checkpoint")
-            watermark = late.batch_watermark_ms(self.checkpoint, ctx.spark_batch_id)
+            watermark = late.batch_watermark_ms(
+                self.checkpoint, ctx.spark_batch_id, settings=self.files
+            )
             out = late.filter_late(out, watermark)
         return out
 

@@ -10,7 +10,12 @@ every commit checks it against the store. The user's process learns what was com
 from the ledger and from the query's progress once the query ends
 (:func:`connect_report`).
 
-What this first slice does not run on Connect yet is refused before the epoch is taken
+Several outputs (stable output, dead letters, a late output) run the same way: the
+:class:`~sparkonce.outputs.output_set.OutputSet` travels with the layout of the transform's
+outputs and the epoch the run took in each store, and commits store after store in the
+worker; the client's report reads every store's ledger (:class:`LedgerFeed`).
+
+What does not run on Connect yet is refused before the epoch is taken
 (:func:`refuse_on_connect`), with one line that names it and the way out.
 """
 
@@ -31,6 +36,7 @@ from sparkonce.faults import NO_FAULTS, FaultPlan
 from sparkonce.files import ArrowSettings
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.observe.report import BatchReport, RunReport
+from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.pipeline.failure import short_error
 from sparkonce.sinks.delta import DeltaSink
 from sparkonce.sinks.kafka import KafkaSink
@@ -62,32 +68,45 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
 
     Called before anything is read or written (no epoch is taken): each message names
     what is not supported, says that Spark Connect sessions do not support it yet, and
-    what to use instead."""
+    what to use instead. Several outputs (stable output and dead letters too) are checked
+    output by output: each output's sink must be one that runs on Connect, as a single
+    sink must."""
     name = pipeline.name
-    what: str | None = None
-    if pipeline.output_set is not None:
-        what = "several outputs (outputs=..., stable output, dead letters)"
-    elif type(pipeline.sink) not in CONNECT_SINKS:
-        what = f"the sink {pipeline.sink.describe()}"
-    elif type(pipeline.source) not in CONNECT_SOURCES:
+    what = _unsupported_sink(pipeline)
+    if what is None and type(pipeline.source) not in CONNECT_SOURCES:
         what = f"the source {pipeline.source.describe()}"
-    elif isinstance(pipeline.sink, KafkaSink) and not pipeline.source.stable_task_numbers:
-        # KafkaSink names a replay's tasks by their input; without the JVM plan to find it,
-        # only a source with stable task numbers will do (see spark/kafka_lineage.py).
-        what = (
-            f"the source {pipeline.source.describe()} into KafkaSink (Spark's Kafka "
-            "connector can number a replay's tasks differently, and a Connect session has "
-            "no plan to tell; KafkaSource, whose numbers are stable, works)"
-        )
-    elif faults.fail_tasks or faults.pause_tasks:
+    elif what is None and (faults.fail_tasks or faults.pause_tasks):
         what = "injected task faults (SPARKONCE_FAIL_TASKS, SPARKONCE_PAUSE_TASKS)"
     if what is not None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
             "On Connect, sparkonce runs the embedded log, KafkaSource or SparkKafkaSource into "
             "SQLite, PostgreSQL (two-phase too), KafkaSink (not from SparkKafkaSource) or "
-            "DeltaSink (a local table). Nothing was changed (no epoch was taken)."
+            "DeltaSink (a local table), as one sink or as several outputs (stable output and "
+            "dead letters too). Nothing was changed (no epoch was taken)."
         )
+
+
+def _unsupported_sink(pipeline: PipelineSpec) -> str | None:
+    """What of the pipeline's sink (or of one of its outputs' sinks) Connect cannot run."""
+    outputs = pipeline.output_set
+    sinks = (
+        [(f" (output {n!r})", s) for n, s in outputs.outputs.items()]
+        if outputs is not None and not outputs.single
+        else [("", pipeline.sink if outputs is None else outputs.outputs[SINGLE_OUTPUT])]
+    )
+    for which, sink in sinks:
+        if type(sink) not in CONNECT_SINKS:
+            return f"the sink {sink.describe()}{which}"
+        if isinstance(sink, KafkaSink) and not pipeline.source.stable_task_numbers:
+            # KafkaSink names a replay's tasks by their input; without the JVM plan to find
+            # it, only a source with stable task numbers will do (spark/kafka_lineage.py).
+            return (
+                f"the source {pipeline.source.describe()} into KafkaSink{which} (Spark's "
+                "Kafka connector can number a replay's tasks differently, and a Connect "
+                "session has no plan to tell; KafkaSource, whose numbers are stable, works)"
+            )
+    return None
 
 
 class ConnectBatch:
@@ -135,6 +154,8 @@ class ConnectBatch:
             self._sink = self.sink
             self._sink.use_stable_task_numbers(self.source.stable_task_numbers)
             self._sink.use_faults(self.faults)
+            if isinstance(self._sink, OutputSet):
+                self._sink.files = self.files  # a late output reads the offset log
             self._sink.open()
         if self._checkpoint is None:
             self._checkpoint = Checkpoint.open(self.checkpoint_location, settings=self.files)
@@ -198,7 +219,13 @@ class LedgerFeed:
     listens: run observers or ``on_batch``) turns each new entry of this run's epoch into a
     :class:`BatchReport`, adds it to the run report, and hands it to the source's
     ``committed`` hook, the observers and ``on_batch``, in ledger order. :meth:`finish`
-    reads the rest once the query has ended and counts the batches it did not commit."""
+    reads the rest once the query has ended and counts the batches it did not commit.
+
+    With several outputs, each store keeps its own ledger and the run holds an epoch in
+    each; the stores commit a batch one after the other, in declaration order. A batch is
+    reported once the last store's ledger has it under this run's epoch there (every
+    store has it then), with the rows of every store that committed it in this run, as a
+    classic session's report counts them; its ``seq`` is the first of those stores'."""
 
     def __init__(
         self,
@@ -209,47 +236,68 @@ class LedgerFeed:
         self.pipeline = pipeline
         self.report = report
         self.hooks = tuple(hooks)
-        self._seen: set[int] = set()  # the seqs already reported
+        self._seen: set[int] = set()  # the seqs already reported (the last store's)
 
-    def poll(self) -> list[LedgerEntry]:
-        """Report the entries of this run's epoch that appeared since the last call; returns
-        the whole ledger it read."""
+    def _epochs(self) -> list[tuple[Sink, int]]:
+        """Each store's ledger holder and this run's epoch there, in commit order."""
+        outputs = self.pipeline.output_set
+        if outputs is None:
+            return [(self.pipeline.sink, self.report.epoch)]
+        return [
+            (g.sinks[0], self.report.epoch if g.epoch is None else g.epoch) for g in outputs.groups
+        ]
+
+    def poll(self) -> tuple[list[LedgerEntry], int]:
+        """Report the batches this run committed since the last call; returns the last
+        store's whole ledger as it read it, and this run's epoch there."""
         p, report = self.pipeline, self.report
-        ledger = p.sink.ledger(p.name)
+        stores = [(sink.ledger(p.name), epoch) for sink, epoch in self._epochs()]
+        ledger, last_epoch = stores[-1]
         for e in ledger:
-            if e.epoch != report.epoch or e.seq in self._seen:
+            if e.epoch != last_epoch or e.seq in self._seen:
                 continue
             self._seen.add(e.seq)
+            # This batch's entries of this run in every store (one, for a single sink).
+            mine = [
+                x
+                for entries, epoch in stores
+                for x in entries
+                if x.epoch == epoch
+                and x.spark_batch_id == e.spark_batch_id
+                and x.checkpoint_id == e.checkpoint_id
+            ]
+            rows = sum(x.row_count for x in mine)
             batch = BatchReport(
                 e.spark_batch_id or 0,
                 e.ranges,
-                CommitResult(False, e.row_count, e.seq),
-                e.commit_seconds or 0.0,
+                CommitResult(False, rows, mine[0].seq),
+                sum(x.commit_seconds or 0.0 for x in mine),
             )
             report.batches.append(batch)
             report.batches_committed += 1
-            report.rows_committed += e.row_count
-            report.rows_written += e.row_count
+            report.rows_committed += rows
+            report.rows_written += rows
             try:
                 p.source.committed(p.name, e.ranges)
             except Exception as exc:  # monitoring only: the ledger holds the truth
                 log.warning("pipeline %s: could not report progress to the source: %s", p.name, exc)
             for hook in self.hooks:
                 hook(batch)
-        return ledger
+        return ledger, last_epoch
 
     def finish(self, query: StreamingQuery, checkpoint_id: str | None) -> None:
         """Once the query has ended: the entries not yet reported, then the batches of the
         query's progress that this epoch did not commit. Such a batch was skipped if an
         earlier epoch's entry holds it (the same Spark batch of the same checkpoint: a
-        replay), else it was empty. Input rows cannot tell: a skipped batch is never read,
-        so Spark counts 0 rows for it."""
-        ledger = self.poll()
+        replay; with several stores, in the last one, which commits a batch last), else it
+        was empty. Input rows cannot tell: a skipped batch is never read, so Spark counts 0
+        rows for it."""
+        ledger, epoch = self.poll()
         ids = {b.spark_batch_id for b in self.report.batches}
         earlier = {
             e.spark_batch_id
             for e in ledger
-            if e.epoch != self.report.epoch and e.checkpoint_id == checkpoint_id
+            if e.epoch != epoch and e.checkpoint_id == checkpoint_id
         }
         try:
             progress = list(query.recentProgress)
