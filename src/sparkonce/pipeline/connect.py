@@ -82,8 +82,8 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
             "On Connect, sparkonce runs the embedded log, KafkaSource or SparkKafkaSource into "
             "SQLite, PostgreSQL (two-phase too), KafkaSink (not from SparkKafkaSource) or "
-            "DeltaSink (a local table), as one sink or as several outputs (stable output and "
-            "dead letters too). Nothing was changed (no epoch was taken)."
+            "DeltaSink (a local path, s3a:// or s3://), as one sink or as several outputs "
+            "(stable output and dead letters too). Nothing was changed (no epoch was taken)."
         )
 
 
