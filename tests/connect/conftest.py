@@ -134,3 +134,19 @@ def start_zombie(spark: SparkSession, pipeline: Any, epoch: int, checkpoint: Pat
         .trigger(availableNow=True)
         .start()
     )
+
+
+def s3_connect_server(tmp_path: Path, s3: Any) -> tuple[ConnectServer, dict[str, str]]:
+    """A Connect server that reaches the moto server ``s3`` through S3A (its settings and
+    jars), and the AWS environment (keys, region) that it and its clients read S3 with: a
+    Connect server hands no secret setting to a client."""
+    from sparkonce.spark.jars import s3_jars
+    from tests.services.s3 import s3a_settings
+
+    keys = {
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_REGION": s3.region,
+    }
+    conf = {**s3a_settings(s3), "spark.jars": ",".join(s3_jars())}
+    return ConnectServer(tmp_path / "server.log", conf=conf, env_extra=keys), keys

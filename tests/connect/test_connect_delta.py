@@ -179,16 +179,9 @@ def test_a_table_on_s3_on_connect_is_exact_across_a_replay(
     import subprocess
     import sys
 
-    from sparkonce.spark.jars import s3_jars
-    from tests.connect.conftest import ConnectServer
+    from tests.connect.conftest import s3_connect_server
     from tests.connect.test_connect_pipeline import client_env
-    from tests.services.s3 import s3a_settings
 
-    keys = {
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-        "AWS_REGION": s3.region,
-    }
     checkpoint = tmp_path / "chk"
     pipeline_file = tmp_path / "pipeline.py"
     pipeline_file.write_text(
@@ -198,8 +191,7 @@ def test_a_table_on_s3_on_connect_is_exact_across_a_replay(
             checkpoint=str(checkpoint),
         )
     )
-    conf = {**s3a_settings(s3), "spark.jars": ",".join(s3_jars())}
-    server = ConnectServer(tmp_path / "server.log", conf=conf, env_extra=keys)
+    server, keys = s3_connect_server(tmp_path, s3)
     run = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", server.url]
     env = {**client_env(), **keys}
     try:

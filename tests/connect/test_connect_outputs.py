@@ -217,35 +217,16 @@ def test_dedupe_on_connect_removes_what_the_rule_says_and_counts_it_from_the_pro
     output, committed in the server's worker: the kept and late records are the plain
     Python oracle's, batch by batch the counts the client reads from Spark's progress are
     the oracle's, and a replay after Spark forgot its last batch changes nothing."""
-    from sparkonce.outputs import DedupCounts, dedupe
-    from sparkonce.outputs.late import late_records
-    from tests.outputs.test_dedup import _events, _named_chunks, _oracle, _write
+    from sparkonce.outputs import DedupCounts
+    from tests.outputs.test_dedup import named_cases_pipeline
 
-    records = _write(tmp_path / "log", _named_chunks(), 6)
-    batches = [records[i : i + 6] for i in range(0, len(records), 6)]
-    expected = _oracle(batches)
-
-    def dedup_transform(df: DataFrame) -> dict[str, DataFrame]:
-        events = _events(df).withWatermark("ts", "10 seconds")
-        return {
-            "events": dedupe(events, "id", within="10 seconds", event_time="ts"),
-            "late": late_records(events.where(F.col("id").isNotNull()), "ts"),
-        }
-
-    store = f"sqlite:///{tmp_path / 'a.db'}"
-    p = Pipeline(
-        name="dedup",
-        source=EmbeddedLogSource(tmp_path / "log", "events", max_records_per_partition=6),
-        transform=dedup_transform,
-        outputs={"events": SQLiteSink(store, "events"), "late": SQLiteSink(store, "late")},
-        checkpoint=tmp_path / "chk",
-        output_mode="append",
-    )
+    p, _batches, expected = named_cases_pipeline(tmp_path, tmp_path / "chk")
     report = p.run(connect_spark)
 
     def outputs() -> tuple[list[int], list[int]]:
-        kept = sorted(n for (n,) in sqlite_rows(tmp_path, "SELECT n FROM events"))
-        late = sorted(n for (n,) in sqlite_rows(tmp_path, "SELECT n FROM late"))
+        with sqlite3.connect(tmp_path / "out.db") as conn:
+            kept = sorted(n for (n,) in conn.execute("SELECT n FROM events"))
+            late = sorted(n for (n,) in conn.execute("SELECT n FROM late"))
         return kept, late
 
     want = (

@@ -691,15 +691,8 @@ def test_a_checkpoint_on_s3_on_connect_is_read_through_pyarrow_across_a_replay(
     import subprocess
     import sys
 
-    from sparkonce.spark.jars import s3_jars
-    from tests.connect.conftest import ConnectServer
-    from tests.services.s3 import s3a_settings
+    from tests.connect.conftest import s3_connect_server
 
-    keys = {
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-        "AWS_REGION": s3.region,
-    }
     db = tmp_path / "sink.db"
     pipeline_file = tmp_path / "pipeline.py"
     pipeline_file.write_text(
@@ -709,8 +702,7 @@ def test_a_checkpoint_on_s3_on_connect_is_read_through_pyarrow_across_a_replay(
             checkpoint=f"s3a://{s3_bucket}/chk",
         )
     )
-    conf = {**s3a_settings(s3), "spark.jars": ",".join(s3_jars())}
-    server = ConnectServer(tmp_path / "server.log", conf=conf, env_extra=keys)
+    server, keys = s3_connect_server(tmp_path, s3)
     run = [sys.executable, "-m", "sparkonce", "run", str(pipeline_file), "--remote", server.url]
     env = {**client_env(), **keys}
     try:

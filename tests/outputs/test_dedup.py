@@ -263,6 +263,37 @@ def _operator(progress: dict[str, Any]) -> dict[str, Any]:
     return op
 
 
+def named_cases_pipeline(
+    tmp_path: Path, checkpoint: Path
+) -> tuple[Pipeline, list[list[Rec]], list[Batch]]:
+    """The named dedup cases in a log under ``tmp_path``, six records a batch, and a pipeline
+    that dedupes them by id within 10 s of event time into ``events`` and sends the late
+    ones to ``late`` (both in ``tmp_path/out.db``); with the batches and the plain-Python
+    oracle's expectation per batch."""
+    from pyspark.sql import functions as F
+
+    records = _write(tmp_path / "log", _named_chunks(), 6)
+    batches = [records[i : i + 6] for i in range(0, len(records), 6)]
+
+    def transform(df: DataFrame) -> dict[str, DataFrame]:
+        events = _events(df).withWatermark("ts", "10 seconds")
+        return {
+            "events": dedupe(events, "id", within="10 seconds", event_time="ts"),
+            "late": late_records(events.where(F.col("id").isNotNull()), "ts"),
+        }
+
+    store = f"sqlite:///{tmp_path / 'out.db'}"
+    pipeline = Pipeline(
+        name="dedup",
+        source=EmbeddedLogSource(tmp_path / "log", "events", max_records_per_partition=6),
+        transform=transform,
+        outputs={"events": SQLiteSink(store, "events"), "late": SQLiteSink(store, "late")},
+        checkpoint=checkpoint,
+        output_mode="append",
+    )
+    return pipeline, batches, _oracle(batches)
+
+
 def test_oracle_names_each_case() -> None:
     """The oracle's verdict on the hand-written cases, as the docstring of dedupe states it
     (so a wrong oracle cannot agree with wrong code)."""
@@ -441,29 +472,7 @@ def test_pipeline_reports_counts_routes_late_and_refuses_a_lost_checkpoint(
 ) -> None:
     import logging
 
-    from pyspark.sql import functions as F
-
-    chunks = _named_chunks()
-    records = _write(tmp_path / "log", chunks, 6)
-    batches = [records[i : i + 6] for i in range(0, len(records), 6)]
-    expected = _oracle(batches)
-
-    def transform(df: DataFrame) -> dict[str, DataFrame]:
-        events = _events(df).withWatermark("ts", "10 seconds")
-        return {
-            "events": dedupe(events, "id", within="10 seconds", event_time="ts"),
-            "late": late_records(events.where(F.col("id").isNotNull()), "ts"),
-        }
-
-    store = f"sqlite:///{tmp_path / 'out.db'}"
-    pipeline = Pipeline(
-        name="dedup",
-        source=EmbeddedLogSource(tmp_path / "log", "events", max_records_per_partition=6),
-        transform=transform,
-        outputs={"events": SQLiteSink(store, "events"), "late": SQLiteSink(store, "late")},
-        checkpoint=tmp_path / "checkpoint",
-        output_mode="append",
-    )
+    pipeline, batches, expected = named_cases_pipeline(tmp_path, tmp_path / "checkpoint")
     caplog.set_level(logging.INFO, logger="sparkonce.run")
     report = pipeline.run(spark, timeout=300)
 
