@@ -34,7 +34,13 @@ from sparkonce.sinks import (
     SQLiteSink,
     sink_from_url,
 )
-from sparkonce.sources import EmbeddedLogSource, KafkaSource, Source, SparkKafkaSource
+from sparkonce.sources import (
+    DeltaSource,
+    EmbeddedLogSource,
+    KafkaSource,
+    Source,
+    SparkKafkaSource,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - imported on first use, by __getattr__ below
     from sparkonce.sinks.iceberg import IcebergSink
@@ -58,6 +64,7 @@ __all__ = [
     "ConfigError",
     "CrashPoint",
     "DeltaSink",
+    "DeltaSource",
     "EmbeddedLogSource",
     "FencedError",
     "IcebergSink",

@@ -67,6 +67,7 @@ QUICK_SH = "sparkonce log create data/log events --partitions 4"
 KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
 KAFKA_PRODUCER = "from sparkonce import KafkaProducer"
 SPARK_KAFKA = "from sparkonce import SparkKafkaSource"
+DELTA_SOURCE = "from sparkonce import DeltaSink, DeltaSource, Pipeline"
 KAFKA_CLI = (
     "sparkonce kafka create broker:9092 events --partitions 4     # says so if it already exists"
 )
@@ -101,6 +102,7 @@ RUN = {
     KAFKA_PIPELINE: "test_kafka_pipeline",
     KAFKA_PRODUCER: "test_kafka_producer",
     SPARK_KAFKA: "test_spark_kafka_source",
+    DELTA_SOURCE: "test_delta_source_block",
     KAFKA_CLI: "test_kafka_cli",
 }
 
@@ -425,6 +427,21 @@ def test_kafka_pipeline(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkS
     rows = inspector_for(pipeline.sink, fresh=True).rows()
     ours = Counter((r["key"], r["value"]) for r in rows if str(r["value"]).endswith(tag))
     assert ours == Counter((k, v) for v, k in sent.items())
+
+
+def test_delta_source_block(tmp_path: Path) -> None:
+    """The DeltaSource guide's block builds the pipeline it shows (its s3a:// paths are not
+    read until a run; tests/delta/test_source.py runs such pipelines on local tables)."""
+    from sparkonce import DeltaSink, DeltaSource, Pipeline
+
+    b = block(DELTA_SOURCE)
+    ns = exec_block(b, b.text, tmp_path)
+    pipeline = ns["pipeline"]
+    assert isinstance(pipeline, Pipeline)
+    assert isinstance(pipeline.source, DeltaSource) and isinstance(pipeline.sink, DeltaSink)
+    assert pipeline.source.uri() == "delta:s3a://lake/bronze/orders"
+    assert pipeline.source.read_limits() == {"max_files_per_batch": 500}
+    assert "io.delta.sql.DeltaSparkSessionExtension" in pipeline.spark_conf().values()
 
 
 def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:

@@ -217,6 +217,7 @@ def _ours(obj: object) -> bool:
 
 
 def _source_part(pipeline: PipelineSpec) -> Part:
+    from sparkonce.sources.delta import DeltaSource
     from sparkonce.sources.embedded import EmbeddedLogSource
     from sparkonce.sources.kafka import KafkaSource
 
@@ -227,6 +228,22 @@ def _source_part(pipeline: PipelineSpec) -> Part:
             "checkpoint before the batch runs and read at read_committed, so a replay reads "
             "the same records and never an aborted transaction's; records deleted by "
             "retention before they are read stop the batch with an error"
+        )
+        return Part("source", src.describe(), REPLAYABLE, why, counts=True)
+    if isinstance(src, DeltaSource) and _ours(src):
+        why = (
+            "each batch is a range of the table's versions and data files (Delta's offset, "
+            "version and file index, written to Spark's checkpoint before the batch runs); a "
+            "replay reads the same files again. OPTIMIZE is not read again; an UPDATE, DELETE "
+            "or MERGE upstream stops the run"
+            + (
+                ", except that skip_change_commits=True skips such commits: their rows are "
+                "not delivered"
+                if src.skip_change_commits
+                else ""
+            )
+            + "; data files VACUUM removed before a batch read them stop it with an error. A "
+            "new checkpoint resumes from the ledger only at a version's start"
         )
         return Part("source", src.describe(), REPLAYABLE, why, counts=True)
     if isinstance(src, EmbeddedLogSource) and _ours(src):
@@ -241,7 +258,7 @@ def _source_part(pipeline: PipelineSpec) -> Part:
         NO_GUARANTEE,
         f"{type(src).__name__} is not one of sparkonce's sources; nothing shows that it "
         "returns the same records when a batch is replayed",
-        "read through EmbeddedLogSource or KafkaSource, and run `sparkonce verify`",
+        "read through EmbeddedLogSource, KafkaSource or DeltaSource, and run `sparkonce verify`",
         counts=True,
     )
 

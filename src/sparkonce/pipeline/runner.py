@@ -58,7 +58,7 @@ from sparkonce.observe.report import BatchReport, RunReport
 from sparkonce.offsets import BatchRanges, TopicPartition
 from sparkonce.outputs.dedup import dedup_counts
 from sparkonce.outputs.output_set import OutputSet
-from sparkonce.pipeline.failure import find_cause, rebuild, short_error, where_suffix
+from sparkonce.pipeline.failure import Cause, find_cause, rebuild, short_error, where_suffix
 from sparkonce.pipeline.query import check_query, output_query
 from sparkonce.spark.checkpoint import Checkpoint
 
@@ -273,6 +273,8 @@ def _resume_point(
                 f"sparkonce reset --pipeline {pipeline.name} --sink <SINK_URL> --output-rows "
                 f"(runbook: {RUNBOOKS}/checkpoint-lost.md).{flag}"
             )
+        # A source that cannot start exactly at the ledger's end refuses here, before the epoch.
+        pipeline.source.check_ledger_start(ledger_end)
         return "ledger"
     _check_identity(pipeline, checkpoint, last)
     if last_done is not None:
@@ -700,8 +702,14 @@ def _failure(
 ) -> SparkOnceError:
     """One error whose message names the cause, the batch and its offset ranges."""
     text = "\n".join(str(e) for e in (handler.error, exc) if e is not None)
-    cause = find_cause(text)
     batch = _failed_batch(pipeline, checkpoint, handler)
+    own = pipeline.source.read_failure(text, handler.current[1] if handler.current else None)
+    if own is not None:  # the source named it (a Delta table's vacuumed files, say)
+        message = str(own)
+        return (
+            rebuild(Cause(message, type(own)), where_suffix(message, pipeline.name, batch)) or own
+        )
+    cause = find_cause(text)
     rebuilt = rebuild(cause, where_suffix(cause.message, pipeline.name, batch))
     if rebuilt is not None:
         return rebuilt

@@ -84,8 +84,24 @@ from sparkonce.spark.delta import (
     active_or_local_session,
     session_conf,
 )
+from sparkonce.spark.delta_conf import (
+    DELTA_CATALOG,
+    DELTA_EXTENSION,
+    DELTA_VERSION,
+    check_delta_supports,
+    delta_spark_conf,
+)
+from sparkonce.spark.delta_conf import (
+    DELTA_JARS as DELTA_JARS,  # re-exported: the sink's settings moved below it
+)
+from sparkonce.spark.delta_conf import (
+    DELTA_SPARK as DELTA_SPARK,
+)
+from sparkonce.spark.delta_conf import (
+    delta_jars as delta_jars,
+)
 from sparkonce.spark.delta_log import ConnectDeltaTable
-from sparkonce.spark.jars import JAR_SETS, fetch_hint, find_jars
+from sparkonce.spark.jars import JAR_SETS, fetch_hint
 from sparkonce.spark.session import is_connect
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,54 +109,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
-
-DELTA_VERSION = "4.4.0"  # jars/pom.xml pins the same
-DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
-DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-DELTA_JARS = tuple(a.file_name for a in JAR_SETS["delta"])
-
-
-#: The Spark minor version Delta DELTA_VERSION is built for (the ``_4.2`` in its artifact).
-#: No Delta release for Spark 4.3 was on Maven Central (io/delta/delta-spark_4.3_2.13) on
-#: 2026-11-28, so a PySpark 4.3 session is refused before the epoch.
-DELTA_SPARK = "4.2"
-
-
-def check_delta_supports(spark_version: str) -> None:
-    """Raise :class:`ConfigError` when the Delta jars sparkonce uses are not built for
-    ``spark_version`` (PySpark's ``__version__``)."""
-    if ".".join(spark_version.split(".")[:2]) != DELTA_SPARK:
-        raise ConfigError(
-            f"DeltaSink: PySpark {spark_version} is installed, but Delta {DELTA_VERSION} "
-            f"(the release sparkonce uses) is built for Spark {DELTA_SPARK} and there is no "
-            f"Delta release for Spark {spark_version} yet. Install pyspark~={DELTA_SPARK}.0 "
-            "to write Delta tables, or use another sink with this PySpark."
-        )
-
-
-def delta_jars() -> list[str]:
-    """The Delta jars: ``$SPARKONCE_DELTA_JARS`` (a directory), else ``delta/`` in
-    ``$SPARKONCE_JAR_CACHE``, else ``.cache/jars/delta`` of the sparkonce checkout (where
-    ``scripts/fetch-jars.sh`` puts them). Empty if none holds both."""
-    return find_jars("delta")
-
-
-def delta_spark_conf() -> dict[str, str]:
-    """What a session needs for Delta: the jars (when found) and Delta's extension and
-    catalog. :func:`sparkonce.build_session` applies it for a pipeline with a DeltaSink.
-    Refused (:func:`check_delta_supports`) on a PySpark those jars are not built for, before
-    any session loads Delta's extension."""
-    import pyspark
-
-    check_delta_supports(pyspark.__version__)
-    conf = {
-        "spark.sql.extensions": DELTA_EXTENSION,
-        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
-    }
-    jars = delta_jars()
-    if jars:
-        conf["spark.jars"] = ",".join(jars)
-    return conf
 
 
 def delta_path(url: str) -> str:

@@ -2,6 +2,8 @@
 
 from sparkonce.errors import ConfigError
 from sparkonce.sources.base import Source
+from sparkonce.sources.delta import URI_SCHEME as DELTA_URI_SCHEME
+from sparkonce.sources.delta import DeltaSource
 from sparkonce.sources.embedded import URI_SCHEME, EmbeddedLogSource
 from sparkonce.sources.kafka import URI_SCHEME as KAFKA_URI_SCHEME
 from sparkonce.sources.kafka import KafkaSource
@@ -14,7 +16,16 @@ def source_from_uri(uri: str) -> Source:
         return EmbeddedLogSource.from_uri(uri)
     if uri.startswith(f"{KAFKA_URI_SCHEME}://"):
         return KafkaSource.from_uri(uri)
+    if uri.startswith(f"{DELTA_URI_SCHEME}:"):
+        return DeltaSource.from_uri(uri)
     raise ConfigError(f"source URI {uri!r} is not one this version can open")
 
 
-__all__ = ["EmbeddedLogSource", "KafkaSource", "Source", "SparkKafkaSource", "source_from_uri"]
+__all__ = [
+    "DeltaSource",
+    "EmbeddedLogSource",
+    "KafkaSource",
+    "Source",
+    "SparkKafkaSource",
+    "source_from_uri",
+]

@@ -16,6 +16,10 @@ pipeline runner (on the driver) calls:
                                     reading from another location of the same kind
     committed(pipeline, ranges)     after each sink commit: progress for monitoring only
                                     (Kafka consumer-group offsets); never read back as truth
+    check_ledger_start(start)       before the epoch, when a new checkpoint resumes from the
+                                    ledger's end: raises when the source cannot start there
+    read_failure(text, ranges)      when the query failed: the source's own error for a
+                                    failure it recognises (a Delta table's missing files)
 
 Sources never import sinks; the runner passes the ledger's offsets in.
 """
@@ -28,7 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from sparkonce.config import mask_url
-from sparkonce.errors import ConfigError
+from sparkonce.errors import ConfigError, SparkOnceError
 from sparkonce.offsets import BatchRanges, ReadLimits, TopicPartition, batch_from_offsets
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,6 +140,19 @@ class Source(ABC):
         Failures here must not fail the pipeline: the sink's ledger already holds
         the truth. The default does nothing.
         """
+
+    def check_ledger_start(self, start: Mapping[TopicPartition, int]) -> None:  # noqa: B027
+        """Called on the driver before the epoch, when the checkpoint is new and the query
+        resumes from the ledger's end offsets ``start``: raise
+        :class:`~sparkonce.errors.CheckpointLostError` when the source cannot start a query
+        exactly there (it would read records again, or skip some). The default accepts: a
+        source that takes ``start`` in :meth:`stream` as given starts there."""
+
+    def read_failure(self, text: str, ranges: BatchRanges | None) -> SparkOnceError | None:
+        """The source's own error for a failed query whose exception text is ``text``
+        (``ranges``: the batch being committed, when known), or None when the source does
+        not recognise it (the default). Runs on the driver."""
+        return None
 
     def relocated(self, uri: str) -> Source:
         """A copy of this source that reads from ``uri`` instead (``sparkonce run --source``).
