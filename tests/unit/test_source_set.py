@@ -148,3 +148,32 @@ def test_uri_reopens_every_member_and_ledger_starts_split_by_topic(tmp_path: Pat
     assert s._part("payments", {("orders", 0): 4}) is None  # starts at its own offsets
     with pytest.raises(ConfigError, match="several streams, not one"):
         s.stream(None, None)  # type: ignore[arg-type]
+
+
+def test_read_limits_connect_and_relocation_name_the_set(tmp_path: Path) -> None:
+    from sparkonce.faults import NO_FAULTS
+    from sparkonce.pipeline.connect import refuse_on_connect
+    from sparkonce.pipeline.query import aligned_reads
+
+    limited = SourceSet(
+        {
+            "orders": KafkaSource("b1:9092", "orders", max_records_per_partition=40),
+            "payments": KafkaSource("b1:9092", "pays", max_records_per_batch=90),
+        }
+    )
+    assert limited.read_limits() == {
+        "orders.max_records_per_partition": 40,
+        "payments.max_records_per_batch": 90,
+    }
+    aligned = limited.aligned()
+    assert aligned is not None
+    assert all(m.limits.proportional for m in aligned.sources.values())
+    assert "per source (orders: 40 times the number of partitions; payments: 90)" in (
+        aligned_reads(limited)
+    )
+    assert _two().aligned() is None  # no limits: nothing changes
+    p = _pipeline(tmp_path, sources=dict(limited.sources))
+    with pytest.raises(ConfigError, match=r"Connect sessions do not support the source SourceSet"):
+        refuse_on_connect(p, faults=NO_FAULTS)
+    with pytest.raises(ConfigError, match="is several sources; --source moves"):
+        p.with_overrides(source_uri="kafka://b1:9092/other")

@@ -90,7 +90,7 @@ class Pipeline:
     source: Source = None  # type: ignore[assignment]  # set by __post_init__ (from sources)
     sink: Sink = None  # type: ignore[assignment]  # set by __post_init__ (from outputs)
     checkpoint: str | Path = ""
-    transform: Callable[[DataFrame], Any] = field(default=_identity)
+    transform: Callable[[Any], Any] = field(default=_identity)
     trigger: str | Trigger = "availableNow"
     output_mode: OutputMode = "update"
     stateful: bool | None = None

@@ -60,15 +60,21 @@ def transform_outputs(
 
 
 def aligned_reads(source: Source) -> str:
-    """What the read limits of ``source`` do in a query with an event-time watermark."""
+    """What the read limits of ``source`` do in a query with an event-time watermark (with
+    several sources, each source's limits cap that source's part of the batch)."""
+    from sparkonce.sources.source_set import SourceSet
+
     limits = source.read_limits()
     shown = ", ".join(f"{k}={v}" for k, v in limits.items())
-    per = limits.get("max_records_per_partition")
-    total = limits.get("max_records_per_batch")
-    if per and total:
-        budget = f"the smaller of {per} times the number of partitions and {total}"
+    if isinstance(source, SourceSet):
+        budget = "; ".join(
+            f"{name}: {_budget(member.read_limits())}"
+            for name, member in source.sources.items()
+            if member.read_limits()
+        )
+        budget = f"per source ({budget})"
     else:
-        budget = f"{per} times the number of partitions" if per else str(total)
+        budget = _budget(limits)
     return (
         f"the plan has an event-time watermark and the source has read limits ({shown}): a "
         "limit per partition would let a partition with little unread run ahead in event "
@@ -79,6 +85,14 @@ def aligned_reads(source: Source) -> str:
         "This aligns partitions on offsets, not on event times: a partition whose records "
         "bunch in event time can still fall behind"
     )
+
+
+def _budget(limits: Mapping[str, int]) -> str:
+    per = limits.get("max_records_per_partition")
+    total = limits.get("max_records_per_batch")
+    if per and total:
+        return f"the smaller of {per} times the number of partitions and {total}"
+    return f"{per} times the number of partitions" if per else str(total)
 
 
 def _transform_over(

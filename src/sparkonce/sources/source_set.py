@@ -264,6 +264,12 @@ class SourceSet(Source):
                 return own
         return None
 
+    def relocated(self, uri: str) -> Source:
+        raise ConfigError(
+            f"--source: {self.describe()} is several sources; --source moves a pipeline's "
+            "one source. Edit the pipeline file to move one of several"
+        )
+
     def topics_read(self) -> frozenset[str]:
         return frozenset(self._owner_of)
 
