@@ -2,11 +2,12 @@
 
 The pipeline is tests/kafka/orders_payments.py's LEFT OUTER join of orders with payments
 (two KafkaSource topics) into PostgreSQL, append mode, run as a real driver process
-(``sparkonce run FILE``). Run 1 dies at ``before-commit`` the second time a batch reaches it,
-run 2 (same checkpoint) at ``after-rows``, run 3 at ``before-ledger-commit``, run 4 at
-``after-ledger-commit``; run 5 finishes. The join reads about four data batches and then a
-no-data batch (the watermark passed the unmatched orders), so the later kills land in the
-batches whose rows come from the join's state. After every kill no row is seen twice and
+(``sparkonce run FILE``). The join reads three data batches, then a no-data batch (the
+watermark passed the unmatched orders; it emits 87 of them). Run 1 dies at ``before-commit``
+in batch 1, run 2 (same checkpoint) at ``after-rows`` in batch 2, run 3 at
+``before-ledger-commit`` in the no-data batch, run 4 at ``after-ledger-commit`` of the no-data
+batch (committed, but not in Spark's commit log); run 5 replays the no-data batch, skips it
+as committed, and finishes. After every kill no row is seen twice and
 none that the oracle lacks; at the end the table equals the oracle computed in plain Python
 from the two inputs, each row once, and the ledger is a gap-free chain over both topics.
 """
@@ -78,8 +79,11 @@ def test_kill_a_join_at_every_crash_point_then_recover(
 
     committed = 0
     for run, point in enumerate(CrashPoint, start=1):
+        # Runs 1-3 commit one batch each and die in the next; run 4 dies right after the
+        # no-data batch's commit, before Spark's commit log has it.
+        hit = 1 if point is CrashPoint.AFTER_LEDGER_COMMIT else 2
         killed = Driver(
-            pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=2, env=env
+            pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit, env=env
         )
         drivers.append(killed.start())
         code = run_driver(killed)
@@ -94,6 +98,9 @@ def test_kill_a_join_at_every_crash_point_then_recover(
     drivers.append(last.start())
     code = run_driver(last)
     assert code == 0, f"the last run exited {code}:\n{last.log_tail()}"
+    assert "no-data batch already committed" in last.log_path.read_text(errors="replace"), (
+        last.log_tail()
+    )
     got = op.read_pairs(pg_url, "joined")
     assert got == want, f"missing {want - got}, extra {got - want}\n{last.log_tail()}"
     ledger = _ledger(pg_url)

@@ -53,6 +53,7 @@ def join_pipeline(
     )
 
 
+@pytest.mark.crash_lane  # about 100 s: explain, two runs of the join, a refused run
 def test_join_of_two_topics_into_postgres_equals_the_oracle(
     spark: SparkSession,
     tmp_path: Path,
