@@ -177,3 +177,13 @@ def test_read_limits_connect_and_relocation_name_the_set(tmp_path: Path) -> None
         refuse_on_connect(p, faults=NO_FAULTS)
     with pytest.raises(ConfigError, match="is several sources; --source moves"):
         p.with_overrides(source_uri="kafka://b1:9092/other")
+
+
+def test_a_self_join_of_one_source_stays_one_source(tmp_path: Path) -> None:
+    """``source=`` joined with itself: Spark writes the one source's line twice, the same."""
+    o, _ = _offsets({"0": [0, 5]}, {"0": [0, 3]})
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "0").write_text(f'v1\n{{"batchWatermarkMs":0}}\n{o}\n{o}\n')
+    one = KafkaSource("b1:9092", "orders")
+    offset = Checkpoint(tmp_path).source_offset(0, one)
+    assert offset is not None and str(one.batch_ranges(None, offset)) == "orders[0]:0..5"
