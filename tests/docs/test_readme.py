@@ -19,8 +19,8 @@ Substitutions, the only ones made:
 
 The multi-output example (``examples/orders.py``, shown whole in docs/guides/outputs.md) reads its
 PostgreSQL URL and data directory from ``ORDERS_PG`` and ``ORDERS_DATA``; its test sets
-them to a database of the test server and the test's directory. No other block holds a
-PostgreSQL URL.
+them to a database of the test server and the test's directory. No other block that runs
+connects to PostgreSQL (the join block's sink is built, never opened).
 
 README.md's relative links must resolve to files of the repository
 (:func:`test_readme_links_resolve`); the docs pages' links are checked by ``mkdocs build
@@ -68,6 +68,7 @@ KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
 KAFKA_PRODUCER = "from sparkonce import KafkaProducer"
 SPARK_KAFKA = "from sparkonce import SparkKafkaSource"
 DELTA_SOURCE = "from sparkonce import DeltaSink, DeltaSource, Pipeline"
+JOIN = "# join.py: each order with the payments made within 20 seconds of it, or alone if none was"
 KAFKA_CLI = (
     "sparkonce kafka create broker:9092 events --partitions 4     # says so if it already exists"
 )
@@ -103,6 +104,7 @@ RUN = {
     KAFKA_PRODUCER: "test_kafka_producer",
     SPARK_KAFKA: "test_spark_kafka_source",
     DELTA_SOURCE: "test_delta_source_block",
+    JOIN: "test_join_block",
     KAFKA_CLI: "test_kafka_cli",
 }
 
@@ -442,6 +444,22 @@ def test_delta_source_block(tmp_path: Path) -> None:
     assert pipeline.source.uri() == "delta:s3a://lake/bronze/orders"
     assert pipeline.source.read_limits() == {"max_files_per_batch": 500}
     assert "io.delta.sql.DeltaSparkSessionExtension" in pipeline.spark_conf().values()
+
+
+def test_join_block(tmp_path: Path) -> None:
+    """The several-sources guide's block builds the pipeline it shows: two named Kafka
+    sources as one (tests/kafka/test_source_set.py runs such a join on a broker; building
+    the PostgreSQL sink connects to nothing)."""
+    from sparkonce import Pipeline
+    from sparkonce.sources.source_set import SourceSet
+
+    b = block(JOIN)
+    ns = exec_block(b, substitute(b.text, bootstrap="localhost:1"), tmp_path)
+    pipeline = ns["pipeline"]
+    assert isinstance(pipeline, Pipeline) and isinstance(pipeline.source, SourceSet)
+    assert pipeline.source.names == ("orders", "payments")
+    assert pipeline.source.topics_read() == {"orders", "payments"}
+    assert pipeline.output_mode == "append"
 
 
 def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:

@@ -43,6 +43,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"owner epoch {st.owner.epoch} (taken {st.owner.acquired_at:%Y-%m-%d %H:%M:%S %Z} by "
         f"{st.owner.holder}{running})"
     )
+    if st.source:
+        console.print(f"source: {st.source}", markup=False)
     last = f"{st.last_commit_at:%Y-%m-%d %H:%M:%S %Z}" if st.last_commit_at else "never"
     console.print(
         f"ledger: {st.batches} batches, {st.rows_committed} rows committed, last commit {last}"

@@ -160,7 +160,7 @@ class ConnectBatch:
         if self._checkpoint is None:
             self._checkpoint = Checkpoint.open(self.checkpoint_location, settings=self.files)
         checkpoint = self._checkpoint
-        current = checkpoint.source_offset(batch_id)
+        current = checkpoint.source_offset(batch_id, self.source)
         if current is None:
             raise CheckpointError(
                 f"pipeline {self.pipeline!r}: Spark's offset log has no entry for batch "

@@ -21,6 +21,7 @@ the explanation says so. ``sparkonce verify`` is the check that runs the pipelin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.pipeline.spec import PipelineSpec
     from sparkonce.sinks.base import Sink
+    from sparkonce.sources.base import Source
 
 EFFECTIVELY_ONCE = "effectively-once"
 EFFECTIVELY_ONCE_READ_COMMITTED = "effectively-once for read_committed consumers"
@@ -112,7 +114,7 @@ def explain(pipeline: PipelineSpec, spark: SparkSession) -> Explanation:
     for f in per_output.values():
         facts = facts.merged(f)
     sinks = _sinks(pipeline)
-    parts: list[Part] = [_source_part(pipeline), _transform_part(facts)]
+    parts: list[Part] = [*_source_parts(pipeline), _transform_part(facts)]
     if pipeline.source.aligned() is not None and any(map(has_watermark, frames.values())):
         limits = ", ".join(f"{k}={v}" for k, v in pipeline.source.read_limits().items())
         parts.append(
@@ -216,12 +218,32 @@ def _ours(obj: object) -> bool:
     return type(obj).__module__.startswith("sparkonce.")
 
 
-def _source_part(pipeline: PipelineSpec) -> Part:
+def _source_parts(pipeline: PipelineSpec) -> list[Part]:
+    """One part per source: ``source`` for a pipeline with one, ``source NAME`` for each of
+    several (:class:`~sparkonce.sources.source_set.SourceSet`), whose batch is all their
+    offsets together."""
+    from sparkonce.sources.source_set import SourceSet
+
+    src = pipeline.source
+    if not isinstance(src, SourceSet):
+        return [_source_part(src)]
+    together = (
+        f"; a batch is the offsets of all {len(src.sources)} sources together "
+        f"({', '.join(src.sources)}), one line each in Spark's offset log, and the ledger "
+        "records them in one entry"
+    )
+    parts = []
+    for name, member in src.sources.items():
+        one = _source_part(member)
+        parts.append(dataclasses.replace(one, part=f"source {name}", why=one.why + together))
+    return parts
+
+
+def _source_part(src: Source) -> Part:
     from sparkonce.sources.delta import DeltaSource
     from sparkonce.sources.embedded import EmbeddedLogSource
     from sparkonce.sources.kafka import KafkaSource
 
-    src = pipeline.source
     if isinstance(src, KafkaSource) and _ours(src):
         why = (
             "each batch is a set of per-partition Kafka offset ranges, written to Spark's "

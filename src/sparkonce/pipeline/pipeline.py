@@ -1,5 +1,5 @@
-"""The public ``Pipeline``: a name, a source, a transform, a sink (or several named outputs),
-a checkpoint, a trigger."""
+"""The public ``Pipeline``: a name, a source (or several named sources), a transform, a sink
+(or several named outputs), a checkpoint, a trigger."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sparkonce.files import is_remote, join, location
 from sparkonce.outputs.output_set import SINGLE_OUTPUT, OutputSet
 from sparkonce.sinks.base import Sink
 from sparkonce.sources.base import Source
+from sparkonce.sources.source_set import SourceSet
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -40,7 +41,8 @@ class Pipeline:
         with the same name and sink are the same logical pipeline: the newer
         one fences the older.
     source:
-        A replayable source, e.g. :class:`~sparkonce.sources.EmbeddedLogSource`.
+        A replayable source, e.g. :class:`~sparkonce.sources.EmbeddedLogSource`. Give
+        either ``source`` or ``sources``.
     sink:
         An effectively-once sink, e.g. :class:`~sparkonce.sinks.SQLiteSink`, for a
         pipeline with one output. Give either ``sink`` or ``outputs``.
@@ -49,7 +51,8 @@ class Pipeline:
         Hadoop reaches (``s3a://bucket/dir``, ``hdfs://namenode/dir``, ``abfs://...``),
         which a cluster's driver and executors share.
     transform:
-        ``DataFrame -> DataFrame`` applied to the source's stream (with ``outputs``:
+        ``DataFrame -> DataFrame`` applied to the source's stream (with ``sources``: it
+        takes ``{name: DataFrame}``, one streaming DataFrame per source; with ``outputs``:
         ``DataFrame -> {name: DataFrame}``, one streaming DataFrame per output, all
         derived from the one input). Defaults to the identity. It may be
         non-deterministic: only one attempt of a batch ever commits into a
@@ -75,26 +78,29 @@ class Pipeline:
         recomputes a batch. ``None`` (default): on when the outputs live in more than one
         store. ``True`` also serves a single ``sink`` (a Kafka sink's replay then needs no
         deterministic partitioning).
+    sources:
+        Several named sources ``{name: source}`` read by one query (see
+        :mod:`sparkonce.sources.source_set`), for a stream-stream join: a batch's identity
+        is the offsets of all of them together. Their topics must differ. Names are 1-64
+        letters, digits and ``_``. ``pipeline.source`` is then their
+        :class:`~sparkonce.sources.source_set.SourceSet`.
     """
 
     name: str
-    source: Source
+    source: Source = None  # type: ignore[assignment]  # set by __post_init__ (from sources)
     sink: Sink = None  # type: ignore[assignment]  # set by __post_init__ (from outputs)
     checkpoint: str | Path = ""
-    transform: Callable[[DataFrame], Any] = field(default=_identity)
+    transform: Callable[[Any], Any] = field(default=_identity)
     trigger: str | Trigger = "availableNow"
     output_mode: OutputMode = "update"
     stateful: bool | None = None
     outputs: Mapping[str, Sink] | None = None
     stable_output: bool | None = None
+    sources: Mapping[str, Source] | None = None
 
     def __post_init__(self) -> None:
         check_pipeline_name(self.name)
-        if not isinstance(self.source, Source):
-            raise ConfigError(
-                f"pipeline {self.name!r}: source must be a sparkonce Source (for example "
-                f"EmbeddedLogSource), got {type(self.source).__name__}"
-            )
+        self._set_sources()
         if self.stable_output not in (None, True, False):
             raise ConfigError(f"pipeline {self.name!r}: stable_output must be None, True or False")
         sink: Sink | None = self.sink
@@ -159,6 +165,37 @@ class Pipeline:
                 "non-deterministic transform may hand the stores different rows on a replay)"
             )
         object.__setattr__(self, "sink", sink)
+
+    def _set_sources(self) -> None:
+        """``source`` from ``source=`` or ``sources=`` (exactly one of them given)."""
+        source: Source | None = self.source
+        if isinstance(source, SourceSet) and self.sources is not None:
+            source = None  # dataclasses.replace() of a pipeline built here
+        if self.sources is not None:
+            if source is not None:
+                raise ConfigError(
+                    f"pipeline {self.name!r}: give either source=... (one source) or "
+                    "sources={name: source, ...}, not both"
+                )
+            if not isinstance(self.sources, Mapping):
+                raise ConfigError(
+                    f"pipeline {self.name!r}: sources must be a mapping {{name: source}}, got "
+                    f"{type(self.sources).__name__}"
+                )
+            try:
+                source = SourceSet(self.sources)
+            except ConfigError as exc:
+                raise ConfigError(f"pipeline {self.name!r}: {exc}") from None
+            object.__setattr__(self, "sources", dict(self.sources))
+        elif isinstance(source, SourceSet):
+            object.__setattr__(self, "sources", dict(source.sources))
+        elif not isinstance(source, Source):
+            raise ConfigError(
+                f"pipeline {self.name!r}: source must be a sparkonce Source (for example "
+                f"EmbeddedLogSource), got {type(source).__name__}; or give "
+                "sources={name: source, ...}"
+            )
+        object.__setattr__(self, "source", source)
 
     def with_overrides(
         self,

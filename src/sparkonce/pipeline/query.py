@@ -1,5 +1,5 @@
 """Building a pipeline's query: the transform's outputs over the source, checked before
-anything starts (one streaming source, the pipeline's own; Spark's own checks of the
+anything starts (the pipeline's own streaming source or sources, no other; Spark's own checks of the
 output mode; ``stateful=False`` against the plan), and several outputs folded into one
 DataFrame.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, SparkOnceError
 from sparkonce.jvm import analyzed_plan, jvm
@@ -60,15 +60,21 @@ def transform_outputs(
 
 
 def aligned_reads(source: Source) -> str:
-    """What the read limits of ``source`` do in a query with an event-time watermark."""
+    """What the read limits of ``source`` do in a query with an event-time watermark (with
+    several sources, each source's limits cap that source's part of the batch)."""
+    from sparkonce.sources.source_set import SourceSet
+
     limits = source.read_limits()
     shown = ", ".join(f"{k}={v}" for k, v in limits.items())
-    per = limits.get("max_records_per_partition")
-    total = limits.get("max_records_per_batch")
-    if per and total:
-        budget = f"the smaller of {per} times the number of partitions and {total}"
+    if isinstance(source, SourceSet):
+        budget = "; ".join(
+            f"{name}: {_budget(member.read_limits())}"
+            for name, member in source.sources.items()
+            if member.read_limits()
+        )
+        budget = f"per source ({budget})"
     else:
-        budget = f"{per} times the number of partitions" if per else str(total)
+        budget = _budget(limits)
     return (
         f"the plan has an event-time watermark and the source has read limits ({shown}): a "
         "limit per partition would let a partition with little unread run ahead in event "
@@ -81,6 +87,14 @@ def aligned_reads(source: Source) -> str:
     )
 
 
+def _budget(limits: Mapping[str, int]) -> str:
+    per = limits.get("max_records_per_partition")
+    total = limits.get("max_records_per_batch")
+    if per and total:
+        return f"the smaller of {per} times the number of partitions and {total}"
+    return f"{per} times the number of partitions" if per else str(total)
+
+
 def _transform_over(
     pipeline: PipelineSpec,
     source: Source,
@@ -89,9 +103,18 @@ def _transform_over(
 ) -> dict[str, DataFrame]:
     from pyspark.sql import DataFrame
 
-    stream = source.stream(spark, start or None)
+    from sparkonce.sources.source_set import SourceSet
+
+    inputs: dict[str, DataFrame] | None = None
+    if isinstance(source, SourceSet):
+        inputs = source.streams(spark, start or None)
+        own = list(inputs.values())
+        arg: Any = inputs
+    else:
+        stream = source.stream(spark, start or None)
+        own, arg = [stream], stream
     try:
-        out = pipeline.transform(stream)
+        out = pipeline.transform(arg)
     except SparkOnceError:
         raise
     except Exception as exc:
@@ -112,7 +135,7 @@ def _transform_over(
                 f"pipeline {pipeline.name!r}: transform must return the streaming DataFrame "
                 f"derived from its input, got {type(out).__name__}"
             )
-        _check_sources(pipeline, stream, {SINGLE_OUTPUT: out})
+        _check_sources(pipeline, own, {SINGLE_OUTPUT: out}, inputs)
         return {SINGLE_OUTPUT: out}
     if outputs.single and isinstance(out, DataFrame):
         out = {outputs.names[0]: out}
@@ -139,16 +162,31 @@ def _transform_over(
                 f"derived from the transform's input, got {type(df).__name__}"
             )
     frames = {name: out[name] for name in outputs.names}
-    _check_sources(pipeline, stream, frames)
+    _check_sources(pipeline, own, frames, inputs)
     return frames
 
 
 def _check_sources(
-    pipeline: PipelineSpec, stream: DataFrame, frames: Mapping[str, DataFrame]
+    pipeline: PipelineSpec,
+    streams: list[DataFrame],
+    frames: Mapping[str, DataFrame],
+    inputs: Mapping[str, DataFrame] | None = None,
 ) -> None:
     """Refuse a transform whose query reads another streaming source than the pipeline's:
-    each batch must be one set of the source's offset ranges, recorded in the ledger."""
-    own = set(streaming_sources(stream))
+    each batch must be one set of the source's offset ranges, recorded in the ledger. With
+    several sources (``inputs``, by name), refuse one the query does not read: Spark would
+    log no offsets for it, and its name in the pipeline would promise what is not done."""
+    own = {s for stream in streams for s in streaming_sources(stream)}
+    if inputs is not None:
+        read = {s for df in frames.values() for s in streaming_sources(df)}
+        unread = [n for n, df in inputs.items() if not set(streaming_sources(df)) & read]
+        if unread:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}: the transform's query does not read source(s) "
+                f"{unread} of sources={list(inputs)}. Use every source the pipeline declares "
+                "(a join of them, say), or leave the unused one out. Nothing was changed (no "
+                "epoch was taken)."
+            )
     for name, df in frames.items():
         found = streaming_sources(df)
         extra = list(dict.fromkeys(s for s in found if s not in own))
@@ -165,11 +203,11 @@ def _check_sources(
             what = f"does not read the pipeline's source ({mine})"
         raise ConfigError(
             f"pipeline {pipeline.name!r}: the transform's query{where} {what}. A sparkonce "
-            "pipeline reads exactly one streaming source, its own, so that each batch is one "
-            "set of that source's offset ranges, recorded in the ledger. Operator action: "
-            "join other data as a static table (spark.read instead of spark.readStream), or "
-            "give the other stream a pipeline of its own. Nothing was changed (no epoch was "
-            "taken)."
+            "pipeline reads only its own streaming sources, so that each batch is one set of "
+            "their offset ranges, recorded in the ledger. Operator action: join other data "
+            "as a static table (spark.read instead of spark.readStream), declare the other "
+            "stream in Pipeline(sources={name: source, ...}), or give it a pipeline of its "
+            "own. Nothing was changed (no epoch was taken)."
         )
 
 

@@ -107,7 +107,7 @@ class _BatchHandler:
     def _source_offset(self, batch_id: int) -> str | None:
         found = self._offsets.get(batch_id)
         if found is None:
-            found = self.checkpoint.source_offset(batch_id)
+            found = self.checkpoint.source_offset(batch_id, self.pipeline.source)
             if found is not None:
                 self._offsets = {batch_id: found}  # the next batch asks for this one only
         return found
@@ -278,7 +278,7 @@ def _resume_point(
         return "ledger"
     _check_identity(pipeline, checkpoint, last)
     if last_done is not None:
-        raw = checkpoint.source_offset(last_done)
+        raw = checkpoint.source_offset(last_done, pipeline.source)
         if raw is not None:
             done = pipeline.source.batch_ranges(None, raw).ends()
             ahead = {tp: o for tp, o in done.items() if o > ledger_end.get(tp, 0)}
@@ -748,7 +748,7 @@ def _failed_batch(pipeline: PipelineSpec, checkpoint: Checkpoint, handler: _Batc
         done = checkpoint.last_committed_batch()
         if planned and planned[-1] != done:
             bid = planned[-1]
-            raw = checkpoint.source_offset(bid)
+            raw = checkpoint.source_offset(bid, pipeline.source)
             prev = checkpoint.previous_offset(bid, pipeline.source)
             if raw is not None:
                 return f"batch {bid} [{pipeline.source.batch_ranges(prev, raw)}]"

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame
-
     from sparkonce.config import OutputMode, Trigger
     from sparkonce.outputs.output_set import OutputSet
     from sparkonce.sinks.base import Sink
@@ -31,7 +29,7 @@ class PipelineSpec(Protocol):
     def sink(self) -> Sink: ...
 
     @property
-    def transform(self) -> Callable[[DataFrame], Any]: ...
+    def transform(self) -> Callable[[Any], Any]: ...
 
     @property
     def trigger(self) -> str | Trigger: ...

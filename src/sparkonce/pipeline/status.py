@@ -65,6 +65,8 @@ class PipelineStatus:
     partitions: tuple[PartitionStatus, ...]
     ledger_problems: tuple[str, ...]
     source_note: str = ""
+    # The source the owner's run read, as its describe() says (several: each by name).
+    source: str = ""
     # The recorded commit times of the newest RECENT_COMMITS entries, oldest first (entries
     # written by a sparkonce that did not record them are left out).
     commit_seconds: tuple[float, ...] = ()
@@ -90,11 +92,14 @@ def pipeline_status(
     committed: dict[TopicPartition, int] = entries[-1].end_offsets if entries else {}
     latest: dict[TopicPartition, int] | None = None
     note = ""
+    described = ""
     if owner is not None and owner.source:
         try:
-            latest = source_from_uri(owner.source).latest_offsets()
+            source = source_from_uri(owner.source)
+            described = source.describe()
+            latest = source.latest_offsets()
         except SparkOnceError as exc:
-            note = f"source {owner.source} could not be read for lag: {exc}"
+            note = f"source {described or owner.source} could not be read for lag: {exc}"
     tps = sorted(set(committed) | set(latest or {}))
     parts = tuple(
         PartitionStatus(
@@ -112,6 +117,7 @@ def pipeline_status(
         partitions=parts,
         ledger_problems=tuple(check_chain(e.ranges for e in entries)),
         source_note=note,
+        source=described,
         commit_seconds=tuple(
             e.commit_seconds for e in entries[-RECENT_COMMITS:] if e.commit_seconds is not None
         ),

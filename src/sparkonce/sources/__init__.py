@@ -7,6 +7,8 @@ from sparkonce.sources.delta import DeltaSource
 from sparkonce.sources.embedded import URI_SCHEME, EmbeddedLogSource
 from sparkonce.sources.kafka import URI_SCHEME as KAFKA_URI_SCHEME
 from sparkonce.sources.kafka import KafkaSource
+from sparkonce.sources.source_set import URI_SCHEME as SET_URI_SCHEME
+from sparkonce.sources.source_set import SourceSet
 from sparkonce.sources.spark_kafka import SparkKafkaSource
 
 
@@ -18,6 +20,8 @@ def source_from_uri(uri: str) -> Source:
         return KafkaSource.from_uri(uri)
     if uri.startswith(f"{DELTA_URI_SCHEME}:"):
         return DeltaSource.from_uri(uri)
+    if uri.startswith(f"{SET_URI_SCHEME}:"):
+        return SourceSet.from_uri(uri)
     raise ConfigError(f"source URI {uri!r} is not one this version can open")
 
 
@@ -26,6 +30,7 @@ __all__ = [
     "EmbeddedLogSource",
     "KafkaSource",
     "Source",
+    "SourceSet",
     "SparkKafkaSource",
     "source_from_uri",
 ]

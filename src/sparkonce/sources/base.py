@@ -94,6 +94,15 @@ class Source(ABC):
         before = None if previous is None else BatchRanges.from_json(previous)
         return batch_from_offsets(before, BatchRanges.from_json(current))
 
+    def offset_from_log(self, lines: list[str], where: str) -> str:
+        """This source's offset from the source lines of one offset log file ``where`` (one
+        line per streaming relation of the query): one source's, the same in every line (a
+        self-join), else :class:`~sparkonce.errors.CheckpointError`. A
+        :class:`~sparkonce.sources.source_set.SourceSet` gives each line to its source."""
+        from sparkonce.spark.checkpoint import one_source_offset
+
+        return one_source_offset(lines, where)
+
     def initial_offset(self, checkpoint: Checkpoint) -> str | None:
         """The start of batch 0, for a source whose offsets hold only ends (Spark's Kafka
         connector keeps it in the checkpoint); None (the default) for sources whose

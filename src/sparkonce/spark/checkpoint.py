@@ -37,6 +37,25 @@ class InitialOffset(Protocol):
 
     def initial_offset(self, checkpoint: Checkpoint) -> str | None: ...
 
+    def offset_from_log(self, lines: list[str], where: str) -> str: ...
+
+
+def one_source_offset(lines: list[str], where: str) -> str:
+    """The offset of a pipeline with one source, from the source lines of the offset log
+    file ``where``: a stream-stream self-join reads the one source twice, and both sides
+    plan the same ranges from the same log, so the batch is those ranges; lines that
+    differ are another source (a :class:`~sparkonce.sources.source_set.SourceSet` maps
+    each of its sources' lines itself)."""
+    distinct = {_canonical(s) for s in lines}
+    if len(distinct) != 1:
+        raise CheckpointError(
+            f"{where}: expected one streaming source, found {len(lines)} with different "
+            "offsets. A pipeline with source=... reads one source (a self-join of it is fine "
+            "while both sides plan the same ranges); give several streams as "
+            "sources={name: source, ...}, or join other data as static tables."
+        )
+    return lines[0]
+
 
 class Checkpoint:
     """A query's checkpoint location: a local directory or any URL Spark's Hadoop reaches.
@@ -151,8 +170,12 @@ class Checkpoint:
     def read_bytes(self, *parts: str) -> bytes | None:
         return self.files.read_bytes(self._at(*parts))
 
-    def source_offset(self, batch_id: int) -> str | None:
-        """The serialized source offset Spark planned for ``batch_id`` (None if purged)."""
+    def source_offset(self, batch_id: int, source: InitialOffset | None = None) -> str | None:
+        """The serialized source offset Spark planned for ``batch_id`` (None if purged).
+
+        Spark writes one line per streaming source of the query; ``source`` (the pipeline's)
+        makes its offset of them (:meth:`~sparkonce.sources.base.Source.offset_from_log`);
+        without it, they must be one source's (:func:`one_source_offset`)."""
         f = self._at("offsets", str(batch_id))
         text = self.files.read_text(f)
         if text is None:
@@ -166,22 +189,15 @@ class Checkpoint:
                 "sparkonce supports, or upgrade sparkonce to a release that reads this format."
             )
         sources = [ln for ln in lines[2:] if ln.strip()]
-        # A stream-stream self-join reads the one source twice; both sides plan the same
-        # ranges from the same log, and then the batch is those ranges.
-        distinct = {_canonical(s) for s in sources}
-        if len(distinct) != 1:
-            raise CheckpointError(
-                f"{f}: expected one streaming source, found {len(sources)} with different "
-                "offsets. A sparkonce pipeline reads one source (a self-join of it is fine "
-                "while both sides plan the same ranges); join other data as static tables."
-            )
-        return sources[0]
+        if source is None:
+            return one_source_offset(sources, f)
+        return source.offset_from_log(sources, f)
 
     def previous_offset(self, batch_id: int, source: InitialOffset) -> str | None:
         """Where ``batch_id`` starts: the batch before's offset, or for batch 0 the
         source's initial offset (None for sources whose offsets hold whole ranges)."""
         if batch_id > 0:
-            return self.source_offset(batch_id - 1)
+            return self.source_offset(batch_id - 1, source)
         return source.initial_offset(self)
 
     def __repr__(self) -> str:
