@@ -146,3 +146,21 @@ def test_the_orphan_sweep_deletes_only_unreferenced_dirs_of_committed_batches(
     assert dirs[0][0].is_dir(), "a dir of an expired snapshot's seq was deleted"
     assert all(won.is_dir() for _, won in dirs) and inflight.notes["dir"].is_dir()
     assert values(sink) == list(range(30))
+
+
+def test_a_connect_session_is_refused_before_the_epoch(tmp_path: Path) -> None:
+    """Spark Connect runs the batch function in the server's worker, where IcebergSink's
+    executor route is not built: the pipeline is refused with one line, nothing taken."""
+    from sparkonce import EmbeddedLogSource, Pipeline
+    from sparkonce.faults import NO_FAULTS
+    from sparkonce.pipeline.connect import refuse_on_connect
+
+    p = Pipeline(
+        name=PIPE,
+        source=EmbeddedLogSource(tmp_path / "log", "events"),
+        sink=IcebergSink(catalog(tmp_path), "ns.out"),
+        checkpoint=tmp_path / "chk",
+    )
+    with pytest.raises(ConfigError, match=r"Spark Connect sessions do not support the sink "):
+        refuse_on_connect(p, faults=NO_FAULTS)
+    assert not (tmp_path / "wh").exists()  # no table was created, no epoch taken

@@ -1,21 +1,35 @@
-"""Apache Iceberg sink (first slice): append mode, rows staged on the driver.
+"""Apache Iceberg sink: append mode, rows written by Spark's tasks, added by PyIceberg.
 
 **Guarantee (DESIGN.md section 1): effectively-once**, on the SQL catalog (SQLite and
-PostgreSQL, tested): every input record of the pipeline's source is in the table
-exactly once after any crash, retry or restart, provided only sparkonce commits this
-pipeline (other writers may append to the table: their rows are theirs). Each batch is
-one Iceberg snapshot, committed through the catalog's atomic swap of the table's
-metadata together with the pipeline's ledger (see :mod:`sparkonce.ledger.iceberg`).
-Other catalogs (REST, Glue, Hive...) are not tested and not supported by this slice:
-the ledger's check is a requirement that PyIceberg's SQL catalog validates in-process.
+PostgreSQL, tested): work may run more than once after a failure (a batch is computed and
+its files written again), but only one run's effects are ever visible: every input record
+of the pipeline's source is in the table exactly once after any crash, retry or restart,
+provided only sparkonce commits this pipeline (other writers may append to the table:
+their rows are theirs). Each batch is one Iceberg snapshot, committed through the
+catalog's atomic swap of the table's metadata together with the pipeline's ledger (see
+:mod:`sparkonce.ledger.iceberg`). Other catalogs (REST, Glue, Hive...) are not tested and
+not supported: the ledger's check is a requirement that PyIceberg's SQL catalog validates
+in-process.
 
-What this slice does not do yet: rows written by Spark's tasks as Parquet files (the
-batch is collected to the driver as an Arrow table and appended by PyIceberg), upsert
-mode, and Spark pipelines end to end are not tested.
+**How rows get in** (:class:`IcebergStager`): outside the commit, Spark's tasks write the
+batch as Parquet into a staging directory unique to the attempt, inside the table's
+location; Spark's job commit keeps only successful task attempts' files. The commit adds
+exactly that directory's committed files (PyIceberg's ``add_files``) in the transaction
+that records the batch's entry: one snapshot. Nothing of the rows passes through the
+driver; it reads the files' footers only. Files of failed attempts are deleted by the
+batch's abort; those of crashed attempts, zombies and replays skipped inside the commit are
+never referenced, and the orphan sweep (:meth:`IcebergStager.sweep`, after every commit)
+deletes them, never a running pipeline's in-flight batch.
+
+What is refused before the epoch (``ConfigError`` from :meth:`IcebergSink.validate`): an
+output column missing from the table or of another type, a partitioned table, a warehouse
+that is not local (``file://``), Spark's ``complete`` output mode; a Spark Connect session
+(the runner's refusal, :mod:`sparkonce.pipeline.connect`). Not done yet: upsert mode.
 
 ``catalog``: a PyIceberg catalog (``pyiceberg.catalog.sql.SqlCatalog``); ``table``:
-``"namespace.name"``. The table is created from the batch schema on first use when it
-does not exist.
+``"namespace.name"``. The table is created from the output's schema on first use when it
+does not exist. ``orphan_grace_seconds``: how old an unreferenced staging directory must be
+before the sweep deletes it.
 """
 
 from __future__ import annotations
