@@ -7,6 +7,7 @@ so the table must end with each offset once, read back by PyIceberg's scan.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -164,3 +165,36 @@ def test_a_connect_session_is_refused_before_the_epoch(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"Spark Connect sessions do not support the sink "):
         refuse_on_connect(p, faults=NO_FAULTS)
     assert not (tmp_path / "wh").exists()  # no table was created, no epoch taken
+
+
+def test_a_failed_batch_deletes_its_files_unless_the_commit_landed(tmp_path: Path) -> None:
+    """abort() removes a failed attempt's staging directory, but not one the catalog
+    committed before the error reached the run (a lost answer): the table needs it."""
+    sink = IcebergSink(catalog(tmp_path), "ns.out")
+    sink.validate_arrow(batch(0, 1)[1].schema)
+    epoch = sink.acquire(PIPE).epoch
+    sink.open()
+    assert sink._committer is not None
+    ctx, rows = batch(0, epoch)
+    failed = stage_files(sink, ctx, 0, rows)
+    with pytest.raises(RuntimeError, match="staging failed"):
+        sink._committer.commit_with(ctx, lambda _seq: _fail_after(sink, failed))
+    assert not failed.notes["dir"].exists()
+
+    landed = stage_files(sink, ctx, 0, rows)
+    real = sink.store._commit
+
+    def commit_then_lose_the_answer(txn: Any) -> None:
+        real(txn)
+        raise RuntimeError("the catalog's answer was lost")
+
+    sink.store._commit = commit_then_lose_the_answer  # type: ignore[method-assign]
+    with pytest.raises(Exception, match="answer was lost"):
+        sink._committer.commit_with(ctx, lambda _seq: landed)
+    assert landed.notes["dir"].is_dir()
+    assert values(sink) == list(range(10))
+
+
+def _fail_after(sink: IcebergSink, staged: Staged) -> Staged:
+    sink.stager._writing = staged.notes["dir"]  # as prepare() leaves it before Spark's write
+    raise RuntimeError("staging failed")

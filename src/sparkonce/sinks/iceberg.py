@@ -196,11 +196,23 @@ class IcebergStager(Stager):
         txn.data = staged.payload
 
     def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
-        """Delete this attempt's staging directory (its files were never added)."""
+        """Delete this attempt's staging directory, once the table says it was not added.
+
+        The batch failed, but a failure reported by the commit does not prove the catalog
+        did not commit it (an answer lost after the swap): the directory is deleted only if
+        no snapshot of the table names it. If the table cannot be read, it stays, for the
+        orphan sweep (which knows which directory each committed batch added)."""
         directory = staged.notes.get("dir") if staged is not None else self._writing
         self._writing = None
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+        if directory is None or not directory.exists():
+            return
+        try:
+            if directory.name in committed_dirs(self.store.load(), ctx.pipeline).values():
+                return  # the commit went through after all: these are the batch's files
+        except Exception as exc:
+            log.warning("pipeline %r: kept %s (table unreadable: %s)", ctx.pipeline, directory, exc)
+            return
+        shutil.rmtree(directory, ignore_errors=True)
 
     def after_commit(self, ctx: BatchContext) -> None:
         self._writing = None
@@ -214,31 +226,26 @@ class IcebergStager(Stager):
     ) -> list[Path]:
         """Delete ``pipeline``'s staging directories that no snapshot references; return them.
 
-        A directory ``<epoch>-<seq>-<uuid>`` is deleted only when all of these hold:
+        A directory ``<epoch>-<seq>-<uuid>`` is deleted only when both hold:
 
-        * ``seq`` is at most the ledger's newest committed seq ``last`` (read from the
-          table's properties);
-        * the snapshot that committed ``seq`` is still in the table's history and its
+        * batch ``seq`` is committed, by a snapshot still in the table's history whose
           summary names another directory (``sparkonce.<pipeline>.staged``) or none (a
-          batch added by the Arrow route); when it has expired, which directory holds the
-          batch's files is not known, and the directory stays;
+          batch added by the Arrow route). A seq with no such snapshot is never swept: it
+          is not committed yet, or its snapshot expired and which directory holds its
+          files is no longer known;
         * it was last modified more than ``grace_seconds`` ago.
 
         Why a running pipeline's in-flight attempt is never deleted: the owner stages the
         batch ``seq = last + 1``, ``last`` being the newest entry it read after taking its
         epoch; while it owns the pipeline nobody else can commit (every commit requires
-        the committer's epoch), so every ``last`` a sweeper can read is below the owner's
-        in-flight ``seq``. A directory of a seq already committed belongs to an attempt
-        that can never commit (its commit requires the stored entry ``seq - 1``, and
-        ``seq`` is there): a failed, aborted or crashed attempt, or a zombie's. The grace
-        period only spares a zombie's Spark job the noise of files vanishing under it.
+        the committer's epoch), so no snapshot of that ``seq`` exists until the owner's own
+        commit adds its directory. A directory of a seq already committed by another
+        directory belongs to an attempt that can never commit (its commit requires the
+        stored entry ``seq - 1``, and ``seq`` is there): a failed, aborted or crashed
+        attempt, or a zombie's. The grace period only spares a zombie's Spark job the
+        noise of files vanishing under it.
         """
-        from sparkonce.ledger.iceberg import _state
-
         table = table if table is not None else self.store.load()
-        _, last = _state(dict(table.properties), pipeline)
-        if last is None:
-            return []
         root = staging_root(table, pipeline, self.store.describe())
         if not root.is_dir():
             return []
@@ -251,7 +258,7 @@ class IcebergStager(Stager):
             if m is None or not d.is_dir():
                 continue
             seq = int(m.group(2))
-            if seq > last or seq not in winners or winners[seq] == d.name:
+            if seq not in winners or winners[seq] == d.name:
                 continue
             if now - d.stat().st_mtime < grace:
                 continue
