@@ -198,3 +198,19 @@ def test_a_failed_batch_deletes_its_files_unless_the_commit_landed(tmp_path: Pat
 def _fail_after(sink: IcebergSink, staged: Staged) -> Staged:
     sink.stager._writing = staged.notes["dir"]  # as prepare() leaves it before Spark's write
     raise RuntimeError("staging failed")
+
+
+def test_spark_s_files_need_optional_columns(tmp_path: Path) -> None:
+    """Spark writes every Parquet column as optional: a table created from a StructType
+    with NOT NULL fields gets optional columns, and an existing required column is refused
+    before the epoch (PyIceberg's add_files would refuse the files inside the commit)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    strict = StructType([StructField("v", LongType(), nullable=False)])
+    sink = IcebergSink(catalog(tmp_path), "ns.out")
+    sink.validate(strict)
+    assert [f.required for f in sink.store.load().schema().fields] == [False]
+    c = catalog(tmp_path)
+    c.create_table("ns.strict", schema=pa.schema([pa.field("v", pa.int64(), nullable=False)]))
+    with pytest.raises(ConfigError, match=r"required \(NOT NULL\) columns \['v'\]"):
+        IcebergSink(catalog(tmp_path), "ns.strict").validate(strict)

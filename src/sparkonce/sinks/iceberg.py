@@ -326,9 +326,23 @@ class IcebergSink(TransactionalSink):
                 "IcebergSink appends: Spark's 'complete' output mode (every batch replaces "
                 "the table) is not supported. Use output_mode='append' or 'update'."
             )
-        self.validate_arrow(to_arrow_schema(schema))
+        import pyarrow as pa
+
+        # Spark writes every column of a Parquet file as optional (nullable), whatever the
+        # DataFrame says, and Iceberg adds no optional data to a required column: a new
+        # table gets optional columns, an existing one must have them.
+        arrow = to_arrow_schema(schema)
+        self.validate_arrow(pa.schema([f.with_nullable(True) for f in arrow]))
         target = self.store.load()
         local_location(target, self.describe())
+        required = [f.name for f in target.schema().fields if f.required]
+        if required:
+            raise ConfigError(
+                f"{self.describe()} has required (NOT NULL) columns {required}: Spark writes "
+                "every column of its Parquet files as optional, and Iceberg cannot add those "
+                "files to a required column. Make the columns optional (PyIceberg: "
+                "table.update_schema().make_column_optional(name)), or use a new table."
+            )
         if not target.spec().is_unpartitioned():
             raise ConfigError(
                 f"{self.describe()} is partitioned ({target.spec()}): Spark's tasks write "
