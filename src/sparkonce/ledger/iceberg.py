@@ -199,6 +199,14 @@ class IcebergLedgerStore(LedgerStore):
                 ) from None
             return self._create()
 
+    def existing(self) -> Table | None:
+        """The table, or None when it does not exist yet: the reads before the run's checks
+        (owner, ledger, resume point) find nothing committed, and create nothing."""
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
     def _create(self) -> Table:
         ns = tuple(self.identifier.split(".")[:-1])
         if ns:
@@ -215,7 +223,10 @@ class IcebergLedgerStore(LedgerStore):
         return ICEBERG_ENTRY.decode(pipeline, json.loads(text), where=key(pipeline, "last"))
 
     def owner(self, pipeline: str) -> Owner | None:
-        props = dict(self.load().properties)
+        table = self.existing()
+        if table is None:
+            return None
+        props = dict(table.properties)
         epoch, _ = _state(props, pipeline)
         if epoch == 0:
             return None
@@ -230,12 +241,15 @@ class IcebergLedgerStore(LedgerStore):
         )
 
     def last(self, pipeline: str) -> LedgerEntry | None:
-        return self._last(dict(self.load().properties), pipeline)
+        table = self.existing()
+        return None if table is None else self._last(dict(table.properties), pipeline)
 
     def entries(self, pipeline: str) -> list[LedgerEntry]:
         """The entries in the snapshot history (newest entry always, from the properties);
         entries of expired snapshots are gone."""
-        table = self.load()
+        table = self.existing()
+        if table is None:
+            return []
         found: dict[int, LedgerEntry] = {}
         name = key(pipeline, "entry")
         for snap in ancestors_of(table.current_snapshot(), table.metadata):
@@ -251,7 +265,10 @@ class IcebergLedgerStore(LedgerStore):
         return [found[s] for s in sorted(found)]
 
     def pipelines(self) -> list[str]:
-        props = self.load().properties
+        table = self.existing()
+        if table is None:
+            return []
+        props = table.properties
         return sorted(
             k[len(PREFIX) : -len(".epoch")]
             for k in props

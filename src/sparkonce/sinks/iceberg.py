@@ -61,9 +61,12 @@ log = logging.getLogger(__name__)
 
 
 def _plain(t: Any) -> Any:
-    """An Arrow type with large/small string and binary variants made one."""
+    """An Arrow type with large/small string and binary variants made one, and the small
+    integers as Iceberg's ``int`` (it has no 8 or 16 bit type: Spark's byte and short)."""
     import pyarrow as pa
 
+    if pa.types.is_int8(t) or pa.types.is_int16(t):
+        return pa.int32()
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
@@ -331,7 +334,8 @@ class IcebergSink(TransactionalSink):
         # Spark writes every column of a Parquet file as optional (nullable), whatever the
         # DataFrame says, and Iceberg adds no optional data to a required column: a new
         # table gets optional columns, an existing one must have them.
-        arrow = to_arrow_schema(schema)
+        # Spark's TimestampType is an instant: Iceberg's timestamptz, read back as UTC.
+        arrow = to_arrow_schema(schema, timezone="UTC")
         self.validate_arrow(pa.schema([f.with_nullable(True) for f in arrow]))
         target = self.store.load()
         local_location(target, self.describe())
