@@ -13,7 +13,8 @@ both routes, in alternating order, each into a fresh SQL catalog (SQLite) and ta
 both from Spark batch 0. Reported per route: records/s over the run, and the per-batch
 time p50/p99 (``BatchReport.seconds``: the batch function, Spark's read included since
 Spark evaluates the batch lazily inside it) and the commit's own p50 (the ledger entry's
-``commit_seconds``: from the look at the ledger to the catalog commit). Prints JSON;
+``commit_seconds``: from the look at the ledger to the catalog commit), and the
+committer's split of a batch (look, stage, commit, after: its p50 each). Prints JSON;
 ``--out FILE`` also writes it.
 """
 
@@ -77,8 +78,15 @@ def run_route(spark: Any, route: str, log_dir: Path, per_partition: int, work: P
         transform=transform,
     )
     seconds: list[float] = []
+    spans: dict[str, list[float]] = {}
+
+    def on_batch(b: Any) -> None:
+        seconds.append(b.seconds)
+        for k, v in b.result.timings.items():
+            spans.setdefault(k, []).append(v)
+
     started = time.perf_counter()
-    report = p.run(spark, on_batch=lambda b: seconds.append(b.seconds))
+    report = p.run(spark, on_batch=on_batch)
     wall = time.perf_counter() - started
     commits = [e.commit_seconds for e in sink.ledger("bench") if e.commit_seconds is not None]
     return {
@@ -89,6 +97,8 @@ def run_route(spark: Any, route: str, log_dir: Path, per_partition: int, work: P
         "batch_p50_s": pct(seconds, 50),
         "batch_p99_s": pct(seconds, 99),
         "commit_p50_s": pct(commits, 50),
+        # The committer's split of a batch (CommitResult.timings), p50 of each part.
+        "split_p50_s": {k: pct(v, 50) for k, v in spans.items()},
         "snapshots": len(sink.store.load().snapshots()),
     }
 
