@@ -7,16 +7,19 @@ so the table must end with each offset once, read back by PyIceberg's scan.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 import sparkonce
+from sparkonce.commit.base import Staged
 from sparkonce.errors import ConfigError, FencedError
 from sparkonce.ledger.base import BatchContext, CommitResult
+from sparkonce.ledger.iceberg import DataFiles
 from sparkonce.offsets import BatchRanges, OffsetRange
-from sparkonce.sinks.iceberg import IcebergSink
+from sparkonce.sinks.iceberg import IcebergSink, committed_files, staging_root
 
 PIPE = "p1"
 
@@ -93,3 +96,121 @@ def test_validate_takes_spark_s_schema_before_the_epoch(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="column 'v'"):
         IcebergSink(catalog(tmp_path), "ns.out").validate(bad)
     assert sink.owner(PIPE) is None  # no epoch was taken
+
+
+def stage_files(sink: IcebergSink, ctx: BatchContext, seq: int, rows: pa.Table) -> Staged:
+    """A staging directory as Spark's job commit leaves it (part files, _SUCCESS), without
+    Spark: what the executor route's publish adds."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    name = f"{ctx.epoch}-{seq}-{uuid.uuid4().hex}"
+    d = staging_root(sink.store.load(), PIPE, "t") / name
+    d.mkdir(parents=True)
+    pq.write_table(rows, d / "part-00000-x.c000.snappy.parquet")
+    (d / "_SUCCESS").touch()
+    files = committed_files(d)
+    data = DataFiles(tuple(f.as_uri() for f in files), rows.num_rows, name)
+    return Staged(rows=rows.num_rows, payload=data, notes={"dir": d})
+
+
+def test_the_orphan_sweep_deletes_only_unreferenced_dirs_of_committed_batches(
+    tmp_path: Path,
+) -> None:
+    """Dirs of a committed seq other than its snapshot's go (after the grace period); the
+    committed one, the in-flight batch's (seq above the ledger's) and a batch whose
+    snapshot expired (which dir it added is unknown) stay."""
+    sink = IcebergSink(catalog(tmp_path), "ns.out")
+    sink.validate_arrow(batch(0, 1)[1].schema)
+    epoch = sink.acquire(PIPE).epoch
+    sink.open()
+    assert sink._committer is not None
+    dirs = []
+    for i in range(3):
+        ctx, rows = batch(i, epoch)
+        lost = stage_files(sink, ctx, i, rows)  # a failed attempt of the same batch
+        won = stage_files(sink, ctx, i, rows)
+        assert not sink._committer.commit_with(ctx, lambda _seq, w=won: w).skipped  # type: ignore[misc]
+        dirs.append((lost.notes["dir"], won.notes["dir"]))
+    ctx3, rows3 = batch(3, epoch)
+    inflight = stage_files(sink, ctx3, 3, rows3)
+    assert values(sink) == list(range(30))
+    # after_commit swept with the default grace period: every dir is still there.
+    assert all(d.is_dir() for pair in dirs for d in pair)
+    # Batch 0's snapshot expires from the history (the ledger keeps its resume point).
+    table = sink.store.load()
+    first = table.snapshots()[0]
+    table.maintenance.expire_snapshots().by_id(first.snapshot_id).commit()
+    gone = sink.sweep_orphans(PIPE, grace_seconds=0)
+    assert sorted(gone) == sorted([dirs[1][0], dirs[2][0]])
+    assert dirs[0][0].is_dir(), "a dir of an expired snapshot's seq was deleted"
+    assert all(won.is_dir() for _, won in dirs) and inflight.notes["dir"].is_dir()
+    assert values(sink) == list(range(30))
+
+
+def test_a_connect_session_is_refused_before_the_epoch(tmp_path: Path) -> None:
+    """Spark Connect runs the batch function in the server's worker, where IcebergSink's
+    executor route is not built: the pipeline is refused with one line, nothing taken."""
+    from sparkonce import EmbeddedLogSource, Pipeline
+    from sparkonce.faults import NO_FAULTS
+    from sparkonce.pipeline.connect import refuse_on_connect
+
+    p = Pipeline(
+        name=PIPE,
+        source=EmbeddedLogSource(tmp_path / "log", "events"),
+        sink=IcebergSink(catalog(tmp_path), "ns.out"),
+        checkpoint=tmp_path / "chk",
+    )
+    with pytest.raises(ConfigError, match=r"Spark Connect sessions do not support the sink "):
+        refuse_on_connect(p, faults=NO_FAULTS)
+    assert not (tmp_path / "wh").exists()  # no table was created, no epoch taken
+
+
+def test_a_failed_batch_deletes_its_files_unless_the_commit_landed(tmp_path: Path) -> None:
+    """abort() removes a failed attempt's staging directory, but not one the catalog
+    committed before the error reached the run (a lost answer): the table needs it."""
+    sink = IcebergSink(catalog(tmp_path), "ns.out")
+    sink.validate_arrow(batch(0, 1)[1].schema)
+    epoch = sink.acquire(PIPE).epoch
+    sink.open()
+    assert sink._committer is not None
+    ctx, rows = batch(0, epoch)
+    failed = stage_files(sink, ctx, 0, rows)
+    with pytest.raises(RuntimeError, match="staging failed"):
+        sink._committer.commit_with(ctx, lambda _seq: _fail_after(sink, failed))
+    assert not failed.notes["dir"].exists()
+
+    landed = stage_files(sink, ctx, 0, rows)
+    real = sink.store._commit
+
+    def commit_then_lose_the_answer(txn: Any) -> None:
+        real(txn)
+        raise RuntimeError("the catalog's answer was lost")
+
+    sink.store._commit = commit_then_lose_the_answer  # type: ignore[method-assign]
+    with pytest.raises(Exception, match="answer was lost"):
+        sink._committer.commit_with(ctx, lambda _seq: landed)
+    assert landed.notes["dir"].is_dir()
+    assert values(sink) == list(range(10))
+
+
+def _fail_after(sink: IcebergSink, staged: Staged) -> Staged:
+    sink.stager._writing = staged.notes["dir"]  # as prepare() leaves it before Spark's write
+    raise RuntimeError("staging failed")
+
+
+def test_spark_s_files_need_optional_columns(tmp_path: Path) -> None:
+    """Spark writes every Parquet column as optional: a table created from a StructType
+    with NOT NULL fields gets optional columns, and an existing required column is refused
+    before the epoch (PyIceberg's add_files would refuse the files inside the commit)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    strict = StructType([StructField("v", LongType(), nullable=False)])
+    sink = IcebergSink(catalog(tmp_path), "ns.out")
+    sink.validate(strict)
+    assert [f.required for f in sink.store.load().schema().fields] == [False]
+    c = catalog(tmp_path)
+    c.create_table("ns.strict", schema=pa.schema([pa.field("v", pa.int64(), nullable=False)]))
+    with pytest.raises(ConfigError, match=r"required \(NOT NULL\) columns \['v'\]"):
+        IcebergSink(catalog(tmp_path), "ns.strict").validate(strict)

@@ -49,7 +49,15 @@ the SQL catalog (tested on SQLite and PostgreSQL in ``tests/iceberg``). A REST c
 checks requirements on its server, which does not know this one: other catalogs are
 not supported by this slice.
 
-Staging in this slice: the driver's Arrow table, appended by PyIceberg in the commit.
+**What a batch's snapshot adds.** Either Parquet data files that Spark's tasks wrote
+into the table's location (:class:`DataFiles`, the sink's executor route: PyIceberg's
+``add_files`` reads their footers for the manifest, nothing of the rows passes through
+the driver), or an Arrow table that PyIceberg writes itself (``append``; the protocol
+simulation's route, no Spark). Either way it is the same one transaction, so one
+snapshot per batch with the entry in its summary. The executor route also records the
+name of the batch's staging directory in the summary (``sparkonce.p.staged``): the
+orphan sweep (:mod:`sparkonce.sinks.iceberg`) keeps exactly that directory of each
+committed batch.
 """
 
 from __future__ import annotations
@@ -132,6 +140,19 @@ def require(txn: Any, requirement: PipelineAt) -> None:
     txn._apply((), (requirement,))
 
 
+@dataclass(frozen=True)
+class DataFiles:
+    """Parquet files already written into the table's location, to be added as they are.
+
+    ``paths``: full URIs as the table's FileIO reads them; ``num_rows``: their rows in all
+    (from the footers); ``staged``: the name of the directory they are in (recorded in the
+    snapshot summary for the orphan sweep)."""
+
+    paths: tuple[str, ...]
+    num_rows: int
+    staged: str
+
+
 @dataclass
 class IcebergTxn:
     """One batch commit in the making: the steps record into it, the exit commits it."""
@@ -139,7 +160,8 @@ class IcebergTxn:
     table: Table
     pipeline: str = ""
     entry: LedgerEntry | None = None
-    data: Any = None  # the batch's rows: a pyarrow.Table (the stager's publish sets it)
+    # The batch's rows (the stager's publish sets it): DataFiles, or a pyarrow.Table.
+    data: Any = None
     rows: int = 0
     replayed: bool = False  # the exit found this very commit already in the table
     notes: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +179,9 @@ class IcebergLedgerStore(LedgerStore):
         self.catalog = catalog
         self.identifier = identifier
         self.schema = schema
+        # The table as the last batch commit of this store left it (None: none yet), for
+        # what runs after the commit (the orphan sweep) without loading it again.
+        self.committed: Table | None = None
 
     def describe(self) -> str:
         return f"Iceberg table {self.identifier}"
@@ -174,6 +199,14 @@ class IcebergLedgerStore(LedgerStore):
                 ) from None
             return self._create()
 
+    def existing(self) -> Table | None:
+        """The table, or None when it does not exist yet: the reads before the run's checks
+        (owner, ledger, resume point) find nothing committed, and create nothing."""
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
     def _create(self) -> Table:
         ns = tuple(self.identifier.split(".")[:-1])
         if ns:
@@ -190,7 +223,10 @@ class IcebergLedgerStore(LedgerStore):
         return ICEBERG_ENTRY.decode(pipeline, json.loads(text), where=key(pipeline, "last"))
 
     def owner(self, pipeline: str) -> Owner | None:
-        props = dict(self.load().properties)
+        table = self.existing()
+        if table is None:
+            return None
+        props = dict(table.properties)
         epoch, _ = _state(props, pipeline)
         if epoch == 0:
             return None
@@ -205,12 +241,15 @@ class IcebergLedgerStore(LedgerStore):
         )
 
     def last(self, pipeline: str) -> LedgerEntry | None:
-        return self._last(dict(self.load().properties), pipeline)
+        table = self.existing()
+        return None if table is None else self._last(dict(table.properties), pipeline)
 
     def entries(self, pipeline: str) -> list[LedgerEntry]:
         """The entries in the snapshot history (newest entry always, from the properties);
         entries of expired snapshots are gone."""
-        table = self.load()
+        table = self.existing()
+        if table is None:
+            return []
         found: dict[int, LedgerEntry] = {}
         name = key(pipeline, "entry")
         for snap in ancestors_of(table.current_snapshot(), table.metadata):
@@ -226,7 +265,10 @@ class IcebergLedgerStore(LedgerStore):
         return [found[s] for s in sorted(found)]
 
     def pipelines(self) -> list[str]:
-        props = self.load().properties
+        table = self.existing()
+        if table is None:
+            return []
+        props = table.properties
         return sorted(
             k[len(PREFIX) : -len(".epoch")]
             for k in props
@@ -310,6 +352,7 @@ class IcebergLedgerStore(LedgerStore):
     def _commit(self, txn: IcebergTxn) -> None:
         entry = txn.entry
         assert entry is not None
+        self.committed = None
         if txn.data is None:
             raise LedgerError(
                 f"pipeline {entry.pipeline!r}: batch {entry.seq} reached its Iceberg commit "
@@ -332,8 +375,21 @@ class IcebergLedgerStore(LedgerStore):
                 # a failure there reloads, and _already says what happened.
                 require(t, self._requirement(entry, expect))
                 t.set_properties({key(entry.pipeline, "last"): doc})
-                t.append(txn.data, snapshot_properties={key(entry.pipeline, "entry"): doc})
-                t.commit_transaction()
+                summary = {key(entry.pipeline, "entry"): doc}
+                if isinstance(txn.data, DataFiles):
+                    summary[key(entry.pipeline, "staged")] = txn.data.staged
+                    # No duplicate check: it reads every manifest of the table (a cost that
+                    # grows with the table), and cannot fire: the files sit in a directory
+                    # unique to this attempt, and a second commit of the batch is stopped
+                    # by the requirement above (its ``last`` moved) or by _already.
+                    t.add_files(
+                        list(txn.data.paths),
+                        snapshot_properties=summary,
+                        check_duplicate_files=False,
+                    )
+                else:
+                    t.append(txn.data, snapshot_properties=summary)
+                self.committed = t.commit_transaction()
                 break
             except (CommitFailedException, PipelineMoved) as exc:
                 if attempt == COMMIT_ATTEMPTS:

@@ -59,7 +59,8 @@ Limits, stated plainly:
   deleting it by hand loses the resume point, and the sink then refuses to run.
 * ``delta.setTransactionRetentionDuration`` must stay unset on the table (it would
   let Delta drop the progress version): the sink refuses a table that sets it.
-* Iceberg is not supported: there is no Iceberg Spark runtime for Spark 4.2.
+* Iceberg tables are :class:`~sparkonce.sinks.iceberg.IcebergSink`'s (through PyIceberg:
+  there is no Iceberg Spark runtime for Spark 4.2).
 """
 
 from __future__ import annotations

@@ -1,31 +1,53 @@
-"""Apache Iceberg sink (first slice): append mode, rows staged on the driver.
+"""Apache Iceberg sink: append mode, rows written by Spark's tasks, added by PyIceberg.
 
 **Guarantee (DESIGN.md section 1): effectively-once**, on the SQL catalog (SQLite and
-PostgreSQL, tested): every input record of the pipeline's source is in the table
-exactly once after any crash, retry or restart, provided only sparkonce commits this
-pipeline (other writers may append to the table: their rows are theirs). Each batch is
-one Iceberg snapshot, committed through the catalog's atomic swap of the table's
-metadata together with the pipeline's ledger (see :mod:`sparkonce.ledger.iceberg`).
-Other catalogs (REST, Glue, Hive...) are not tested and not supported by this slice:
-the ledger's check is a requirement that PyIceberg's SQL catalog validates in-process.
+PostgreSQL, tested): work may run more than once after a failure (a batch is computed and
+its files written again), but only one run's effects are ever visible: every input record
+of the pipeline's source is in the table exactly once after any crash, retry or restart,
+provided only sparkonce commits this pipeline (other writers may append to the table:
+their rows are theirs). Each batch is one Iceberg snapshot, committed through the
+catalog's atomic swap of the table's metadata together with the pipeline's ledger (see
+:mod:`sparkonce.ledger.iceberg`). Other catalogs (REST, Glue, Hive...) are not tested and
+not supported: the ledger's check is a requirement that PyIceberg's SQL catalog validates
+in-process.
 
-What this slice does not do yet: rows written by Spark's tasks as Parquet files (the
-batch is collected to the driver as an Arrow table and appended by PyIceberg), upsert
-mode, and Spark pipelines end to end are not tested.
+**How rows get in** (:class:`IcebergStager`): outside the commit, Spark's tasks write the
+batch as Parquet into a staging directory unique to the attempt, inside the table's
+location; Spark's job commit keeps only successful task attempts' files. The commit adds
+exactly that directory's committed files (PyIceberg's ``add_files``) in the transaction
+that records the batch's entry: one snapshot. Nothing of the rows passes through the
+driver; it reads the files' footers only. Files of failed attempts are deleted by the
+batch's abort; those of crashed attempts, zombies and replays skipped inside the commit are
+never referenced, and the orphan sweep (:meth:`IcebergStager.sweep`, after every commit)
+deletes them, never a running pipeline's in-flight batch.
+
+What is refused before the epoch (``ConfigError`` from :meth:`IcebergSink.validate`): an
+output column missing from the table or of another type, a partitioned table, a warehouse
+that is not local (``file://``), Spark's ``complete`` output mode; a Spark Connect session
+(the runner's refusal, :mod:`sparkonce.pipeline.connect`). Not done yet: upsert mode.
 
 ``catalog``: a PyIceberg catalog (``pyiceberg.catalog.sql.SqlCatalog``); ``table``:
-``"namespace.name"``. The table is created from the batch schema on first use when it
-does not exist.
+``"namespace.name"``. The table is created from the output's schema on first use when it
+does not exist. ``orphan_grace_seconds``: how old an unreferenced staging directory must be
+before the sweep deletes it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import unquote, urlparse
 
 from sparkonce.commit.base import Staged, Stager
 from sparkonce.config import Guarantee, OutputMode
-from sparkonce.errors import ConfigError
-from sparkonce.ledger.iceberg import IcebergLedgerStore
+from sparkonce.errors import ConfigError, SinkError
+from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
 from sparkonce.sinks.base import TransactionalSink
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,11 +57,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from sparkonce.ledger.base import BatchContext
 
+log = logging.getLogger(__name__)
+
 
 def _plain(t: Any) -> Any:
-    """An Arrow type with large/small string and binary variants made one."""
+    """An Arrow type with large/small string and binary variants made one, and the small
+    integers as Iceberg's ``int`` (it has no 8 or 16 bit type: Spark's byte and short)."""
     import pyarrow as pa
 
+    if pa.types.is_int8(t) or pa.types.is_int16(t):
+        return pa.int32()
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
@@ -70,23 +97,98 @@ def check_schema(batch: pa.Schema, table: pa.Schema, where: str) -> None:
         )
 
 
+#: Where the executor route stages a batch, under the table's location.
+STAGING_DIR = "data/sparkonce"
+#: The SQL options of each staging write: Iceberg has no INT96 timestamps (Spark's default
+#: for ``TimestampType`` in Parquet), so timestamps are written as INT64 microseconds.
+WRITE_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+#: How old an unreferenced staging directory must be before the sweep deletes it.
+ORPHAN_GRACE_SECONDS = 15 * 60
+_STAGED_NAME = re.compile(r"^(\d+)-(\d+)-([0-9a-f]{32})$")
+
+
+def local_location(table: Any, where: str) -> Path:
+    """The table's location as a local directory; a ConfigError for any other scheme."""
+    url = urlparse(table.location())
+    if url.scheme not in ("", "file"):
+        raise ConfigError(
+            f"{where} is at {table.location()}: IcebergSink's Spark tasks write data files only "
+            "into a local warehouse (file://) so far. Use a SqlCatalog whose warehouse is a "
+            "local directory."
+        )
+    return Path(unquote(url.path))
+
+
+def staging_root(table: Any, pipeline: str, where: str) -> Path:
+    """The directory that holds ``pipeline``'s staging directories, one per attempt."""
+    return local_location(table, where) / STAGING_DIR / pipeline
+
+
+def committed_files(directory: Path) -> list[Path]:
+    """The data files Spark's job commit left in ``directory``: ``_SUCCESS`` must be there
+    (the job committed, so only its successful task attempts' files were moved in)."""
+    if not (directory / "_SUCCESS").exists():
+        raise SinkError(
+            f"Spark's write into {directory} did not commit (no _SUCCESS marker); nothing of "
+            "the batch was committed. Check the query's error and run the pipeline again."
+        )
+    return sorted(
+        f for f in directory.iterdir() if f.name.startswith("part-") and f.suffix == ".parquet"
+    )
+
+
 class IcebergStager(Stager):
-    """The batch collected on the driver as an Arrow table, appended at the commit."""
+    """A batch written by Spark's tasks as Parquet files into a staging directory inside
+    the table's location, whose committed files are added to the table in the commit.
 
-    stages_on_driver = True
+    The staging directory is unique per attempt: ``<location>/data/sparkonce/<pipeline>/
+    <epoch>-<seq>-<uuid>``. Spark's own job commit decides which files it holds (only the
+    successful task attempts'; failed and speculative ones stay in ``_temporary`` and are
+    deleted by the job commit), and ``_SUCCESS`` says the job committed. The files are
+    added exactly as listed after that, with the batch's entry, in one catalog commit.
 
-    def __init__(self, store: IcebergLedgerStore) -> None:
+    :meth:`prepare_arrow` keeps the driver route (an Arrow table PyIceberg writes itself),
+    used by the protocol simulation, which has no Spark.
+    """
+
+    stages_on_driver = False  # Spark's tasks write the rows
+
+    def __init__(self, store: IcebergLedgerStore, grace_seconds: float) -> None:
         self.store = store
+        self.grace_seconds = grace_seconds
+        self._writing: Path | None = None  # the directory of the attempt being staged
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
-        return self._staged(df.toArrow())
+        from pyarrow import parquet as pq
+
+        from sparkonce.spark.delta import session_conf
+
+        table = self.store.load()
+        name = f"{ctx.epoch}-{seq}-{uuid.uuid4().hex}"
+        directory = staging_root(table, ctx.pipeline, self.store.describe()) / name
+        self._writing = directory
+        # Per write, not for the session: a timestamp column would otherwise be INT96,
+        # which add_files refuses (and it would fail inside the commit).
+        with session_conf(df.sparkSession, WRITE_CONF):
+            df.write.mode("errorifexists").parquet(directory.as_uri())
+        paths: list[str] = []
+        rows = 0
+        for f in committed_files(directory):
+            n = pq.read_metadata(f).num_rows
+            if n == 0:
+                f.unlink()  # an empty task's file: nothing to add
+                continue
+            rows += n
+            paths.append(f.as_uri())
+        if not paths:
+            shutil.rmtree(directory, ignore_errors=True)
+        return Staged(
+            rows=rows, payload=DataFiles(tuple(paths), rows, name), notes={"dir": directory}
+        )
 
     def prepare_arrow(
         self, ctx: BatchContext, table: pa.Table, schema: StructType | None, seq: int
     ) -> Staged:
-        return self._staged(table)
-
-    def _staged(self, table: pa.Table) -> Staged:
         if self.store.schema is None:
             self.store.schema = table.schema
         target = self.store.load()
@@ -96,6 +198,96 @@ class IcebergStager(Stager):
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
         txn.data = staged.payload
 
+    def abort(self, ctx: BatchContext, staged: Staged | None) -> None:
+        """Delete this attempt's staging directory, once the table says it was not added.
+
+        The batch failed, but a failure reported by the commit does not prove the catalog
+        did not commit it (an answer lost after the swap): the directory is deleted only if
+        no snapshot of the table names it. If the table cannot be read, it stays, for the
+        orphan sweep (which knows which directory each committed batch added)."""
+        directory = staged.notes.get("dir") if staged is not None else self._writing
+        self._writing = None
+        if directory is None or not directory.exists():
+            return
+        try:
+            if directory.name in committed_dirs(self.store.load(), ctx.pipeline).values():
+                return  # the commit went through after all: these are the batch's files
+        except Exception as exc:
+            log.warning("pipeline %r: kept %s (table unreadable: %s)", ctx.pipeline, directory, exc)
+            return
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def after_commit(self, ctx: BatchContext) -> None:
+        self._writing = None
+        try:
+            self.sweep(ctx.pipeline, self.store.committed)
+        except Exception as exc:  # best effort: the next commit sweeps again
+            log.warning("pipeline %r: orphan sweep failed: %s", ctx.pipeline, exc)
+
+    def sweep(
+        self, pipeline: str, table: Any = None, grace_seconds: float | None = None
+    ) -> list[Path]:
+        """Delete ``pipeline``'s staging directories that no snapshot references; return them.
+
+        A directory ``<epoch>-<seq>-<uuid>`` is deleted only when both hold:
+
+        * batch ``seq`` is committed, by a snapshot still in the table's history whose
+          summary names another directory (``sparkonce.<pipeline>.staged``) or none (a
+          batch added by the Arrow route). A seq with no such snapshot is never swept: it
+          is not committed yet, or its snapshot expired and which directory holds its
+          files is no longer known;
+        * it was last modified more than ``grace_seconds`` ago.
+
+        Why a running pipeline's in-flight attempt is never deleted: the owner stages the
+        batch ``seq = last + 1``, ``last`` being the newest entry it read after taking its
+        epoch; while it owns the pipeline nobody else can commit (every commit requires
+        the committer's epoch), so no snapshot of that ``seq`` exists until the owner's own
+        commit adds its directory. A directory of a seq already committed by another
+        directory belongs to an attempt that can never commit (its commit requires the
+        stored entry ``seq - 1``, and ``seq`` is there): a failed, aborted or crashed
+        attempt, or a zombie's. The grace period only spares a zombie's Spark job the
+        noise of files vanishing under it.
+        """
+        table = table if table is not None else self.store.load()
+        root = staging_root(table, pipeline, self.store.describe())
+        if not root.is_dir():
+            return []
+        winners = committed_dirs(table, pipeline)
+        grace = self.grace_seconds if grace_seconds is None else grace_seconds
+        now = time.time()
+        gone: list[Path] = []
+        for d in root.iterdir():
+            m = _STAGED_NAME.match(d.name)
+            if m is None or not d.is_dir():
+                continue
+            seq = int(m.group(2))
+            if seq not in winners or winners[seq] == d.name:
+                continue
+            if now - d.stat().st_mtime < grace:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+        if gone:
+            log.info("pipeline %r: swept %d orphan staging dirs", pipeline, len(gone))
+        return gone
+
+
+def committed_dirs(table: Any, pipeline: str) -> dict[int, str | None]:
+    """seq -> the staging directory its snapshot added (None: the Arrow route), for the
+    committed batches whose snapshots are still in the table's history."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    from sparkonce.ledger.iceberg import key
+
+    entry, staged = key(pipeline, "entry"), key(pipeline, "staged")
+    found: dict[int, str | None] = {}
+    for snap in ancestors_of(table.current_snapshot(), table.metadata):
+        summary = snap.summary
+        text = summary[entry] if summary is not None else None
+        if summary is not None and text:
+            found.setdefault(int(json.loads(text)["seq"]), summary[staged])
+    return found
+
 
 class IcebergSink(TransactionalSink):
     """Effectively-once sink into an Apache Iceberg table (see the module docstring)."""
@@ -104,23 +296,68 @@ class IcebergSink(TransactionalSink):
     store: IcebergLedgerStore
     stager: IcebergStager
 
-    def __init__(self, catalog: Any, table: str, *, mode: str = "append") -> None:
+    def __init__(
+        self,
+        catalog: Any,
+        table: str,
+        *,
+        mode: str = "append",
+        orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
+    ) -> None:
         if mode != "append":
             raise ConfigError(
                 f"IcebergSink mode {mode!r} is not supported yet: only mode='append'."
             )
         if not table or "." not in table:
             raise ConfigError(f"IcebergSink needs the table as 'namespace.name', got {table!r}.")
+        if orphan_grace_seconds < 0:
+            raise ConfigError(
+                f"IcebergSink orphan_grace_seconds must be >= 0, got {orphan_grace_seconds}."
+            )
         self.catalog = catalog
         self.table = table
         self.store = IcebergLedgerStore(catalog, table)
-        self.stager = IcebergStager(self.store)
+        self.stager = IcebergStager(self.store, orphan_grace_seconds)
 
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
-        """Check (or, for a new table, take) the output schema before the epoch."""
+        """Before the epoch: check (or, for a new table, take) the output schema, and that
+        Spark's tasks can write the table's data files (a local, unpartitioned table)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        self.validate_arrow(to_arrow_schema(schema))
+        if output_mode == "complete":
+            raise ConfigError(
+                "IcebergSink appends: Spark's 'complete' output mode (every batch replaces "
+                "the table) is not supported. Use output_mode='append' or 'update'."
+            )
+        import pyarrow as pa
+
+        # Spark writes every column of a Parquet file as optional (nullable), whatever the
+        # DataFrame says, and Iceberg adds no optional data to a required column: a new
+        # table gets optional columns, an existing one must have them.
+        # Spark's TimestampType is an instant: Iceberg's timestamptz, read back as UTC.
+        arrow = to_arrow_schema(schema, timezone="UTC")
+        self.validate_arrow(pa.schema([f.with_nullable(True) for f in arrow]))
+        target = self.store.load()
+        local_location(target, self.describe())
+        required = [f.name for f in target.schema().fields if f.required]
+        if required:
+            raise ConfigError(
+                f"{self.describe()} has required (NOT NULL) columns {required}: Spark writes "
+                "every column of its Parquet files as optional, and Iceberg cannot add those "
+                "files to a required column. Make the columns optional (PyIceberg: "
+                "table.update_schema().make_column_optional(name)), or use a new table."
+            )
+        if not target.spec().is_unpartitioned():
+            raise ConfigError(
+                f"{self.describe()} is partitioned ({target.spec()}): Spark's tasks write "
+                "unpartitioned files, and IcebergSink adds them as they are. Use an "
+                "unpartitioned table."
+            )
+
+    def sweep_orphans(self, pipeline: str, grace_seconds: float | None = None) -> list[Path]:
+        """Delete ``pipeline``'s staging directories no snapshot references (see
+        :meth:`IcebergStager.sweep`, which runs after every commit); return them."""
+        return self.stager.sweep(pipeline, grace_seconds=grace_seconds)
 
     def validate_arrow(self, schema: pa.Schema) -> None:
         """:meth:`validate` for an Arrow schema: a ConfigError names the column."""
