@@ -56,6 +56,7 @@ def batch_commits(table: Path, pipeline: str) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_every_append_commit_carries_its_ledger_entry(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
@@ -104,6 +105,7 @@ def two_outputs(df: DataFrame) -> dict[str, DataFrame]:
     return {"rows": rows, "small": rows.where(F.col("value") % 100 == 0)}
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_a_delta_output_among_several_is_counted(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:

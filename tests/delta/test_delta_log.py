@@ -124,6 +124,7 @@ def test_reads_agree_with_the_classic_adapter_on_a_table_the_classic_path_wrote(
     assert fresh.property("sparkonce.test") == "x"
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_a_multi_part_checkpoint_is_read(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "t"
     sink = jvm_free_sink(spark, path)
@@ -174,6 +175,7 @@ def race_batch_into_the_acquire(
     table.commit_txn = commit_txn  # type: ignore[method-assign]
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_an_older_batch_between_the_acquires_read_and_write_is_counted(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -194,6 +196,7 @@ def test_an_older_batch_between_the_acquires_read_and_write_is_counted(
     assert offsets == {0: 1, 1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_the_naive_acquire_moves_the_count_back(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,6 +215,7 @@ def test_the_naive_acquire_moves_the_count_back(
     assert stored(path) == (2, 2)
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_an_acquire_that_died_before_storing_the_count_is_counted_by_the_next_reader(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -180,6 +180,7 @@ def test_zombie_write_is_fenced_never_skipped_silently(
         zombie.commit(ctx, df)
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_log_retention_keeps_the_resume_point(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
@@ -209,6 +210,7 @@ def test_log_retention_keeps_the_resume_point(
     ]
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_upsert_update_mode_sums(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
@@ -248,6 +250,7 @@ def test_upsert_refuses_a_repeated_key(
     assert rows(p) == []
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_complete_mode_replaces_the_table(
     spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:

@@ -160,6 +160,7 @@ def test_offset_queries_ride_out_the_kill_of_the_partitions_leader(
 # --- item 5: a Kafka-to-Kafka run through the kill of a leader and of a coordinator ------------
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget (66 s under load)
 def test_a_kafka_to_kafka_run_rides_out_killed_leader_and_coordinator(
     healthy: kafka_service.KafkaCluster, spark: Any, tmp_path: Path
 ) -> None:

@@ -98,6 +98,7 @@ pipeline = Pipeline(
 """
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget
 def test_a_failed_run_prints_one_line_and_keeps_spark_stacks_in_its_log_file(
     tmp_path: Path,
 ) -> None:

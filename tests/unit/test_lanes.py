@@ -58,11 +58,6 @@ ALSO_IN_MAKE_TEST = {
     ),
     # A whole file: every test in it.
     "tests/verify/test_checks.py": "pure Python (verify's row checks), a few seconds in all",
-    # The resend fault (issue 18) once; without dedupe and into Kafka: make test-crash.
-    "tests/verify/test_resend.py::test_with_dedupe_every_resend_trial_matches_the_oracle": (
-        "the one end-to-end `sparkonce verify` in make test: reference check, one trial of "
-        "the resend fault kind (the embedded log with dedupe), report"
-    ),
 }
 DRIVER_DIRS = ("tests/crash/", "tests/verify/")
 

@@ -137,6 +137,7 @@ def check_fired(outcome: TrialOutcome) -> int:
 # -- the embedded log ---------------------------------------------------------------------------
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget (151 s under load)
 def test_with_dedupe_every_resend_trial_matches_the_oracle(
     tmp_path: Path, make_log: Callable[..., Path]
 ) -> None:
