@@ -64,7 +64,7 @@ PIPELINE = "cli"  # the pipeline file's name (tests/connect/test_connect_pipelin
 FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka", "delta")
 FAULTS = ("kill-client", "kill-server", "zombie")
 # The kill cells' log: 200 values in 2 partitions. At 5 records per partition per batch
-# (10 for Delta, whose commits cost seconds each on Connect) a run has 20 (10) batches, so
+# (20 for Delta, whose commits cost seconds each on Connect) a run has 20 (5) batches, so
 # a kill after the second commit leaves work for the run after it.
 KILL_VALUES = 200
 # The zombie cells': a first run of 40 values, then 20 more that only the zombie reads.
@@ -159,7 +159,7 @@ def delta_family(table: Path) -> Family:
         values=lambda: Counter(r["value"] for r in delta_rows(table)),
         entries=lambda: Counter(c["txn"][0] for c in batches()),
         owner=lambda: commits(table, PIPELINE)[-1]["txn"][0],
-        batch=10,
+        batch=20,
     )
 
 
