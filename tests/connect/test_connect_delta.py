@@ -126,32 +126,6 @@ def test_upsert_on_connect_merges_by_key_and_a_replay_merges_nothing_twice(
     }
 
 
-def test_a_zombie_with_an_older_epoch_is_fenced_on_connect(
-    connect_spark: SparkSession, tmp_path: Path, make_log: Callable[..., Path]
-) -> None:
-    """A batch function holding epoch 1, run after a newer run took epoch 2: its commit in
-    the server's worker is refused (FencedError fails the query) and nothing of it shows."""
-    from tests.connect.conftest import start_zombie
-
-    log_dir = make_log(40, partitions=1)
-    table = tmp_path / "t"
-    p = Pipeline(
-        name="d3",
-        source=EmbeddedLogSource(log_dir, "events", max_records_per_partition=20),
-        sink=DeltaSink(table),
-        checkpoint=tmp_path / "chk",
-        transform=values,
-    )
-    assert p.run(connect_spark).epoch == 1
-    make_log(20, partitions=1, start=41)
-    assert DeltaSink(table).acquire("d3").epoch == 2  # in this process, on Connect
-    query = start_zombie(connect_spark, p, 1, tmp_path / "chk")
-    with pytest.raises(Exception, match="FencedError"):
-        query.awaitTermination()
-    assert sorted(r["value"] for r in delta_rows(table)) == list(range(1, 41))
-    assert commits(table, "d3")[-1]["txn"] == (2, 2)
-
-
 _S3_DELTA_PIPELINE = """
 from pyspark.sql import functions as F
 from sparkonce import DeltaSink, EmbeddedLogSource, Pipeline
