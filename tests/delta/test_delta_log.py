@@ -247,3 +247,64 @@ def test_an_acquire_that_died_before_storing_the_count_is_counted_by_the_next_re
     with pytest.raises(FencedError):
         commit(spark, older, 1, 3)
     assert Counter(r["offset"] for r in delta_rows(path)) == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def _tasks_of_group(spark: SparkSession, group: str) -> list[int]:
+    """The tasks of each Spark job started under job group ``group``, job by job."""
+    tracker = spark.sparkContext.statusTracker()
+    tasks = []
+    for job in sorted(tracker.getJobIdsForGroup(group)):
+        info = tracker.getJobInfo(job)
+        assert info is not None
+        stages = [tracker.getStageInfo(s) for s in info.stageIds]
+        tasks.append(sum(s.numTasks for s in stages if s is not None))
+    return tasks
+
+
+def test_a_txn_write_replays_the_log_in_few_partitions(spark: SparkSession, tmp_path: Path) -> None:
+    """Delta's writer replays the table's state on every txnAppId write, in 50 partitions
+    unless the session says otherwise (measured on Connect, whose servers here set nothing:
+    jobs of 52 and 53 tasks, 16-25 s per batch); the adapter's write runs it in a number
+    sized to the log (2 for this small one), and keeps a number the session sets itself."""
+    path = tmp_path / "t"
+    sink = jvm_free_sink(spark, path)
+    table = sink.table
+    assert isinstance(table, ConnectDeltaTable)
+    df = spark.createDataFrame([(0, 1, "k", 1)], SCHEMA)
+    sc = spark.sparkContext
+    # The test session has a number (build_session sets one); a Connect server has none.
+    own_conf = spark.conf.get("spark.databricks.delta.snapshotPartitions", None)
+    spark.conf.unset("spark.databricks.delta.snapshotPartitions")
+    try:
+        sc.setJobGroup("sparkonce-write-1", "a txn write")
+        table.write(df, "app", 1, "{}")
+        sc.setJobGroup("sparkonce-write-2", "a second txn write")
+        table.write(df, "app", 2, "{}")
+        # The write's own number was set for the write only.
+        assert spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None
+        spark.conf.set("spark.databricks.delta.snapshotPartitions", "7")
+        sc.setJobGroup("sparkonce-write-3", "a txn write, the session's own number")
+        table.write(df, "app", 3, "{}")
+        assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "7"
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        spark.conf.unset("spark.databricks.delta.snapshotPartitions")
+        if own_conf is not None:
+            spark.conf.set("spark.databricks.delta.snapshotPartitions", own_conf)
+    for group in ("sparkonce-write-1", "sparkonce-write-2"):
+        tasks = _tasks_of_group(spark, group)
+        assert tasks and max(tasks) <= 10, (group, tasks)  # Delta's default: 50 and more
+    own = _tasks_of_group(spark, "sparkonce-write-3")
+    assert 7 <= max(own) < 50, own
+    assert stored_txn(path, "app") == 3
+
+
+def stored_txn(path: Path, app: str) -> int | None:
+    """``app``'s newest ``txn`` version in the table's JSON commits."""
+    found = None
+    for commit_file in sorted((path / "_delta_log").glob("*.json")):
+        for line in commit_file.read_text().splitlines():
+            txn = json.loads(line).get("txn")
+            if txn and txn["appId"] == app:
+                found = int(txn["version"])
+    return found
