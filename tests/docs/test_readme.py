@@ -334,6 +334,7 @@ def test_setup_block_dry_run() -> None:
 # --- the examples --------------------------------------------------------------------------
 
 
+@pytest.mark.campaign_lane  # in the rotation: make test's budget (39 s alone)
 def test_quick_start(tmp_path: Path) -> None:
     """The quick start (README.md and its docs page): pipeline.py saved as is, then the bash
     block after it, in that directory."""
