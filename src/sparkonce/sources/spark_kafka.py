@@ -118,6 +118,16 @@ def check_connector_matches(jars: list[str], spark_version: str) -> None:
             )
 
 
+def connector_spark_conf() -> dict[str, str]:
+    """``spark.jars`` with the connector's jars (checked against PySpark's version); empty
+    when none are found."""
+    import pyspark
+
+    jars = spark_kafka_jars()
+    check_connector_matches(jars, pyspark.__version__)
+    return {"spark.jars": ",".join(jars)} if jars else {}
+
+
 class SparkKafkaSource(KafkaSource):
     """Read a Kafka topic through Spark's own Kafka connector (see the module docstring).
 
@@ -185,11 +195,7 @@ class SparkKafkaSource(KafkaSource):
         return None
 
     def spark_conf(self) -> dict[str, str]:
-        import pyspark
-
-        jars = spark_kafka_jars()
-        check_connector_matches(jars, pyspark.__version__)
-        return {"spark.jars": ",".join(jars)} if jars else {}
+        return connector_spark_conf()
 
     # -- reading -------------------------------------------------------------------------
     def connector_settings(self, start: Mapping[TopicPartition, int] | None) -> dict[str, str]:

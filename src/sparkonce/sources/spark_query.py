@@ -67,7 +67,11 @@ from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.sources.base import Source
 from sparkonce.sources.delta import _MANAGED_OPTIONS as _DELTA_OPTIONS
 from sparkonce.sources.delta import VERSION_SPAN, DeltaSource, delta_ranges
-from sparkonce.sources.spark_kafka import connector_initial_offset, connector_ranges
+from sparkonce.sources.spark_kafka import (
+    connector_initial_offset,
+    connector_ranges,
+    connector_spark_conf,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -208,9 +212,10 @@ class SparkSource(Source):
     ``query``: a function ``spark -> DataFrame`` (``sparkonce run`` and every restart rebuild
     the query with it; a lost checkpoint of a Kafka or Delta read can then resume from the
     ledger), or a streaming DataFrame already built on the pipeline's SparkSession. Its plan
-    must read exactly one streaming relation of a kind whose offsets replay. ``spark_conf``:
-    settings the session needs for the read (for example Spark's Kafka connector jars:
-    ``{"spark.jars": ...}``), which ``sparkonce run`` applies.
+    must read exactly one streaming relation of a kind whose offsets replay. ``reads``:
+    ``"kafka"`` or ``"delta"`` adds what the session needs for that read (the connector's
+    jars; Delta's jars, extension and catalog) to :meth:`spark_conf`, which ``sparkonce run``
+    applies; ``spark_conf``: any other settings the read needs.
     """
 
     stable_task_numbers: ClassVar[bool] = False
@@ -219,10 +224,17 @@ class SparkSource(Source):
         self,
         query: DataFrame | Callable[[SparkSession], DataFrame],
         *,
+        reads: str | None = None,
         spark_conf: Mapping[str, str] | None = None,
     ) -> None:
         from pyspark.sql import DataFrame
 
+        if reads not in (None, KAFKA, DELTA):
+            raise ConfigError(
+                f"SparkSource reads={reads!r}: give 'kafka' (Spark's Kafka connector jars) or "
+                "'delta' (Delta's jars, extension and catalog), or leave it out"
+            )
+        self.reads = reads
         self._conf = dict(spark_conf or {})
         self._frame: DataFrame | None = None
         self._build: Callable[[SparkSession], DataFrame] | None = None
@@ -255,6 +267,16 @@ class SparkSource(Source):
         return self.describe()
 
     def spark_conf(self) -> dict[str, str]:
+        """``spark_conf`` as given, with the jars (and Delta's settings) that ``reads``
+        names: what ``sparkonce run`` builds its session with."""
+        from sparkonce.spark.session import merge_spark_conf
+
+        if self.reads == KAFKA:
+            return merge_spark_conf(connector_spark_conf(), self._conf)
+        if self.reads == DELTA:
+            from sparkonce.spark.delta_conf import delta_spark_conf
+
+            return merge_spark_conf(delta_spark_conf("SparkSource"), self._conf)
         return dict(self._conf)
 
     def latest_offsets(self) -> dict[TopicPartition, int]:
