@@ -479,7 +479,7 @@ def test_own_query_block(tmp_path: Path, spark: SparkSession) -> None:
     assert any("spark-sql-kafka" in j for j in pipeline.spark_conf()["spark.jars"].split(","))
     built = SparkSource(ns["orders"](spark))  # type: ignore[operator]
     assert built.relation == Relation("kafka", "orders")
-    assert built.replay_condition() is None  # read_committed: nothing to flag
+    assert built.replay_condition() is None and built.read_note() is None  # read_committed
 
 
 def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:

@@ -72,6 +72,13 @@ def test_each_kind_maps_its_offset_log_line_to_ranges(tmp_path: Path) -> None:
     kafka.relation = Relation("kafka", "ev")
     got = kafka.batch_ranges('{"ev":{"0":2,"1":4}}', '{"ev":{"0":10,"1":4}}')
     assert got == BatchRanges((OffsetRange("ev", 0, 2, 10), OffsetRange("ev", 1, 4, 4)))
+    # explain's notes: the connector's default isolation delivers aborted records; files'
+    # replay holds only under a condition.
+    note = kafka.read_note()
+    assert note is not None and "read_uncommitted" in note and kafka.replay_condition() is None
+    kafka.relation = Relation("kafka", "ev", {"kafka.isolation.level": "read_committed"})
+    assert kafka.read_note() is None
+    assert files.read_note() is None and "maxFileAge" in (files.replay_condition() or "")
     with pytest.raises(ConfigError, match="not been built"):
         unbuilt().batch_ranges(None, '{"logOffset":0}')
 

@@ -258,7 +258,11 @@ def _spark_source_parts(src: SparkSource) -> list[Part]:
         "log before the batch runs, kept in the ledger as ranges; a replay reads the same "
         "offsets again"
     )
-    parts = [Part("source", src.describe(), REPLAYABLE, why, counts=True)]
+    note = src.read_note()
+    if note is not None:
+        why += f"; {note}"
+    fix = "set kafka.isolation.level=read_committed on the read" if note else None
+    parts = [Part("source", src.describe(), REPLAYABLE, why, fix, counts=True)]
     condition = src.replay_condition()
     if condition is not None:
         parts.append(

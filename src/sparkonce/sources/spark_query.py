@@ -493,11 +493,17 @@ class SparkSource(Source):
                     else ""
                 )
             )
+        return None
+
+    def read_note(self) -> str | None:
+        """What the read delivers beyond committed input, though a replay repeats it
+        exactly: a Kafka read at the connector's default ``read_uncommitted`` (records of
+        aborted transactions); None otherwise. For ``sparkonce explain``."""
+        rel = self._known()
         if rel.kind == KAFKA and rel.options.get("kafka.isolation.level") != "read_committed":
             return (
-                "the read uses Kafka's default read_uncommitted, so records of aborted "
-                "transactions are read too (a replay reads the same ones): set "
-                "kafka.isolation.level=read_committed"
+                "the Kafka read uses the connector's default read_uncommitted, so records of "
+                "aborted transactions are delivered too (a replay delivers the same ones)"
             )
         return None
 
