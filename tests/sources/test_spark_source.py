@@ -216,10 +216,15 @@ def test_explain_flags_the_file_source_condition_and_rate_is_refused(
 
 
 def test_rate_micro_batch_replays_the_same_rows(spark: SparkSession, tmp_path: Path) -> None:
-    """rate-micro-batch as a DataFrame handed over: two runs of 3 batches of 4 rows, the last
-    batch forgotten by Spark in between; values 0..23 once each."""
+    """rate-micro-batch as a DataFrame handed over: a run stopped after 3 or more batches of
+    4 rows, its last batch then forgotten by Spark, and a second run stopped after the replay
+    and one or more new batches: the replay is skipped, and the values 0..4n-1 of the n
+    batches are in the table once each."""
+    import threading
 
-    def run() -> Any:
+    from sparkonce import RunStopped
+
+    def run(batches: int) -> list[Any]:
         df = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 4).load()
         p = Pipeline(
             name="rmb",
@@ -229,15 +234,36 @@ def test_rate_micro_batch_replays_the_same_rows(spark: SparkSession, tmp_path: P
             transform=lambda d: d.select(F.col("value").alias("id")),
             trigger="processingTime=0 seconds",
         )
-        return p.run(spark, timeout=6)
+        seen: list[Any] = []
+        stop = threading.Event()
 
-    run()
+        def each(report: Any) -> None:
+            seen.append(report)
+            if len(seen) >= batches:
+                stop.set()  # the run stops between commits: no batch is cut short
+
+        with pytest.raises(RunStopped):
+            p.run(spark, timeout=300, on_batch=each, stop=stop)
+        return seen
+
+    first = run(3)  # a batch may commit while the stop is being noticed: 3 or more
+    assert len(first) >= 3 and not any(r.result.skipped for r in first), first
     done = sorted(int(f.name) for f in (tmp_path / "chk" / "commits").iterdir() if f.name.isdigit())
+    assert done == list(range(len(first))), done
+    # The state a crash after batch done[-1]'s ledger commit leaves: Spark has not recorded
+    # its commit, nor planned the next batch (a stopped run may have planned one).
+    for f in (tmp_path / "chk" / "offsets").iterdir():
+        if (
+            f.name.lstrip(".").split(".")[0].isdigit()
+            and int(f.name.lstrip(".").split(".")[0]) > done[-1]
+        ):
+            f.unlink()
     forget_commit(tmp_path / "chk", done[-1])
-    again = run()
-    assert again.batches_skipped == 1, again
-    ids = sqlite_ids(tmp_path / "sink.db")
-    assert ids == list(range(len(ids))) and len(ids) % 4 == 0 and ids, ids
+    again = run(2)
+    assert (again[0].spark_batch_id, again[0].result.skipped) == (done[-1], True), again
+    assert len(again) >= 2 and not any(r.result.skipped for r in again[1:]), again
+    batches = len(first) + len(again) - 1
+    assert sqlite_ids(tmp_path / "sink.db") == list(range(4 * batches))
 
 
 # -- a user-built Kafka connector DataFrame into PostgreSQL ------------------------------------
