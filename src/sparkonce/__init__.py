@@ -40,6 +40,7 @@ from sparkonce.sources import (
     KafkaSource,
     Source,
     SparkKafkaSource,
+    SparkSource,
 )
 
 if TYPE_CHECKING:  # pragma: no cover - imported on first use, by __getattr__ below
@@ -88,6 +89,7 @@ __all__ = [
     "SourceError",
     "SparkKafkaSource",
     "SparkOnceError",
+    "SparkSource",
     "StoreUnavailableError",
     "Topic",
     "build_session",

@@ -68,6 +68,7 @@ KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
 KAFKA_PRODUCER = "from sparkonce import KafkaProducer"
 SPARK_KAFKA = "from sparkonce import SparkKafkaSource"
 DELTA_SOURCE = "from sparkonce import DeltaSink, DeltaSource, Pipeline"
+OWN_QUERY = "# orders_query.py: an existing spark.readStream query handed to sparkonce"
 JOIN = "# join.py: each order with the payments made within 20 seconds of it, or alone if none was"
 KAFKA_CLI = (
     "sparkonce kafka create broker:9092 events --partitions 4     # says so if it already exists"
@@ -105,6 +106,7 @@ RUN = {
     SPARK_KAFKA: "test_spark_kafka_source",
     DELTA_SOURCE: "test_delta_source_block",
     JOIN: "test_join_block",
+    OWN_QUERY: "test_own_query_block",
     KAFKA_CLI: "test_kafka_cli",
 }
 
@@ -461,6 +463,23 @@ def test_join_block(tmp_path: Path) -> None:
     assert pipeline.source.names == ("orders", "payments")
     assert pipeline.source.topics_read() == {"orders", "payments"}
     assert pipeline.output_mode == "append"
+
+
+def test_own_query_block(tmp_path: Path, spark: SparkSession) -> None:
+    """The SparkSource guide's block builds the pipeline it shows (the PostgreSQL sink is
+    built, never opened), and its function's query is the one Kafka read SparkSource takes
+    (tests/sources/test_spark_source.py runs such queries on a broker)."""
+    from sparkonce import Pipeline, SparkSource
+    from sparkonce.sources.spark_query import Relation
+
+    b = block(OWN_QUERY)
+    ns = exec_block(b, substitute(b.text, bootstrap="localhost:1"), tmp_path)
+    pipeline = ns["pipeline"]
+    assert isinstance(pipeline, Pipeline) and isinstance(pipeline.source, SparkSource)
+    assert any("spark-sql-kafka" in j for j in pipeline.spark_conf()["spark.jars"].split(","))
+    built = SparkSource(ns["orders"](spark))  # type: ignore[operator]
+    assert built.relation == Relation("kafka", "orders")
+    assert built.replay_condition() is None and built.read_note() is None  # read_committed
 
 
 def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:

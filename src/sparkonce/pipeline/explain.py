@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.pipeline.spec import PipelineSpec
     from sparkonce.sinks.base import Sink
     from sparkonce.sources.base import Source
+    from sparkonce.sources.spark_query import SparkSource
 
 EFFECTIVELY_ONCE = "effectively-once"
 EFFECTIVELY_ONCE_READ_COMMITTED = "effectively-once for read_committed consumers"
@@ -223,8 +224,11 @@ def _source_parts(pipeline: PipelineSpec) -> list[Part]:
     several (:class:`~sparkonce.sources.source_set.SourceSet`), whose batch is all their
     offsets together."""
     from sparkonce.sources.source_set import SourceSet
+    from sparkonce.sources.spark_query import SparkSource
 
     src = pipeline.source
+    if isinstance(src, SparkSource):
+        return _spark_source_parts(src)
     if not isinstance(src, SourceSet):
         return [_source_part(src)]
     together = (
@@ -236,6 +240,41 @@ def _source_parts(pipeline: PipelineSpec) -> list[Part]:
     for name, member in src.sources.items():
         one = _source_part(member)
         parts.append(dataclasses.replace(one, part=f"source {name}", why=one.why + together))
+    return parts
+
+
+#: The verdict of a source whose replay returns the same rows only under a condition.
+REPLAY_CONDITIONAL = "deterministic replay only if"
+
+
+def _spark_source_parts(src: SparkSource) -> list[Part]:
+    """The user's own query (:class:`~sparkonce.sources.spark_query.SparkSource`): replayable
+    as its kind is, and a second part that flags a replay that is deterministic only under a
+    condition Spark does not check (a file source's directory), with that condition."""
+    rel = src.relation
+    kind = "its" if rel is None else f"the {rel.kind}"
+    why = (
+        f"each batch is the line Spark writes for {kind} read into the checkpoint's offset "
+        "log before the batch runs, kept in the ledger as ranges; a replay reads the same "
+        "offsets again"
+    )
+    note = src.read_note()
+    if note is not None:
+        why += f"; {note}"
+    fix = "set kafka.isolation.level=read_committed on the read" if note else None
+    parts = [Part("source", src.describe(), REPLAYABLE, why, fix, counts=True)]
+    condition = src.replay_condition()
+    if condition is not None:
+        parts.append(
+            Part(
+                "source replay",
+                src.describe(),
+                REPLAY_CONDITIONAL,
+                condition,
+                "keep to the condition, or read the data through a source whose offsets "
+                "name stored records (Kafka, Delta)",
+            )
+        )
     return parts
 
 

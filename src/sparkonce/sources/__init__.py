@@ -10,6 +10,8 @@ from sparkonce.sources.kafka import KafkaSource
 from sparkonce.sources.source_set import URI_SCHEME as SET_URI_SCHEME
 from sparkonce.sources.source_set import SourceSet
 from sparkonce.sources.spark_kafka import SparkKafkaSource
+from sparkonce.sources.spark_query import URI_SCHEME as SPARK_URI_SCHEME
+from sparkonce.sources.spark_query import SparkSource
 
 
 def source_from_uri(uri: str) -> Source:
@@ -22,6 +24,10 @@ def source_from_uri(uri: str) -> Source:
         return DeltaSource.from_uri(uri)
     if uri.startswith(f"{SET_URI_SCHEME}:"):
         return SourceSet.from_uri(uri)
+    if uri.startswith(f"{SPARK_URI_SCHEME}:"):
+        raise ConfigError(
+            f"source {uri!r} is a query the user built (SparkSource): its lag is not read"
+        )
     raise ConfigError(f"source URI {uri!r} is not one this version can open")
 
 
@@ -32,5 +38,6 @@ __all__ = [
     "Source",
     "SourceSet",
     "SparkKafkaSource",
+    "SparkSource",
     "source_from_uri",
 ]

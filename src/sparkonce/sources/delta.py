@@ -311,6 +311,27 @@ class DeltaSource(Source):
     def stream(self, spark: SparkSession, start: Mapping[TopicPartition, int] | None) -> DataFrame:
         from pyspark.errors import AnalysisException
 
+        opts = dict(self.reader_options)
+        if self.max_files_per_batch:
+            opts["maxFilesPerTrigger"] = str(self.max_files_per_batch)
+        if self.skip_change_commits:
+            opts["skipChangeCommits"] = "true"
+        opts.update(self.start_options(spark, start))
+        log.info("reading %s from %s", self.describe(), opts.get("startingVersion", "its snapshot"))
+        try:
+            return spark.readStream.format("delta").options(**opts).load(self.path)
+        except AnalysisException as exc:
+            raise SourceError(f"{self.describe()}: Delta refused the stream: {exc}") from None
+
+    def start_options(
+        self, spark: SparkSession, start: Mapping[TopicPartition, int] | None
+    ) -> dict[str, str]:
+        """Delta's reader options that start a new query where it must (``startingVersion``
+        from the ledger's end ``start``, else ``starting_version``; none: the table's current
+        snapshot), and where its first batch starts (:meth:`initial_offset`). Reads the
+        table's log; :class:`SourceError` when there is no table, or the ledger counted
+        another table. Also used by :class:`~sparkonce.sources.spark_query.SparkSource` for
+        a Delta read the user wrote."""
         from sparkonce.spark.delta import DeltaTable
 
         table = DeltaTable(spark, self.path)
@@ -322,29 +343,19 @@ class DeltaSource(Source):
                 "_delta_log). Create the table first, or fix the path."
             )
         table_id = str(snapshot.metadata().id())
-        opts = dict(self.reader_options)
-        if self.max_files_per_batch:
-            opts["maxFilesPerTrigger"] = str(self.max_files_per_batch)
-        if self.skip_change_commits:
-            opts["skipChangeCommits"] = "true"
         resume = self._ledger_position(start, table_id)
         if resume is not None:
             version = version_of(resume)
-            opts["startingVersion"] = str(version)
             self._first_start = version * VERSION_SPAN
             if version > newest:
                 # The ledger read every version there is: Delta must accept the next one.
                 spark.conf.set(OUT_OF_RANGE_CONF, "true")
-        elif self.starting_version is not None:
-            opts["startingVersion"] = str(self.starting_version)
+            return {"startingVersion": str(version)}
+        if self.starting_version is not None:
             self._first_start = self.starting_version * VERSION_SPAN
-        else:
-            self._first_start = 0  # the current snapshot: the whole table from its start
-        log.info("reading %s from %s", self.describe(), opts.get("startingVersion", "its snapshot"))
-        try:
-            return spark.readStream.format("delta").options(**opts).load(self.path)
-        except AnalysisException as exc:
-            raise SourceError(f"{self.describe()}: Delta refused the stream: {exc}") from None
+            return {"startingVersion": str(self.starting_version)}
+        self._first_start = 0  # the current snapshot: the whole table from its start
+        return {}
 
     def _ledger_position(
         self, start: Mapping[TopicPartition, int] | None, table_id: str

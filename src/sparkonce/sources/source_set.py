@@ -98,6 +98,12 @@ class SourceSet(Source):
                     f"source {name!r} must be a sparkonce Source (for example KafkaSource), "
                     f"got {type(source).__name__}"
                 )
+            if type(source).__name__ == "SparkSource":
+                raise ConfigError(
+                    f"source {name!r} ({source.describe()}) cannot be one of several sources: "
+                    "a SparkSource is a whole query of the user's own. Give it a pipeline of "
+                    "its own, or read the streams through KafkaSource to join them"
+                )
             topics = source_topics(source)
             if topics is None:
                 raise ConfigError(

@@ -118,6 +118,16 @@ def check_connector_matches(jars: list[str], spark_version: str) -> None:
             )
 
 
+def connector_spark_conf() -> dict[str, str]:
+    """``spark.jars`` with the connector's jars (checked against PySpark's version); empty
+    when none are found."""
+    import pyspark
+
+    jars = spark_kafka_jars()
+    check_connector_matches(jars, pyspark.__version__)
+    return {"spark.jars": ",".join(jars)} if jars else {}
+
+
 class SparkKafkaSource(KafkaSource):
     """Read a Kafka topic through Spark's own Kafka connector (see the module docstring).
 
@@ -185,11 +195,7 @@ class SparkKafkaSource(KafkaSource):
         return None
 
     def spark_conf(self) -> dict[str, str]:
-        import pyspark
-
-        jars = spark_kafka_jars()
-        check_connector_matches(jars, pyspark.__version__)
-        return {"spark.jars": ",".join(jars)} if jars else {}
+        return connector_spark_conf()
 
     # -- reading -------------------------------------------------------------------------
     def connector_settings(self, start: Mapping[TopicPartition, int] | None) -> dict[str, str]:
@@ -265,50 +271,65 @@ class SparkKafkaSource(KafkaSource):
     def initial_offset(self, checkpoint: Checkpoint) -> str | None:
         """The offsets the connector started the query at (its ``sources/0/0`` file): the
         start of batch 0's ranges."""
-        data = checkpoint.read_bytes("sources", "0", "0")
-        if data is None:
-            return None
-        text = data.lstrip(b"\x00").decode("utf-8")  # a 0 byte leads (SPARK-19517)
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) < 2 or not lines[0].startswith("v"):
-            where = f"{checkpoint.path}/sources/0/0"
-            raise CheckpointError(
-                f"{where}: not the Kafka connector's initial offsets ({lines[:1]})"
-            )
-        return lines[1]
+        return connector_initial_offset(checkpoint)
 
     def batch_ranges(self, previous: str | None, current: str) -> BatchRanges:
         """A batch's ranges from Spark's offset log: this batch's end offsets, and the
         batch before's (or the query's initial offsets) as their starts."""
-        ends = self._offsets(current)
-        starts = self._offsets(previous) if previous is not None else {}
-        return BatchRanges(
-            tuple(
-                OffsetRange(self.topic, p, starts.get(p, 0), end) for p, end in sorted(ends.items())
-            )
-        )
+        return connector_ranges(self.topic, previous, current)
 
-    def _offsets(self, text: str) -> dict[int, int]:
-        try:
-            data = json.loads(text)
-            parts = data[self.topic]
-            out = {int(p): int(o) for p, o in parts.items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(
-                f"Spark's Kafka offsets {text[:200]!r} do not name topic {self.topic!r} with an "
-                f"offset per partition ({type(exc).__name__}: {exc}); the checkpoint belongs to "
-                "another source. Operator action: use this pipeline's own checkpoint directory"
-            ) from None
-        other = sorted(set(data) - {self.topic})
-        if other:
-            raise CheckpointError(
-                f"Spark's Kafka offsets name topics {other} besides {self.topic!r}; a sparkonce "
-                "pipeline reads one topic. Operator action: use this pipeline's own checkpoint"
-            )
-        # -2/-1 (earliest/latest) never reach the offset log: Spark resolves them first.
-        if any(o < 0 for o in out.values()):
-            raise CheckpointError(f"Spark's Kafka offsets {text[:200]!r} hold a negative offset")
-        return out
+
+# -- the connector's offsets (also read by SparkSource, for a query the user built) ---------
+
+
+def connector_initial_offset(checkpoint: Checkpoint) -> str | None:
+    """The offsets the Kafka connector started a query at (the checkpoint's ``sources/0/0``
+    file), None when it has none yet."""
+    data = checkpoint.read_bytes("sources", "0", "0")
+    if data is None:
+        return None
+    text = data.lstrip(b"\x00").decode("utf-8")  # a 0 byte leads (SPARK-19517)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        where = f"{checkpoint.path}/sources/0/0"
+        raise CheckpointError(f"{where}: not the Kafka connector's initial offsets ({lines[:1]})")
+    return lines[1]
+
+
+def connector_ranges(topic: str, previous: str | None, current: str) -> BatchRanges:
+    """A batch's ranges of ``topic`` from the connector's offsets in Spark's offset log:
+    ``current`` holds the batch's end offsets, ``previous`` (the batch before's, or the
+    query's initial offsets; None: 0) their starts."""
+    ends = connector_offsets(topic, current)
+    starts = connector_offsets(topic, previous) if previous is not None else {}
+    return BatchRanges(
+        tuple(OffsetRange(topic, p, starts.get(p, 0), end) for p, end in sorted(ends.items()))
+    )
+
+
+def connector_offsets(topic: str, text: str) -> dict[int, int]:
+    """The connector's offset JSON ``{"<topic>": {"<partition>": offset}}`` as offsets by
+    partition; :class:`CheckpointError` unless it names ``topic`` alone."""
+    try:
+        data = json.loads(text)
+        parts = data[topic]
+        out = {int(p): int(o) for p, o in parts.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"Spark's Kafka offsets {text[:200]!r} do not name topic {topic!r} with an "
+            f"offset per partition ({type(exc).__name__}: {exc}); the checkpoint belongs to "
+            "another source. Operator action: use this pipeline's own checkpoint directory"
+        ) from None
+    other = sorted(set(data) - {topic})
+    if other:
+        raise CheckpointError(
+            f"Spark's Kafka offsets name topics {other} besides {topic!r}; a sparkonce "
+            "pipeline reads one topic. Operator action: use this pipeline's own checkpoint"
+        )
+    # -2/-1 (earliest/latest) never reach the offset log: Spark resolves them first.
+    if any(o < 0 for o in out.values()):
+        raise CheckpointError(f"Spark's Kafka offsets {text[:200]!r} hold a negative offset")
+    return out
 
 
 def _check_options(options: Mapping[str, str | int | float | bool] | None) -> dict[str, str]:
