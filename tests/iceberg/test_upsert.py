@@ -211,3 +211,8 @@ def test_upsert_options_are_checked_before_the_epoch(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"IcebergSink upserts: Spark's 'complete' output"):
         IcebergSink(catalog(tmp_path), TABLE, mode="upsert", keys=["k"]).validate(out, "complete")
     assert not (tmp_path / "wh").exists()  # nothing created, no epoch taken
+    # The Arrow route (the protocol simulation's, no Spark) appends only: refused, not wrong.
+    arrow = IcebergSink(catalog(tmp_path), TABLE, mode="upsert", keys=["k"])
+    rows = pa.table({"k": [1], "v": [1], "s": ["x"]}, schema=SCHEMA)
+    with pytest.raises(ConfigError, match="upsert stages batches with Spark's tasks only"):
+        arrow.stager.prepare_arrow(ctx_of(0, 1), rows, None, 0)
