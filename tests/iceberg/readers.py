@@ -45,3 +45,37 @@ def referenced_files(catalog: Any, table: str) -> set[Path]:
     """The data files of the table's current snapshot, as local paths."""
     t = catalog.load_table(table)
     return {Path(unquote(urlparse(task.file.file_path).path)) for task in t.scan().plan_files()}
+
+
+def pyiceberg_rows(catalog: Any, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    got = catalog.load_table(table).scan(selected_fields=tuple(columns)).to_arrow()
+    return sorted(zip(*(got.column(c).to_pylist() for c in columns), strict=True))
+
+
+def duckdb_rows(catalog: Any, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    location = catalog.load_table(table).metadata_location
+    con = duckdb.connect()
+    try:
+        for mod in (duckdb_extension_avro, duckdb_extension_iceberg):
+            con.sql(f"LOAD '{next(Path(mod.__file__).parent.glob('**/*.duckdb_extension'))}'")
+        cols = ", ".join(f'"{c}"' for c in columns)
+        got = con.sql(f"SELECT {cols} FROM iceberg_scan('{location}')").fetchall()
+    finally:
+        con.close()
+    return sorted(tuple(r) for r in got)
+
+
+def assert_rows(
+    catalog: Any, table: str, columns: list[str], expected: list[tuple[Any, ...]]
+) -> None:
+    """Both readers see exactly the rows ``expected`` (projected on ``columns``)."""
+    want = sorted(expected)
+    for reader in (pyiceberg_rows, duckdb_rows):
+        got = reader(catalog, table, columns)
+        missing = sorted(set(want) - set(got))[:10]
+        extra = sorted(set(got) - set(want))[:10]
+        assert got == want, f"{reader.__name__}: {len(got)} rows, missing {missing}, extra {extra}"

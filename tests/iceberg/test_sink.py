@@ -79,8 +79,6 @@ def test_a_schema_mismatch_is_a_config_error_naming_the_column(tmp_path: Path) -
     wrong = pa.schema([("v", pa.string()), ("s", pa.string())])
     with pytest.raises(ConfigError, match=r"column 'v' is string in the batch but int64"):
         IcebergSink(catalog(tmp_path), "ns.out").validate_arrow(wrong)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        IcebergSink(catalog(tmp_path), "ns.out", mode="upsert")
 
 
 def test_validate_takes_spark_s_schema_before_the_epoch(tmp_path: Path) -> None:

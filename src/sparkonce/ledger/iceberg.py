@@ -57,7 +57,9 @@ simulation's route, no Spark). Either way it is the same one transaction, so one
 snapshot per batch with the entry in its summary. The executor route also records the
 name of the batch's staging directory in the summary (``sparkonce.p.staged``): the
 orphan sweep (:mod:`sparkonce.sinks.iceberg`) keeps exactly that directory of each
-committed batch.
+committed batch. An upsert's snapshot also removes the data files that hold the batch's
+keys and adds their other rows, rewritten into the same directory
+(:mod:`sparkonce.ledger.iceberg_upsert`): still one snapshot, one catalog commit.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -82,6 +85,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from sparkonce.errors import ConfigError, FencedError, LedgerError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
+from sparkonce.ledger.iceberg_upsert import add_upsert, local_path
 from sparkonce.ledger.records import ICEBERG_ENTRY
 
 log = logging.getLogger(__name__)
@@ -146,11 +150,19 @@ class DataFiles:
 
     ``paths``: full URIs as the table's FileIO reads them; ``num_rows``: their rows in all
     (from the footers); ``staged``: the name of the directory they are in (recorded in the
-    snapshot summary for the orphan sweep)."""
+    snapshot summary for the orphan sweep). ``keys``: an upsert's key columns (the files
+    hold one row per key), whose existing rows the snapshot replaces
+    (:mod:`sparkonce.ledger.iceberg_upsert`); empty for an append."""
 
     paths: tuple[str, ...]
     num_rows: int
     staged: str
+    keys: tuple[str, ...] = ()
+
+
+def staged_dir(data: DataFiles) -> Path:
+    """The local staging directory of ``data``'s files (where an upsert's survivors go)."""
+    return local_path(data.paths[0]).parent if data.paths else Path("/nonexistent")
 
 
 @dataclass
@@ -369,6 +381,7 @@ class IcebergLedgerStore(LedgerStore):
             if self._already(entry, table):
                 txn.replayed = True
                 break
+            written: list[Path] = []
             t = table.transaction()
             try:
                 # Checked now on ``table``, and again by the catalog on the metadata it swaps:
@@ -376,7 +389,14 @@ class IcebergLedgerStore(LedgerStore):
                 require(t, self._requirement(entry, expect))
                 t.set_properties({key(entry.pipeline, "last"): doc})
                 summary = {key(entry.pipeline, "entry"): doc}
-                if isinstance(txn.data, DataFiles):
+                if isinstance(txn.data, DataFiles) and txn.data.keys:
+                    summary[key(entry.pipeline, "staged")] = txn.data.staged
+                    # The rows the batch replaces go in the same one snapshot (copy-on-write).
+                    written, replaced = add_upsert(
+                        t, txn.data.paths, txn.data.keys, summary, staged_dir(txn.data)
+                    )
+                    txn.notes["replaced"] = replaced
+                elif isinstance(txn.data, DataFiles):
                     summary[key(entry.pipeline, "staged")] = txn.data.staged
                     # No duplicate check: it reads every manifest of the table (a cost that
                     # grows with the table), and cannot fire: the files sit in a directory
@@ -391,7 +411,11 @@ class IcebergLedgerStore(LedgerStore):
                     t.append(txn.data, snapshot_properties=summary)
                 self.committed = t.commit_transaction()
                 break
-            except (CommitFailedException, PipelineMoved) as exc:
+            except (CommitFailedException, ValidationException) as exc:
+                # Neither landed (PyIceberg's word, and PipelineMoved is ours): an upsert's
+                # survivors were read from metadata that moved on; they go, and are redone.
+                for f in written:
+                    f.unlink(missing_ok=True)
                 if attempt == COMMIT_ATTEMPTS:
                     raise
                 log.info(

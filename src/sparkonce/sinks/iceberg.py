@@ -24,7 +24,22 @@ deletes them, never a running pipeline's in-flight batch.
 What is refused before the epoch (``ConfigError`` from :meth:`IcebergSink.validate`): an
 output column missing from the table or of another type, a partitioned table, a warehouse
 that is not local (``file://``), Spark's ``complete`` output mode; a Spark Connect session
-(the runner's refusal, :mod:`sparkonce.pipeline.connect`). Not done yet: upsert mode.
+(the runner's refusal, :mod:`sparkonce.pipeline.connect`).
+
+**Upsert** (``mode="upsert"``, ``keys=[...]``, optional ``latest_by``): the same semantics
+as the other upsert sinks. A batch may hold one row per key; with ``latest_by`` (a column
+name or a list of them, typically the source's ``partition`` and ``offset``) a repeated
+key keeps its row with the greatest ``latest_by`` tuple (NULL lowest), and two rows of one
+key with equal ``latest_by`` values are refused; without it a repeated key is refused. A
+NULL key is refused. Spark's tasks check and reduce the rows (one aggregation and, with
+``latest_by``, one window over the batch, cached), then write them as for an append. The
+commit replaces each existing row of a batch key in the batch's one snapshot, by
+copy-on-write (PyIceberg 0.12 writes no delete files): the data files holding a batch key
+are rewritten without those rows. That runs on the driver, inside the commit, and reads
+the key columns of the files whose bounds overlap the batch's keys and the whole of the
+files that hold one: see :mod:`sparkonce.ledger.iceberg_upsert` for the cost. Refused
+before the epoch: keys or ``latest_by`` columns missing from the output or the table, a
+key or ``latest_by`` column of a type without an order (array, map, struct) or a float key.
 
 ``catalog``: a PyIceberg catalog (``pyiceberg.catalog.sql.SqlCatalog``); ``table``:
 ``"namespace.name"``. The table is created from the output's schema on first use when it
@@ -45,10 +60,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urlparse
 
 from sparkonce.commit.base import Staged, Stager
-from sparkonce.config import Guarantee, OutputMode
+from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
 from sparkonce.sinks.base import TransactionalSink
+from sparkonce.sinks.sql import _check_latest_by, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -153,10 +169,61 @@ class IcebergStager(Stager):
 
     stages_on_driver = False  # Spark's tasks write the rows
 
-    def __init__(self, store: IcebergLedgerStore, grace_seconds: float) -> None:
+    def __init__(
+        self,
+        store: IcebergLedgerStore,
+        grace_seconds: float,
+        keys: tuple[str, ...] = (),
+        latest_by: tuple[str, ...] = (),
+    ) -> None:
         self.store = store
         self.grace_seconds = grace_seconds
+        self.keys = keys  # empty: an append
+        self.latest_by = latest_by
         self._writing: Path | None = None  # the directory of the attempt being staged
+
+    def one_row_per_key(self, ctx: BatchContext, df: DataFrame) -> DataFrame:
+        """Upsert: refuse a NULL key, a repeated key without ``latest_by`` and a tie on
+        ``latest_by``; keep each key's row with the greatest ``latest_by`` (Spark's tasks:
+        one aggregation, then a window). ``df`` should be cached: it is read twice."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        keys = list(self.keys)
+        null_key = F.lit(False)
+        for k in keys:
+            null_key = null_key | F.col(k).isNull()
+        group = [*keys, *self.latest_by]
+        bad = (
+            df.groupBy(*group)
+            .agg(F.count(F.lit(1)).alias("_sparkonce_n"))
+            .where((F.col("_sparkonce_n") > 1) | null_key)
+            .limit(1)
+            .collect()
+        )
+        where = self.store.identifier
+        if bad:
+            row = bad[0]
+            key = tuple(row[k] for k in keys)
+            if any(v is None for v in key):
+                raise SinkError(
+                    f"upsert into {where!r}: a row of batch {ctx.ranges} has a NULL key "
+                    f"{dict(zip(keys, key, strict=True))}; key columns must not be NULL. "
+                    "Filter or fill them in the transform. Nothing of this batch was committed."
+                )
+            if not self.latest_by:
+                raise SinkError(repeated_key_message(where, self.keys, key, row["_sparkonce_n"]))
+            values = {c: row[c] for c in self.latest_by}
+            raise SinkError(latest_by_tie_message(where, self.keys, key, self.latest_by, values))
+        if not self.latest_by:
+            return df
+        order = [F.col(c).desc_nulls_last() for c in self.latest_by]
+        rank = F.row_number().over(Window.partitionBy(*keys).orderBy(*order))
+        return (
+            df.withColumn("_sparkonce_rank", rank)
+            .where("_sparkonce_rank = 1")
+            .drop("_sparkonce_rank")
+        )
 
     def prepare(self, ctx: BatchContext, df: DataFrame, seq: int) -> Staged:
         from pyarrow import parquet as pq
@@ -167,10 +234,19 @@ class IcebergStager(Stager):
         name = f"{ctx.epoch}-{seq}-{uuid.uuid4().hex}"
         directory = staging_root(table, ctx.pipeline, self.store.describe()) / name
         self._writing = directory
-        # Per write, not for the session: a timestamp column would otherwise be INT96,
-        # which add_files refuses (and it would fail inside the commit).
-        with session_conf(df.sparkSession, WRITE_CONF):
-            df.write.mode("errorifexists").parquet(directory.as_uri())
+        cached = None
+        if self.keys:
+            cached = df = df.persist()  # the check reads it, then the write
+        try:
+            if self.keys:
+                df = self.one_row_per_key(ctx, df)
+            # Per write, not for the session: a timestamp column would otherwise be INT96,
+            # which add_files refuses (and it would fail inside the commit).
+            with session_conf(df.sparkSession, WRITE_CONF):
+                df.write.mode("errorifexists").parquet(directory.as_uri())
+        finally:
+            if cached is not None:
+                cached.unpersist()
         paths: list[str] = []
         rows = 0
         for f in committed_files(directory):
@@ -183,7 +259,9 @@ class IcebergStager(Stager):
         if not paths:
             shutil.rmtree(directory, ignore_errors=True)
         return Staged(
-            rows=rows, payload=DataFiles(tuple(paths), rows, name), notes={"dir": directory}
+            rows=rows,
+            payload=DataFiles(tuple(paths), rows, name, self.keys),
+            notes={"dir": directory},
         )
 
     def prepare_arrow(
@@ -193,6 +271,11 @@ class IcebergStager(Stager):
             self.store.schema = table.schema
         target = self.store.load()
         check_schema(table.schema, target.schema().as_arrow(), self.store.describe())
+        if self.keys:
+            raise ConfigError(
+                "IcebergSink upsert stages batches with Spark's tasks only: the Arrow route "
+                "(the protocol simulation's) appends. Run the pipeline on a classic Spark session."
+            )
         return Staged(rows=table.num_rows, payload=table)
 
     def publish(self, txn: Any, ctx: BatchContext, staged: Staged) -> None:
@@ -301,13 +384,18 @@ class IcebergSink(TransactionalSink):
         catalog: Any,
         table: str,
         *,
-        mode: str = "append",
+        mode: WriteMode = "append",
+        keys: tuple[str, ...] | list[str] = (),
+        latest_by: str | tuple[str, ...] | list[str] | None = None,
         orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
     ) -> None:
-        if mode != "append":
-            raise ConfigError(
-                f"IcebergSink mode {mode!r} is not supported yet: only mode='append'."
-            )
+        self.mode: WriteMode
+        self.mode, self.keys = check_write_mode(mode, keys)
+        if latest_by is None:
+            latest_by = ()
+        elif isinstance(latest_by, str):
+            latest_by = (latest_by,)  # one column, as the issue's latest_by="col"
+        self.latest_by = _check_latest_by(latest_by, self.mode, self.keys)
         if not table or "." not in table:
             raise ConfigError(f"IcebergSink needs the table as 'namespace.name', got {table!r}.")
         if orphan_grace_seconds < 0:
@@ -317,7 +405,7 @@ class IcebergSink(TransactionalSink):
         self.catalog = catalog
         self.table = table
         self.store = IcebergLedgerStore(catalog, table)
-        self.stager = IcebergStager(self.store, orphan_grace_seconds)
+        self.stager = IcebergStager(self.store, orphan_grace_seconds, self.keys, self.latest_by)
 
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
         """Before the epoch: check (or, for a new table, take) the output schema, and that
@@ -326,9 +414,10 @@ class IcebergSink(TransactionalSink):
 
         if output_mode == "complete":
             raise ConfigError(
-                "IcebergSink appends: Spark's 'complete' output mode (every batch replaces "
-                "the table) is not supported. Use output_mode='append' or 'update'."
+                f"IcebergSink {self.mode}s: Spark's 'complete' output mode (every batch "
+                "replaces the table) is not supported. Use output_mode='append' or 'update'."
             )
+        self._check_upsert_columns(schema)
         import pyarrow as pa
 
         # Spark writes every column of a Parquet file as optional (nullable), whatever the
@@ -354,6 +443,37 @@ class IcebergSink(TransactionalSink):
                 "unpartitioned table."
             )
 
+    def _check_upsert_columns(self, schema: StructType) -> None:
+        """Keys and ``latest_by`` columns: in the output, of a type Spark can group, join
+        and order (the table's columns are the output's: :func:`check_schema`)."""
+        from pyspark.sql import types as T
+
+        names = [f.name for f in schema.fields]
+        for what, cols in (("upsert keys", self.keys), ("latest_by columns", self.latest_by)):
+            missing = [c for c in cols if c not in names]
+            if missing:
+                raise ConfigError(
+                    f"{what} {missing} are not columns of the pipeline's output "
+                    f"(columns: {names}); fix {'keys' if what == 'upsert keys' else 'latest_by'}"
+                    "=[...] or the transform"
+                )
+        types = {f.name: f.dataType for f in schema.fields}
+        unordered = (T.ArrayType, T.MapType, T.StructType, T.VariantType)
+        for c in self.latest_by:
+            if isinstance(types[c], unordered):
+                raise ConfigError(
+                    f"latest_by column {c!r} is {types[c].simpleString()}, which has no order "
+                    "to pick the latest row by; use a number, string, date or timestamp column "
+                    "(for a change stream, the source's 'partition' and 'offset')"
+                )
+        for k in self.keys:
+            if isinstance(types[k], (*unordered, T.FloatType, T.DoubleType)):
+                raise ConfigError(
+                    f"upsert key {k!r} is {types[k].simpleString()}: keys are matched by "
+                    "equality, which such values do not support reliably; use an integer, "
+                    "string, decimal, date, timestamp or binary key column"
+                )
+
     def sweep_orphans(self, pipeline: str, grace_seconds: float | None = None) -> list[Path]:
         """Delete ``pipeline``'s staging directories no snapshot references (see
         :meth:`IcebergStager.sweep`, which runs after every commit); return them."""
@@ -367,4 +487,8 @@ class IcebergSink(TransactionalSink):
         check_schema(schema, target.schema().as_arrow(), self.describe())
 
     def describe(self) -> str:
-        return f"IcebergSink({self.store.describe()} in catalog {self.catalog.name!r})"
+        mode = f" mode=upsert keys={list(self.keys)}" if self.keys else ""
+        latest = f" latest_by={list(self.latest_by)}" if self.latest_by else ""
+        return (
+            f"IcebergSink({self.store.describe()} in catalog {self.catalog.name!r}{mode}{latest})"
+        )
