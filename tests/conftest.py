@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -238,7 +238,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _select_shard(config, items, shard)
     # tests/unit first (a stable sort: any other order is kept). They start no JVM, so a
     # missing class-data archive builds in the background beside them (pytest_collection_finish).
-    items.sort(key=lambda item: not item.nodeid.startswith(UNIT_DIR))
+    # Then tests/crash, the longest files of make test: pytest-xdist hands out files in this
+    # order, and a long file handed out last would leave one worker alone at the end.
+    items.sort(
+        key=lambda item: (
+            not item.nodeid.startswith(UNIT_DIR),
+            not item.nodeid.startswith(CRASH_DIR),
+        )
+    )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -246,6 +253,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_SESSION] = session
     _measured.clear()
     _unmeasurable.clear()
+    _summary.clear()
 
 
 # With --record-durations: each test's setup, call and teardown time, and the tests whose time
@@ -254,10 +262,20 @@ _measured: dict[str, float] = {}
 _unmeasurable: set[str] = set()
 
 
+# Lines a test hands to the end-of-run summary through its report's user properties
+# (``("terminal-summary", (section, line))``, as tests/sim/conftest.py does), by section: they
+# reach this process from pytest-xdist's workers too.
+_summary: dict[str, list[str]] = {}
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
     if report.failed or report.skipped:
         _unmeasurable.add(report.nodeid)
+    for name, value in report.user_properties:
+        if name == "terminal-summary":
+            section, line = cast("tuple[str, str]", value)
+            _summary.setdefault(str(section), []).append(str(line))
 
 
 @pytest.hookimpl(trylast=True)  # after --durations' list: the lane's last line
@@ -269,6 +287,11 @@ def pytest_terminal_summary(
     if config.getoption("collectonly") or _LANE_START not in config.stash:
         return
     from tests import shards
+
+    for section, lines in _summary.items():
+        terminalreporter.section(section)
+        for text in lines:
+            terminalreporter.write_line(text)
 
     wall = time.monotonic() - config.stash[_LANE_START]
     name, budget = config.getoption("--lane-name"), config.getoption("--lane-budget")
@@ -307,6 +330,7 @@ _DESELECTED = pytest.StashKey[list[pytest.Item]]()
 
 # Tests that start no JVM (pytest_collection_finish relies on it).
 UNIT_DIR = "tests/unit/"
+CRASH_DIR = "tests/crash/"
 # The class-data archive's build when it runs in the background: its thread, and what it
 # raised.
 _archive_build: list[tuple[threading.Thread, list[BaseException]]] = []

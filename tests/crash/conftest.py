@@ -2,8 +2,9 @@
 
 Every test here is marked ``crash``. The helpers write pipeline files (the log directory, the
 sink URL, the checkpoint directory and the read limit are baked into the file text, as
-``sparkonce demo`` does), read a sink's table, ledger and owner, and compute the ORACLE: the
-output of a failure-free in-process run of the same pipeline on the same input.
+``sparkonce demo`` does), read a sink's table, ledger and owner, and compute the ORACLE: what
+a failure-free run of the same pipeline writes, computed in plain Python from the input
+(read with ``sqlite3``, not through sparkonce or Spark).
 
 Input: ``make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)``. With 6 keys the records spread
 evenly (crc32 of the key), 800 per partition, so ``LIMIT`` = 200 per partition makes exactly
@@ -12,24 +13,22 @@ evenly (crc32 of the key), 800 per partition, so ``LIMIT`` = 200 per partition m
 
 from __future__ import annotations
 
-import os
+import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pytest
 
 from sparkonce.ledger.base import LedgerEntry, Owner
+from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import sink_from_url
 from sparkonce.sinks.inspect import inspector_for
-from sparkonce.verify.driver import Driver
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
+from sparkonce.verify.driver import SIGKILL_EXIT, Driver
 
 RECORDS = 2400
 PARTITIONS = 3
@@ -56,11 +55,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # -- pipeline files -------------------------------------------------------------------------------
 
-_PIPELINE_FILE = '''"""A sparkonce crash-test pipeline ({kind}), written by tests/crash."""
-
-from pyspark.sql import functions as F
-
-from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
+# The crash-test transforms, as pipeline-file text: every crash pipeline file (this one's, and
+# those of tests/crash/test_iceberg_crash.py) starts with them.
+TRANSFORMS = """from pyspark.sql import functions as F
 
 
 def stateless(df):
@@ -78,6 +75,15 @@ def stateful(df):
         F.col("value").cast("string").cast("long").alias("value"),
     )
     return values.groupBy("key").agg(F.sum("value").alias("total"), F.count("*").alias("records"))
+"""
+
+_PIPELINE_FILE = (
+    '''"""A sparkonce crash-test pipeline ({kind}), written by tests/crash."""
+
+'''
+    + TRANSFORMS
+    + """
+from sparkonce import EmbeddedLogSource, Pipeline, sink_from_url
 
 
 pipeline = Pipeline(
@@ -87,7 +93,8 @@ pipeline = Pipeline(
     sink=sink_from_url({sink_url!r}, {table!r}{sink_kwargs}),
     checkpoint={checkpoint!r},
 )
-'''
+"""
+)
 
 
 def table_for(kind: Kind) -> str:
@@ -132,26 +139,6 @@ def write_pipeline(
         )
     )
     return path
-
-
-def build_pipeline(
-    *, log_dir: Path, sink_url: str, checkpoint: Path, kind: Kind, name: str = "oracle"
-) -> Any:
-    """The same pipeline as :func:`write_pipeline`, as an in-process ``Pipeline`` object."""
-    namespace: dict[str, Any] = {}
-    text = _PIPELINE_FILE.format(
-        kind=kind,
-        name=name,
-        log_dir=str(log_dir),
-        topic=TOPIC,
-        limit=LIMIT,
-        sink_url=sink_url,
-        table=table_for(kind),
-        sink_kwargs=', mode="upsert", keys=["key"]' if kind == "stateful" else "",
-        checkpoint=str(checkpoint),
-    )
-    exec(compile(text, f"<{kind} oracle pipeline>", "exec"), namespace)
-    return namespace["pipeline"]
 
 
 # -- reading a sink --------------------------------------------------------------------------------
@@ -278,6 +265,51 @@ def wait_until_stopped(driver: Driver, timeout: float = PAUSE_TIMEOUT_S) -> None
     )
 
 
+@contextmanager
+def log_on_failure(driver: Driver, what: str) -> Iterator[None]:
+    """Checks of the state ``driver`` left: a failed one also shows ``what``'s log tail."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{what} log tail:\n{driver.log_tail()}") from None
+
+
+def kill_chain(
+    pipeline_file: Path,
+    tmp_path: Path,
+    drivers: list[Driver],
+    points: Iterable[CrashPoint],
+    *,
+    hit: Callable[[int, CrashPoint], int],
+    check: Callable[[int, CrashPoint], None],
+    env: dict[str, str] | None = None,
+) -> Driver:
+    """Run ``pipeline_file`` once per crash point of ``points``, each run on the same
+    checkpoint and SIGKILLed the ``hit(run, point)``-th time it reaches its point (runs count
+    from 1); ``check(run, point)`` asserts the state each kill left. Then one more run, which
+    must finish (exit code 0); it is returned, for the test's final checks."""
+    for run, point in enumerate(points, start=1):
+        killed = Driver(
+            pipeline_file,
+            tmp_path / f"run{run}.log",
+            crash_at=point,
+            crash_hit=hit(run, point),
+            env=env or {},
+        )
+        drivers.append(killed.start())
+        code = run_driver(killed)
+        assert code == SIGKILL_EXIT, (
+            f"run {run} ({point}) exited with {code}, not SIGKILL:\n{killed.log_tail()}"
+        )
+        with log_on_failure(killed, f"run {run}"):
+            check(run, point)
+    last = Driver(pipeline_file, tmp_path / "last.log", env=env or {})
+    drivers.append(last.start())
+    code = run_driver(last)
+    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+    return last
+
+
 @pytest.fixture
 def drivers() -> Iterator[list[Driver]]:
     """Drivers started by a test; any still running at teardown are killed (whole group)."""
@@ -309,59 +341,38 @@ def produce_log(root: Path) -> Path:
     return root
 
 
-@dataclass
+@dataclass(frozen=True)
 class Oracle:
-    """The failure-free output of both crash-test pipelines: ``events`` (the stateless one's
-    rows) is computed at once; ``sums`` (the stateful one's) on first use, since make test's
-    crash tests only need the stateless one (a Spark run saved)."""
+    """What a failure-free run of each crash-test pipeline writes: ``events`` (the stateless
+    one's rows, as :func:`event_tuples` counts them) and ``sums`` (the stateful one's, as
+    :func:`sums_by_key` maps them)."""
 
     events: Counter[tuple[str, int, int, int]]
-    run_stateful: Callable[[], dict[str, tuple[int, int]]]
-    _sums: dict[str, tuple[int, int]] | None = None
-
-    @property
-    def sums(self) -> dict[str, tuple[int, int]]:
-        if self._sums is None:
-            self._sums = self.run_stateful()
-        return self._sums
+    sums: dict[str, tuple[int, int]]
 
 
 @pytest.fixture(scope="session")
-def oracle(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Oracle:
-    """Failure-free in-process runs of both pipelines on the crash tests' input."""
-    work = tmp_path_factory.mktemp("oracle")
-    log_dir = produce_log(work / "log")
-
-    def run(kind: Literal["stateless", "stateful"]) -> list[dict[str, Any]]:
-        saved = {
-            k: os.environ.pop(k)
-            for k in ("SPARKONCE_CRASH_AT", "SPARKONCE_PAUSE_AT")
-            if k in os.environ
-        }
-        try:
-            url = f"sqlite:///{work / f'{kind}.db'}"
-            p = build_pipeline(
-                log_dir=log_dir, sink_url=url, checkpoint=work / f"{kind}-checkpoint", kind=kind
-            )
-            report = p.run(spark, timeout=300)
-            assert report.batches_skipped == 0, report
-            return read_sink(url, table_for(kind), "oracle").rows
-        finally:
-            os.environ.update(saved)
-
-    def stateful_sums() -> dict[str, tuple[int, int]]:
-        sums = sums_by_key(run("stateful"))
-        # The oracle itself must be right: the arithmetic sums.
-        expected: dict[str, list[int]] = {}
-        for i in range(1, RECORDS + 1):
-            agg = expected.setdefault(f"k{i % KEYS}", [0, 0])
-            agg[0] += i
-            agg[1] += 1
-        assert sums == {k: (t, n) for k, (t, n) in expected.items()}
-        return sums
-
-    events = event_tuples(run("stateless"))
-    # The oracle itself must be right: every record once.
-    assert sum(events.values()) == RECORDS and len(events) == RECORDS
-    assert sorted(v for (_, _, _, v) in events) == list(range(1, RECORDS + 1))
-    return Oracle(events, stateful_sums)
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> Oracle:
+    """The crash tests' oracle, computed from their input alone: the records of the log
+    :func:`produce_log` writes, read straight from its SQLite file with ``sqlite3`` (no Spark,
+    no sparkonce code), then the two transforms done in plain Python."""
+    log_dir = produce_log(tmp_path_factory.mktemp("oracle") / "log")
+    conn = sqlite3.connect(log_dir / f"{TOPIC}.db")
+    try:
+        rows = conn.execute('SELECT record_id, partition, "offset", key, value FROM records')
+        records = [
+            (str(r), int(p), int(o), bytes(k).decode(), int(bytes(v))) for r, p, o, k, v in rows
+        ]
+    finally:
+        conn.close()
+    events = Counter((r, p, o, v) for r, p, o, _, v in records)
+    totals: dict[str, tuple[int, int]] = {}
+    for *_, key, value in records:
+        total, count = totals.get(key, (0, 0))
+        totals[key] = (total + value, count + 1)
+    # The input itself must be what the tests assume: the values 1..RECORDS once each, with
+    # distinct record ids, spread over every partition.
+    assert sorted(v for *_, v in records) == list(range(1, RECORDS + 1))
+    assert len({r for r, *_ in records}) == RECORDS
+    assert {p for _, p, *_ in records} == set(range(PARTITIONS))
+    return Oracle(events, totals)

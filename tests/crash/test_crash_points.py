@@ -33,6 +33,8 @@ from tests.crash.conftest import (
     STATELESS_TABLE,
     Oracle,
     event_tuples,
+    kill_chain,
+    log_on_failure,
     read_sink,
     run_driver,
     sums_by_key,
@@ -125,32 +127,23 @@ def _crash_chain_then_recover(
     assert points[-1] is CrashPoint.AFTER_LEDGER_COMMIT  # the only one that commits batch 1
     assert all(p in ROLLED_BACK for p in points[:-1])
 
-    for run, point in enumerate(points, start=1):
+    last = kill_chain(
+        pipeline_file,
+        tmp_path,
+        drivers,
+        points,
         # Run 1 commits batch 0 first; every later run starts at batch 1, rolled back so far.
-        hit = 2 if run == 1 else 1
-        killed = Driver(pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit)
-        drivers.append(killed.start())
-        code = run_driver(killed)
-        assert code == SIGKILL_EXIT, (
-            f"run {run} ({point}) exited with {code}, not SIGKILL:\n{killed.log_tail()}"
-        )
-        try:
-            _check_intermediate(point, store_url, STATELESS_TABLE, checkpoint, epoch=run)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nrun {run} log tail:\n{killed.log_tail()}") from None
-
-    last = Driver(pipeline_file, tmp_path / "last.log")
-    drivers.append(last.start())
-    code = run_driver(last)
-    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+        hit=lambda run, _point: 2 if run == 1 else 1,
+        check=lambda run, point: _check_intermediate(
+            point, store_url, STATELESS_TABLE, checkpoint, epoch=run
+        ),
+    )
     assert "skipped" in last.log_path.read_text(errors="replace"), (
         f"the last run did not skip the replayed batch:\n{last.log_tail()}"
     )
     assert Checkpoint(checkpoint).batch_ids("commits")[-1] >= BATCHES - 1
-    try:
+    with log_on_failure(last, "last run's"):
         _check_final(store_url, oracle)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nlast run's log tail:\n{last.log_tail()}") from None
 
 
 def test_stateful_after_ledger_commit(

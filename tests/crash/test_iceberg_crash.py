@@ -26,8 +26,17 @@ from sparkonce.offsets import check_chain
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks.iceberg import IcebergSink, committed_dirs, staging_root
 from sparkonce.spark.checkpoint import Checkpoint
-from sparkonce.verify.driver import SIGKILL_EXIT, Driver
-from tests.crash.conftest import BATCHES, KEYS, PARTITIONS, RECORDS, ROWS_PER_BATCH, run_driver
+from sparkonce.verify.driver import Driver
+from tests.crash.conftest import (
+    BATCHES,
+    KEYS,
+    PARTITIONS,
+    RECORDS,
+    ROWS_PER_BATCH,
+    TRANSFORMS,
+    kill_chain,
+    log_on_failure,
+)
 from tests.iceberg.readers import assert_each_value_once, referenced_files
 
 pytestmark = pytest.mark.crash_lane
@@ -35,21 +44,15 @@ pytestmark = pytest.mark.crash_lane
 NAME = "crash-test"
 TABLE = "ns.events_out"
 
-_PIPELINE = '''"""A sparkonce crash-test pipeline into an Iceberg table, written by tests/crash."""
+_PIPELINE = (
+    '''"""A sparkonce crash-test pipeline into an Iceberg table, written by tests/crash."""
 
 from pyiceberg.catalog.sql import SqlCatalog
-from pyspark.sql import functions as F
 
+'''
+    + TRANSFORMS
+    + """
 from sparkonce import EmbeddedLogSource, IcebergSink, Pipeline
-
-
-def stateless(df):
-    return df.select(
-        F.col("record_id"),
-        F.col("partition"),
-        F.col("offset"),
-        F.col("value").cast("string").cast("long").alias("value"),
-    )
 
 
 pipeline = Pipeline(
@@ -61,7 +64,8 @@ pipeline = Pipeline(
     ),
     checkpoint={checkpoint!r},
 )
-'''
+"""
+)
 
 
 def catalog(tmp_path: Path) -> SqlCatalog:
@@ -127,30 +131,21 @@ def run_chain(
     """Kill one run at each of ``points`` (the first after batch 0), then finish."""
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
     pipeline_file = write_pipeline(tmp_path, log_dir)
-    for run, point in enumerate(points, start=1):
-        hit = 2 if point is CrashPoint.BEFORE_COMMIT else 1
-        killed = Driver(pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit)
-        drivers.append(killed.start())
-        code = run_driver(killed)
-        assert code == SIGKILL_EXIT, f"run {run} ({point}) exited {code}:\n{killed.log_tail()}"
-        try:
-            check_intermediate(tmp_path, point, epoch=run)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nrun {run} log tail:\n{killed.log_tail()}") from None
-
-    last = Driver(pipeline_file, tmp_path / "last.log")
-    drivers.append(last.start())
-    code = run_driver(last)
-    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+    last = kill_chain(
+        pipeline_file,
+        tmp_path,
+        drivers,
+        points,
+        hit=lambda _run, point: 2 if point is CrashPoint.BEFORE_COMMIT else 1,
+        check=lambda run, point: check_intermediate(tmp_path, point, epoch=run),
+    )
     assert Checkpoint(tmp_path / "checkpoint").batch_ids("commits")[-1] >= BATCHES - 1
-    try:
+    with log_on_failure(last, "last run's"):
         assert_each_value_once(catalog(tmp_path), TABLE, list(range(1, RECORDS + 1)))
         entries = ledger(tmp_path)
         assert check_chain(e.ranges for e in entries) == []
         assert [e.seq for e in entries] == list(range(BATCHES))
         check_files(tmp_path, swept=True)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nlast run's log tail:\n{last.log_tail()}") from None
 
 
 def test_iceberg_every_crash_point_then_recover(

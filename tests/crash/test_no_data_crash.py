@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sparkonce.protocol import CrashPoint
-from sparkonce.verify.driver import SIGKILL_EXIT, Driver
-from tests.crash.conftest import read_sink, run_driver
+from sparkonce.verify.driver import Driver
+from tests.crash.conftest import kill_chain, read_sink
 from tests.spark.test_no_data_batches import LIMIT, RECORDS, expected_windows, make_event_log
 
 pytestmark = pytest.mark.crash_lane  # make test has the no-data batches in-process (tests/spark)
@@ -53,23 +53,21 @@ def test_crash_in_the_no_data_batch_at_every_point_then_recover(
     )
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # tests.spark importable
 
-    for run, point in enumerate(CrashPoint, start=1):
-        hit = NO_DATA_HIT if run == 1 else 1  # a restarted run begins with the no-data batch
-        killed = Driver(
-            pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit, env=env
-        )
-        drivers.append(killed.start())
-        code = run_driver(killed)
-        where = f"run {run} ({point})"
-        assert code == SIGKILL_EXIT, f"{where} exited with {code}:\n{killed.log_tail()}"
+    def check(run: int, point: CrashPoint) -> None:
         ledger = read_sink(url, "windows", "crash-test").ledger
         want = NO_DATA_HIT if point is CrashPoint.AFTER_LEDGER_COMMIT else 4
-        assert len(ledger) == want, f"{where}: {ledger}\n{killed.log_tail()}"
+        assert len(ledger) == want, f"run {run} ({point}): {ledger}"
 
-    last = Driver(pipeline_file, tmp_path / "last.log", env=env)
-    drivers.append(last.start())
-    code = run_driver(last)
-    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+    last = kill_chain(
+        pipeline_file,
+        tmp_path,
+        drivers,
+        CrashPoint,
+        # A restarted run begins with the no-data batch.
+        hit=lambda run, _point: NO_DATA_HIT if run == 1 else 1,
+        check=check,
+        env=env,
+    )
     assert "no-data batch already committed" in last.log_path.read_text(errors="replace"), (
         last.log_tail()
     )

@@ -24,8 +24,8 @@ import pytest
 from sparkonce.offsets import check_chain
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import sink_from_url
-from sparkonce.verify.driver import SIGKILL_EXIT, Driver
-from tests.crash.conftest import run_driver
+from sparkonce.verify.driver import Driver
+from tests.crash.conftest import kill_chain
 from tests.kafka import orders_payments as op
 
 pytestmark = pytest.mark.crash_lane  # make test runs the join in-process (tests/kafka)
@@ -77,27 +77,26 @@ def test_kill_a_join_at_every_crash_point_then_recover(
     env = {"PYTHONPATH": os.pathsep.join((str(root / "src"), str(root)))}
     want = op.expected()
 
-    committed = 0
-    for run, point in enumerate(CrashPoint, start=1):
-        # Runs 1-3 commit one batch each and die in the next; run 4 dies right after the
-        # no-data batch's commit, before Spark's commit log has it.
-        hit = 1 if point is CrashPoint.AFTER_LEDGER_COMMIT else 2
-        killed = Driver(
-            pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit, env=env
-        )
-        drivers.append(killed.start())
-        code = run_driver(killed)
-        assert code == SIGKILL_EXIT, f"run {run} ({point}) exited {code}:\n{killed.log_tail()}"
+    committed = [0]
+
+    def check(_run: int, point: CrashPoint) -> None:
         seen = op.read_pairs(pg_url, "joined")
         assert not +(seen - want), f"after the kill at {point}: {seen - want} beyond the oracle"
         ledger = _ledger(pg_url)
-        assert len(ledger) >= committed, f"the ledger shrank after the kill at {point}"
-        committed = len(ledger)
+        assert len(ledger) >= committed[0], f"the ledger shrank after the kill at {point}"
+        committed[0] = len(ledger)
 
-    last = Driver(pipeline_file, tmp_path / "last.log", env=env)
-    drivers.append(last.start())
-    code = run_driver(last)
-    assert code == 0, f"the last run exited {code}:\n{last.log_tail()}"
+    last = kill_chain(
+        pipeline_file,
+        tmp_path,
+        drivers,
+        CrashPoint,
+        # Runs 1-3 commit one batch each and die in the next; run 4 dies right after the
+        # no-data batch's commit, before Spark's commit log has it.
+        hit=lambda _run, point: 1 if point is CrashPoint.AFTER_LEDGER_COMMIT else 2,
+        check=check,
+        env=env,
+    )
     assert "no-data batch already committed" in last.log_path.read_text(errors="replace"), (
         last.log_tail()
     )

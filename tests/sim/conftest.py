@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -35,21 +35,31 @@ def record(what: str, summary: Summary, processes: int, lanes: int) -> None:
     RECORDS.append(Record(what, summary, processes, lanes))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not RECORDS and not PLANTED:
-        return
-    tr = terminalreporter
-    tr.section("protocol simulation: schedules fully run and checked")
+SECTION = "protocol simulation: schedules fully run and checked"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Hand what the test recorded to its report, which reaches the process that prints the
+    summary (under pytest-xdist, not the worker that ran the test): tests/conftest.py prints
+    the report's ``terminal-summary`` lines at the end of the run."""
+    report = yield
+    lines = []
     for r in RECORDS:
         s = r.summary
         cpu = f", {s.schedules / s.cpu_seconds:,.0f}/CPU-s" if s.cpu_seconds else ""
-        tr.write_line(
+        lines.append(
             f"{r.what:<34} {s.schedules:>9,} schedules in {s.seconds:7.1f} s = "
             f"{s.rate:>7,.0f}/s{cpu} ({r.processes} process(es) x {r.lanes} lane(s)), "
             f"{s.failed_count} failed"
         )
-    for line in PLANTED:
-        tr.write_line(f"planted bug {line}")
+    lines += [f"planted bug {line}" for line in PLANTED]
+    RECORDS.clear()
+    PLANTED.clear()
+    report.user_properties += [("terminal-summary", (SECTION, line)) for line in lines]
+    return report
 
 
 def env_int(name: str, default: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,5 +63,32 @@ def test_a_failed_build_names_its_log_and_leaves_no_archive(
     assert len(told) == 1 and "class-data archive" in told[0]
     folder = cache / "spark-class-data"
     assert (folder / "build.log").read_text() == "build went wrong\n"
-    assert [p.name for p in folder.iterdir()] == ["build.log"]  # no archive, no temp file
+    # No archive, no temp file: only the log and the (empty) lock file the builds take turns on.
+    assert sorted(p.name for p in folder.iterdir()) == [".build.lock", "build.log"]
     assert not os.environ.get(classdata.DISABLE_ENV)
+
+
+def test_processes_building_at_once_take_turns_and_build_once(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make test's two pytest workers both ask for the archive as they start: the one that
+    waited finds it built and uses it, instead of a second minute-long build."""
+    builds = cache.parent / "builds"
+    # The build runs `<python> -m sparkonce.spark.classdata_dump TARGET`; this one counts its
+    # runs, takes a while, then writes TARGET.
+    fake = cache.parent / "python"
+    fake.write_text(f'#!/bin/sh\necho x >> {builds}\nsleep 1\necho archive > "$3"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    got: list[Path | None] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(classdata.ensure_archive())) for _ in "ab"
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    path = classdata.archive_path()
+    assert path is not None and got == [path, path]
+    assert path.read_text() == "archive\n"
+    assert builds.read_text() == "x\n", "the archive was built twice"

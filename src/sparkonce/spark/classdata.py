@@ -16,6 +16,7 @@ archive stale anyway (a jar changed in place) ignores it and loads classes as us
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -87,9 +88,10 @@ def ensure_archive(
     a minute here; ``on_build`` is told before it starts). None when it is off or no
     ``java`` is found.
 
-    Safe to call from several processes at once: each builds into a file of its own (named
-    after its pid) and renames it into place, and the last rename wins with an equal archive.
-    Raises
+    Safe to call from several processes at once (``make test``'s two pytest workers, say):
+    they take turns on a lock file beside the archive, so one builds it and the others, once
+    it is in place, use it; the build writes a file of its own (named after its pid) and
+    renames it into place, so no JVM maps a half-written archive. Raises
     :class:`ConfigError` naming the build's log if the build fails.
     """
     if os.environ.get(DISABLE_ENV):
@@ -98,6 +100,14 @@ def ensure_archive(
     if path is None or path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.is_file():  # built by another process while this one waited
+            return path
+        return _build(path, timeout, on_build)
+
+
+def _build(path: Path, timeout: float, on_build: Callable[[str], None] | None) -> Path:
     tmp = path.with_name(f".building-{os.getpid()}.jsa")  # the JVM writes it at exit
     build_log = path.parent / "build.log"
     log.info("building the JVM class-data archive %s (once per machine)", path)
