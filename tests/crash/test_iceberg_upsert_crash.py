@@ -28,8 +28,8 @@ from sparkonce.offsets import check_chain
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks.iceberg import IcebergSink
 from sparkonce.spark.checkpoint import Checkpoint
-from sparkonce.verify.driver import SIGKILL_EXIT, Driver
-from tests.crash.conftest import BATCHES, KEYS, PARTITIONS, RECORDS, TOPIC, run_driver
+from sparkonce.verify.driver import Driver
+from tests.crash.conftest import BATCHES, KEYS, PARTITIONS, RECORDS, TOPIC, kill_chain
 from tests.crash.test_iceberg_crash import catalog, check_files
 from tests.iceberg.readers import assert_rows
 
@@ -119,12 +119,8 @@ def run_chain(
 ) -> None:
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
     pipeline_file = write_pipeline(tmp_path, log_dir)
-    for run, point in enumerate(points, start=1):
-        hit = 2 if point is CrashPoint.BEFORE_COMMIT else 1
-        killed = Driver(pipeline_file, tmp_path / f"run{run}.log", crash_at=point, crash_hit=hit)
-        drivers.append(killed.start())
-        code = run_driver(killed)
-        assert code == SIGKILL_EXIT, f"run {run} ({point}) exited {code}:\n{killed.log_tail()}"
+
+    def check(run: int, point: CrashPoint) -> None:
         entries = IcebergSink(catalog(tmp_path), TABLE).ledger(NAME)
         committed = 2 if point is CrashPoint.AFTER_LEDGER_COMMIT else 1
         where = f"after the crash at {point} (run {run}), ledger {entries}"
@@ -133,10 +129,14 @@ def run_chain(
         check_table(log_dir, tmp_path, where)
         check_files(tmp_path, swept=False)
 
-    last = Driver(pipeline_file, tmp_path / "last.log")
-    drivers.append(last.start())
-    code = run_driver(last)
-    assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
+    last = kill_chain(
+        pipeline_file,
+        tmp_path,
+        drivers,
+        points,
+        hit=lambda _run, point: 2 if point is CrashPoint.BEFORE_COMMIT else 1,
+        check=check,
+    )
     assert Checkpoint(tmp_path / "checkpoint").batch_ids("commits")[-1] >= BATCHES - 1
     entries = IcebergSink(catalog(tmp_path), TABLE).ledger(NAME)
     assert check_chain(e.ranges for e in entries) == []
