@@ -60,7 +60,8 @@ docs-serve: setup
 # Three lanes, chosen by markers (pyproject.toml); every test is in exactly one:
 #   make test           everything unmarked: unit, simulation, Spark, PostgreSQL and Kafka
 #                       integration, one real-driver crash scenario per sink family (each
-#                       fault kind once) and one `sparkonce verify` run
+#                       fault kind once) and one `sparkonce verify` run; on two pytest-xdist
+#                       workers (a file's tests on one), the other lanes on one process
 #   make test-crash     `crash_lane`: the rest of the real-driver crash matrix (every crash
 #                       point on every sink and inside a no-data batch, a SIGTERM stop, the
 #                       multi-output crashes) and a verify campaign that must catch a
