@@ -72,16 +72,21 @@ def catalog(tmp_path: Path) -> SqlCatalog:
     return SqlCatalog("c", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
 
 
-def write_pipeline(tmp_path: Path, log_dir: Path) -> Path:
+def write_pipeline(
+    tmp_path: Path, log_dir: Path, template: str = _PIPELINE, **fields: object
+) -> Path:
+    """Write ``template`` (this file's append pipeline by default) filled in for a catalog,
+    warehouse and checkpoint in ``tmp_path``, plus the template's own ``fields``."""
     path = tmp_path / "pipeline.py"
     path.write_text(
-        _PIPELINE.format(
+        template.format(
             name=NAME,
             log_dir=str(log_dir),
             uri=f"sqlite:///{tmp_path}/cat.db",
             warehouse=f"file://{tmp_path}/wh",
             table=TABLE,
             checkpoint=str(tmp_path / "checkpoint"),
+            **fields,
         )
     )
     return path

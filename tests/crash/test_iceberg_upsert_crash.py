@@ -30,7 +30,7 @@ from sparkonce.sinks.iceberg import IcebergSink
 from sparkonce.spark.checkpoint import Checkpoint
 from sparkonce.verify.driver import Driver
 from tests.crash.conftest import BATCHES, KEYS, PARTITIONS, RECORDS, TOPIC, kill_chain
-from tests.crash.test_iceberg_crash import catalog, check_files
+from tests.crash.test_iceberg_crash import catalog, check_files, write_pipeline
 from tests.iceberg.readers import assert_rows
 
 pytestmark = pytest.mark.crash_lane
@@ -71,22 +71,6 @@ pipeline = Pipeline(
 '''
 
 
-def write_pipeline(tmp_path: Path, log_dir: Path) -> Path:
-    path = tmp_path / "pipeline.py"
-    path.write_text(
-        _PIPELINE.format(
-            keys=UPSERT_KEYS,
-            name=NAME,
-            log_dir=str(log_dir),
-            uri=f"sqlite:///{tmp_path}/cat.db",
-            warehouse=f"file://{tmp_path}/wh",
-            table=TABLE,
-            checkpoint=str(tmp_path / "checkpoint"),
-        )
-    )
-    return path
-
-
 def expected(log_dir: Path, tmp_path: Path) -> list[tuple[int, int, int, int]]:
     """(k, value, partition, offset) per key: the greatest covered value of the key."""
     entries = IcebergSink(catalog(tmp_path), TABLE).ledger(NAME)
@@ -118,7 +102,7 @@ def run_chain(
     points: list[CrashPoint],
 ) -> None:
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
-    pipeline_file = write_pipeline(tmp_path, log_dir)
+    pipeline_file = write_pipeline(tmp_path, log_dir, _PIPELINE, keys=UPSERT_KEYS)
 
     def check(run: int, point: CrashPoint) -> None:
         entries = IcebergSink(catalog(tmp_path), TABLE).ledger(NAME)
