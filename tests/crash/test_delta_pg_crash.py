@@ -61,7 +61,9 @@ def test_kill_delta_to_postgres_at_every_crash_point_then_recover(
         hit=lambda _run, point: 1 if point is CrashPoint.AFTER_LEDGER_COMMIT else 2,
         check=check,
     )
-    assert "skipped" in last.log_path.read_text(errors="replace"), last.log_tail()
+    assert "skipped 1 replayed batches" in last.log_path.read_text(errors="replace"), (
+        last.log_tail()
+    )
     assert pg_rows(pg_url, "out") == want, last.log_tail()
     ledger = _ledger(pg_url)
     assert check_chain(e.ranges for e in ledger) == []
