@@ -66,9 +66,9 @@ def sqlite_ids(tmp_path: Path) -> list[int]:
         return sorted(int(r[0]) for r in conn.execute("SELECT id FROM out"))
 
 
-def delta_ids(table: Path) -> list[int]:
-    """The ids in a Delta table, read without Spark: the log's add and remove actions give the
-    live files, pyarrow reads them."""
+def delta_rows(table: Path, columns: list[str]) -> list[tuple[Any, ...]]:
+    """The rows of a Delta table (``columns`` of them, duplicates kept), read without Spark:
+    the log's add and remove actions give the live files, pyarrow reads them."""
     import pyarrow.parquet as pq
 
     live: set[str] = set()
@@ -79,10 +79,16 @@ def delta_ids(table: Path) -> list[int]:
                 live.add(action["add"]["path"])
             elif "remove" in action:
                 live.discard(action["remove"]["path"])
-    ids: list[int] = []
+    rows: list[tuple[Any, ...]] = []
     for name in live:
-        ids.extend(pq.read_table(table / name, columns=["id"]).column("id").to_pylist())
-    return sorted(ids)
+        data = pq.read_table(table / name, columns=columns).to_pydict()
+        rows.extend(zip(*(data[c] for c in columns), strict=True))
+    return rows
+
+
+def delta_ids(table: Path) -> list[int]:
+    """The ids in a Delta table, sorted, read without Spark (:func:`delta_rows`)."""
+    return sorted(int(i) for (i,) in delta_rows(table, ["id"]))
 
 
 @pytest.mark.campaign_lane  # several pipeline runs on real Delta tables (40-100 s)

@@ -68,6 +68,7 @@ KAFKA_PIPELINE = "from sparkonce import KafkaSink, KafkaSource, Pipeline"
 KAFKA_PRODUCER = "from sparkonce import KafkaProducer"
 SPARK_KAFKA = "from sparkonce import SparkKafkaSource"
 DELTA_SOURCE = "from sparkonce import DeltaSink, DeltaSource, Pipeline"
+DELTA_TO_PG = "# orders_to_pg.py: a silver Delta table served from PostgreSQL"
 OWN_QUERY = "# orders_query.py: an existing spark.readStream query handed to sparkonce"
 JOIN = "# join.py: each order with the payments made within 20 seconds of it, or alone if none was"
 KAFKA_CLI = (
@@ -105,6 +106,7 @@ RUN = {
     KAFKA_PRODUCER: "test_kafka_producer",
     SPARK_KAFKA: "test_spark_kafka_source",
     DELTA_SOURCE: "test_delta_source_block",
+    DELTA_TO_PG: "test_delta_to_postgres_block",
     JOIN: "test_join_block",
     OWN_QUERY: "test_own_query_block",
     KAFKA_CLI: "test_kafka_cli",
@@ -446,6 +448,20 @@ def test_delta_source_block(tmp_path: Path) -> None:
     assert isinstance(pipeline.source, DeltaSource) and isinstance(pipeline.sink, DeltaSink)
     assert pipeline.source.uri() == "delta:s3a://lake/bronze/orders"
     assert pipeline.source.read_limits() == {"max_files_per_batch": 500}
+    assert "io.delta.sql.DeltaSparkSessionExtension" in pipeline.spark_conf().values()
+
+
+def test_delta_to_postgres_block(tmp_path: Path) -> None:
+    """The DeltaSource guide's Delta to PostgreSQL block builds the pipeline it shows (the
+    PostgreSQL sink is built, never opened; tests/delta/test_delta_pg.py runs such pipelines
+    on local tables into a real server)."""
+    from sparkonce import DeltaSource, Pipeline, PostgresSink
+
+    b = block(DELTA_TO_PG)
+    pipeline = exec_block(b, b.text, tmp_path)["pipeline"]
+    assert isinstance(pipeline, Pipeline)
+    assert isinstance(pipeline.source, DeltaSource) and isinstance(pipeline.sink, PostgresSink)
+    assert pipeline.source.uri() == "delta:s3a://lake/silver/orders"
     assert "io.delta.sql.DeltaSparkSessionExtension" in pipeline.spark_conf().values()
 
 

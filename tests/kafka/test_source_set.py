@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from sparkonce import CheckpointLostError, KafkaSource, Pipeline, sink_from_url
+from sparkonce import CheckpointLostError, DeltaSink, KafkaSource, Pipeline, Sink, sink_from_url
 from sparkonce.offsets import check_chain
 from sparkonce.pipeline.status import pipeline_status
 from sparkonce.spark.checkpoint import Checkpoint
+from tests.delta.test_source import delta_rows
 from tests.kafka import orders_payments as op
+from tests.spark.test_pipeline import forget_commit
 
 pytestmark = pytest.mark.spark
 
@@ -34,8 +37,9 @@ LIMIT = 40  # records per partition per batch: about three batches of each topic
 
 
 def join_pipeline(
-    bootstrap: str, orders: str, payments: str, pg_url: str, checkpoint: Path
+    bootstrap: str, orders: str, payments: str, sink: str | Sink, checkpoint: Path
 ) -> Pipeline:
+    """The join into ``sink`` (a PostgreSQL URL: its table ``joined``; or a sink)."""
     return Pipeline(
         name="orders-payments",
         sources={
@@ -47,7 +51,7 @@ def join_pipeline(
             ),
         },
         transform=op.join,
-        sink=sink_from_url(pg_url, "joined"),
+        sink=sink_from_url(sink, "joined") if isinstance(sink, str) else sink,
         checkpoint=checkpoint,
         output_mode="append",
     )
@@ -130,3 +134,51 @@ def test_join_of_two_topics_into_postgres_equals_the_oracle(
     with pytest.raises(CheckpointLostError, match="kept state"):
         pipeline().run(spark)
     assert op.read_pairs(pg_url, "joined") == want
+
+
+def delta_pairs(table: Path) -> Counter[tuple[int, int | None]]:
+    """A Delta output table as ``(order_id, pay_id)`` pairs, read with pyarrow on the files
+    its log names (no Spark)."""
+    rows = delta_rows(table, ["order_id", "pay_id"])
+    return Counter((int(o), None if p is None else int(p)) for o, p in rows)
+
+
+@pytest.mark.crash_lane  # about 100 s: two runs of the join into Delta
+def test_join_of_two_topics_into_delta_equals_the_oracle(
+    spark: SparkSession,
+    tmp_path: Path,
+    kafka_broker: Any,
+    kafka_topic: Callable[..., str],
+) -> None:
+    """The same LEFT OUTER join into a DeltaSink (append): the table read with pyarrow equals
+    the plain-Python oracle, each row once, the no-data batch's unmatched orders included;
+    a replay of that no-data batch (Spark forgot its commit) is skipped by its identity."""
+    orders, payments = kafka_topic("orders", PARTITIONS), kafka_topic("pays", PARTITIONS)
+    op.produce(kafka_broker.bootstrap, orders, payments, PARTITIONS)
+    chk, tables = tmp_path / "chk", tmp_path / "tables"
+
+    def pipeline() -> Pipeline:
+        sink = DeltaSink(tables, table="joined")
+        return join_pipeline(kafka_broker.bootstrap, orders, payments, sink, chk)
+
+    report = pipeline().run(spark)
+    got, want = delta_pairs(tables / "joined"), op.expected()
+    assert got == want, (
+        f"missing {want - got}, extra {got - want}; batches "
+        f"{[(b.spark_batch_id, str(b.ranges), b.result.row_count) for b in report.batches]}"
+    )
+    assert report.rows_committed == sum(want.values())
+    p = pipeline()
+    ledger = p.sink.ledger(p.name)
+    assert not check_chain(e.ranges for e in ledger)
+    assert all({r.topic for r in e.ranges.ranges} == {orders, payments} for e in ledger)
+    # The last entry is the no-data batch: no offsets, the last unmatched orders.
+    assert ledger[-1].ranges.empty and ledger[-1].row_count > 0, [
+        (str(e.ranges), e.row_count) for e in ledger
+    ]
+    assert sum(e.row_count for e in ledger) == sum(want.values())
+
+    forget_commit(chk, max(e.spark_batch_id or 0 for e in ledger))
+    again = pipeline().run(spark)
+    assert again.batches_skipped == 1 and again.rows_committed == 0, again
+    assert delta_pairs(tables / "joined") == want
