@@ -13,6 +13,7 @@ evenly (crc32 of the key), 800 per partition, so ``LIMIT`` = 200 per partition m
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections import Counter
@@ -308,6 +309,13 @@ def kill_chain(
     code = run_driver(last)
     assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"
     return last
+
+
+def replays_skipped(driver: Driver) -> int:
+    """How many replayed batches the run's last summary line says it skipped (0: none, or no
+    summary line)."""
+    found = re.findall(r"skipped (\d+) replayed", driver.log_path.read_text(errors="replace"))
+    return int(found[-1]) if found else 0
 
 
 @pytest.fixture
