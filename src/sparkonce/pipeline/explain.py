@@ -475,8 +475,8 @@ def _output_part(name: str, sink: Sink, facts: PlanFacts, stable: bool) -> Part:
             f"{type(sink).__name__} declares itself {declared or 'without a guarantee'}: "
             "a batch replayed after a crash can be written again",
             "write through an effectively-once sink (SQLiteSink, PostgresSink, "
-            "PostgresTwoPhaseSink, DeltaSink, KafkaSink), or make this sink commit its rows "
-            "and its ledger entry in one transaction",
+            "PostgresTwoPhaseSink, DeltaSink, IcebergSink, KafkaSink), or make this sink commit "
+            "its rows and its ledger entry in one transaction",
             counts=True,
         )
     if _is_kafka(sink):

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 RECENT_COMMITS = 50
 
-# An owner's holder, as the ledgers write it: "HOST pid PID" (SQL, Delta) or "HOST:PID" (Kafka).
+# An owner's holder, as the ledgers write it: "HOST pid PID" (SQL, Delta, Iceberg) or
+# "HOST:PID" (Kafka).
 _HOLDER = re.compile(r"^(?P<host>.+?)(?: pid |:)(?P<pid>\d+)$")
 
 

@@ -16,20 +16,30 @@ operations live here, beside the sinks, so that the
     Inspector.relocated(url)         the same sink (table, mode, keys...) in another store
     Inspector.fresh()                a new, unopened copy of the sink
     Inspector.ledger(p), owner(p)    the sink's, so one object answers a verifier
+    Inspector.other_readers()        readers of the output that share no code with the sink
+                                     or with rows() (name -> rows), for verify's final checks
+    Inspector.leftovers(p)           what of ``p``'s failed attempts the store still holds
+                                     (None: nothing it can count)
     relocate(sink, url)              ``inspector_for(sink).relocated(url)``
     register_inspector(cls, icls)    the inspector of another sink class (and subclasses)
 
 Each store has its own inspector: :class:`SqlInspector` (SQLite and PostgreSQL),
 :class:`TwoPhaseInspector` (the two-phase PostgreSQL sink: its view, data and
 stage tables and its attempts), :class:`KafkaInspector` (the output and ledger
-topics) and :class:`DeltaInspector` (the Delta table, read through Spark). A sink
-subclass finds the inspector of its nearest registered base class.
+topics), :class:`DeltaInspector` (the Delta table, read through Spark) and
+:class:`IcebergInspector` (the Iceberg table: PyIceberg's scan, and DuckDB's
+``iceberg_scan`` as a second reader). A sink subclass finds the inspector of its nearest
+registered base class. ``IcebergSink`` needs the ``iceberg`` extra, so this module never
+imports it at the top: its inspector is registered by the sink's qualified name
+(:data:`_BY_NAME`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sparkonce.config import StoreURL
 from sparkonce.db import qi, table_rows, write_transaction
@@ -46,6 +56,9 @@ from sparkonce.sinks.twophase import (
     PostgresTwoPhaseSink,
     forget_precommits,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkonce.sinks.iceberg import IcebergSink
 
 
 class Inspector(ABC):
@@ -81,6 +94,25 @@ class Inspector(ABC):
 
     def owner(self, pipeline: str) -> Owner | None:
         return self.sink.owner(pipeline)
+
+    def other_readers(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
+        """Readers of the output other than :meth:`rows`, by name, each giving the rows it
+        sees now. ``rows`` reads through sparkonce's own code where the store has no
+        reader of its own that verify can trust alone (an Iceberg table, read with
+        PyIceberg, which the sink also commits with); a reader here shares none of it, and
+        ``sparkonce verify`` checks what it sees against the oracle too. None by default."""
+        return {}
+
+    def check_readers(self) -> None:
+        """Raise ConfigError when an :meth:`other_readers` reader cannot run here (a
+        package missing), naming what to install. Nothing to check by default."""
+        return None
+
+    def leftovers(self, pipeline: str) -> dict[str, int] | None:
+        """What ``pipeline``'s failed, crashed or zombie attempts left in the store that no
+        reader sees and the store will clean up later (counts by kind), or None when the
+        store leaves nothing of the kind or cannot tell. Recorded per verify trial."""
+        return None
 
     # -- changing the store -------------------------------------------------------------
     @abstractmethod
@@ -309,6 +341,155 @@ class DeltaInspector(Inspector):
         return DeltaSink(s.root, mode=s.mode, keys=s.keys, table=s.table_name)
 
 
+class IcebergInspector(Inspector):
+    """An Apache Iceberg table (:class:`~sparkonce.sinks.iceberg.IcebergSink`).
+
+    :meth:`rows` reads the current snapshot with PyIceberg's scan; :meth:`other_readers`
+    adds DuckDB's ``iceberg_scan`` of the table's current metadata file, a reader that
+    shares no code with PyIceberg or sparkonce (the ``duckdb``, ``duckdb-extension-iceberg``
+    and ``duckdb-extension-avro`` packages; without them :meth:`check_readers` says what to
+    install). A fresh copy opens a new catalog of the same class and properties, so it has
+    connections (a SQL catalog's engine) of its own.
+    """
+
+    sink: IcebergSink
+
+    def _table(self) -> Any:
+        return self.sink.store.existing()
+
+    def rows(self) -> list[dict[str, Any]]:
+        table = self._table()
+        if table is None or table.current_snapshot() is None:
+            return []
+        rows: list[dict[str, Any]] = table.scan().to_arrow().to_pylist()
+        return rows
+
+    def other_readers(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
+        return {"duckdb": self.duckdb_rows}
+
+    def duckdb_rows(self) -> list[dict[str, Any]]:
+        """The rows DuckDB's ``iceberg_scan`` reads from the table's current metadata file
+        (timestamps in UTC, as PyIceberg gives them), through Arrow."""
+        table = self._table()
+        if table is None or table.current_snapshot() is None:
+            return []
+        con = _duckdb()
+        try:
+            con.sql("SET TimeZone = 'UTC'")
+            where = table.metadata_location.replace("'", "''")
+            got = con.sql(f"SELECT * FROM iceberg_scan('{where}')").to_arrow_table()
+        finally:
+            con.close()
+        rows: list[dict[str, Any]] = got.to_pylist()
+        return rows
+
+    def check_readers(self) -> None:
+        """Raise ConfigError unless DuckDB and its Iceberg extension can be loaded."""
+        _duckdb().close()
+
+    def leftovers(self, pipeline: str) -> dict[str, int] | None:
+        """Staging directories of ``pipeline`` in the table's location that no snapshot in
+        the table's history added (``orphan_dirs``), and the Parquet files in them
+        (``orphan_files``): what crashed, aborted and zombie attempts left, which the sink's
+        orphan sweep deletes once they are older than its grace period. The current
+        snapshot's own files are never counted."""
+        from sparkonce.sinks.iceberg import committed_dirs, staging_root
+
+        table = self._table()
+        if table is None:
+            return {"orphan_dirs": 0, "orphan_files": 0}
+        root = staging_root(table, pipeline, self.sink.describe())
+        if not root.is_dir():
+            return {"orphan_dirs": 0, "orphan_files": 0}
+        kept = set(committed_dirs(table, pipeline).values()) if table.current_snapshot() else set()
+        dirs = [d for d in root.iterdir() if d.is_dir() and d.name not in kept]
+        files = sum(1 for d in dirs for f in d.rglob("*.parquet"))
+        return {"orphan_dirs": len(dirs), "orphan_files": files}
+
+    def reset(self, pipeline: str, *, output: bool = True) -> None:
+        """Drop the table from its catalog and delete its directory (its rows, metadata,
+        staging directories, and every pipeline's owner and ledger, which live in its
+        metadata). ``output=False`` is refused: a pipeline's ledger is in the table's
+        snapshots, which cannot be removed without the table."""
+        import shutil
+
+        from sparkonce.sinks.iceberg import local_location
+
+        sink = self.sink
+        if not output:
+            raise ConfigError(
+                f"{sink.describe()}: an Iceberg table's ledger is in its snapshots and goes "
+                "only with the table (output=True)"
+            )
+        table = self._table()
+        if table is None:
+            return
+        where = local_location(table, sink.describe())
+        sink.catalog.drop_table(sink.table)
+        shutil.rmtree(where, ignore_errors=True)
+        sink.store.committed = None
+
+    def relocated(self, url: str | StoreURL) -> Sink:
+        raise ConfigError(
+            f"{self.sink.describe()} cannot be moved to {str(url)!r}: an Iceberg sink is "
+            "given its catalog object in the pipeline file, and no store URL names one. "
+            "Leave --sink out and point the pipeline file's catalog at a test warehouse "
+            "(each verify trial drops the table)"
+        )
+
+    def fresh(self) -> Sink:
+        from sparkonce.sinks.iceberg import IcebergSink
+
+        s = self.sink
+        catalog = type(s.catalog)(s.catalog.name, **dict(s.catalog.properties))
+        return IcebergSink(
+            catalog,
+            s.table,
+            mode=s.mode,
+            keys=s.keys,
+            latest_by=s.latest_by or None,
+            orphan_grace_seconds=s.stager.grace_seconds,
+        )
+
+    def close(self) -> None:
+        super().close()
+        engine = getattr(self.sink.catalog, "engine", None)  # a SQL catalog's connections
+        if engine is not None:
+            engine.dispose()
+
+
+def _duckdb() -> Any:
+    """A DuckDB connection with the ``avro`` and ``iceberg`` extensions loaded from their
+    wheels (DuckDB would otherwise download them, which a machine offline cannot)."""
+    import importlib
+
+    try:
+        duckdb = importlib.import_module("duckdb")
+        # avro first: the iceberg extension reads its manifests through it
+        mods = [
+            importlib.import_module(m)
+            for m in ("duckdb_extension_avro", "duckdb_extension_iceberg")
+        ]
+    except ImportError as exc:
+        raise ConfigError(
+            f"sparkonce verify reads an Iceberg table with DuckDB too ({exc}): install "
+            "duckdb, duckdb-extension-iceberg and duckdb-extension-avro of one version "
+            "(pip install 'duckdb==1.5.5' 'duckdb-extension-iceberg==1.5.5' "
+            "'duckdb-extension-avro==1.5.5')"
+        ) from None
+    con = duckdb.connect()
+    try:
+        for mod in mods:
+            found = next(Path(str(mod.__file__)).parent.glob("**/*.duckdb_extension"), None)
+            if found is None:
+                raise ConfigError(f"{mod.__name__} holds no .duckdb_extension file; reinstall it")
+            con.sql(f"LOAD '{found}'")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
 # -- which inspector -----------------------------------------------------------------------
 
 _INSPECTORS: dict[type[Sink], type[Inspector]] = {
@@ -316,6 +497,11 @@ _INSPECTORS: dict[type[Sink], type[Inspector]] = {
     PostgresTwoPhaseSink: TwoPhaseInspector,
     KafkaSink: KafkaInspector,
     DeltaSink: DeltaInspector,
+}
+#: Inspectors of sinks this module does not import (their extras may be missing), by the
+#: sink class's ``module.qualname``.
+_BY_NAME: dict[str, type[Inspector]] = {
+    "sparkonce.sinks.iceberg.IcebergSink": IcebergInspector,
 }
 
 
@@ -332,7 +518,7 @@ def inspector_for(sink: Sink, *, fresh: bool = False) -> Inspector:
     connections of its own, and closing it leaves ``sink`` alone.
     """
     for cls in type(sink).__mro__:
-        found = _INSPECTORS.get(cls)
+        found = _INSPECTORS.get(cls) or _BY_NAME.get(f"{cls.__module__}.{cls.__qualname__}")
         if found is not None:
             inspector = found(sink)
             return found(inspector.fresh()) if fresh else inspector

@@ -332,6 +332,8 @@ class Campaign(Injection):
         try:
             for name, sink in self.sinks.items():
                 self._inspectors[name] = inspector_for(sink, fresh=True)
+                # A second reader that cannot run is refused now, not after the oracle.
+                self._inspectors[name].check_readers()
         except BaseException:
             self.close()
             raise
@@ -458,6 +460,7 @@ class Campaign(Injection):
                 f"different points: {'; '.join(apart)}. Every store must commit every batch; "
                 f"see {driver.log_path}"
             )
+        self._readers_agree_on_oracle(rows, driver.log_path)
         everything = [r for output in rows.values() for r in output]
         measured = _entry_timing(ledgers[0], started_wall)
         first, interval = measured if seconds is None else timing
@@ -487,6 +490,32 @@ class Campaign(Injection):
             self._resolve_columns()
         self._plan_consistency()
         return self.oracle
+
+    def _other_rows(self) -> dict[str, tuple[str, list[dict[str, Any]]]]:
+        """What each output's other readers (:meth:`Inspector.other_readers`) see now:
+        ``label -> (output, rows)``, the label ``READER`` (``OUTPUT:READER`` with several
+        outputs)."""
+        out = {}
+        for name, inspector in self._inspectors.items():
+            for reader, read in inspector.other_readers().items():
+                label = f"{name}:{reader}" if self.multi else reader
+                out[label] = (name, read())
+        return out
+
+    def _readers_agree_on_oracle(self, rows: dict[str, list[dict[str, Any]]], log: Path) -> None:
+        """The failure-free run's rows as every other reader sees them: the same rows as
+        the inspector's own read, or the campaign stops (a reader that disagrees with no
+        fault at all would fail every trial, and says nothing about the commit)."""
+        for label, (name, seen) in self._other_rows().items():
+            diff = compare_output(rows[name], seen, self.output_keys[name])
+            if diff.lost or diff.duplicated or diff.mismatched:
+                raise VerificationError(
+                    f"after the failure-free run of {self.pipeline_file}, reader {label} sees "
+                    f"{len(seen)} rows where the sink's inspector sees {len(rows[name])} "
+                    f"({diff.lost} missing, {diff.duplicated} more, {diff.mismatched} other "
+                    f"values); the two readers of the same table disagree before any fault. "
+                    f"See {log}"
+                )
 
     def _resolve_columns(self) -> None:
         """Each output's declared non-deterministic columns, from the columns the oracle
@@ -757,6 +786,26 @@ class Campaign(Injection):
         out.lost_rows = sum(d.lost for d in diffs.values())
         out.duplicated_rows = sum(d.duplicated for d in diffs.values())
         out.value_mismatches = sum(d.mismatched for d in diffs.values())
+        # The same checks by every other reader of an output (DuckDB for an Iceberg table):
+        # each must see the oracle's rows; the trial counts the worst reader's.
+        for label, (name, seen) in self._other_rows().items():
+            d = compare_output(
+                oracle.get(name, []),
+                seen,
+                self.output_keys[name],
+                self.nondeterministic.get(name, ()),
+            )
+            out.readers[label] = {**d.counts(), "rows": len(seen)}
+            out.lost_rows = max(out.lost_rows, d.lost)
+            out.duplicated_rows = max(out.duplicated_rows, d.duplicated)
+            out.value_mismatches = max(out.value_mismatches, d.mismatched)
+        leftovers: dict[str, int] = {}
+        for inspector in (self._inspectors[names[0]] for names in self.stores):
+            left = inspector.leftovers(self.pipeline.name)
+            for k, n in (left or {}).items():
+                leftovers[k] = leftovers.get(k, 0) + n
+            if left is not None and out.leftovers is None:
+                out.leftovers = leftovers
         if self.multi:
             out.outputs = {name: d.counts() for name, d in diffs.items()}
         found = check_consistency(rows, self.pairs)

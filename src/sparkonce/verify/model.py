@@ -88,6 +88,14 @@ class TrialOutcome:
     # ``killed_after`` (acknowledged when killed), ``resumed_from`` (the progress the
     # restart read) and ``resent`` (the window sent twice); see sparkonce.verify.resend.
     resend: dict[str, Any] | None = None
+    # What the outputs' other readers (Inspector.other_readers: DuckDB for an Iceberg
+    # table) found, per reader ("OUTPUT:READER" with several outputs): lost_rows,
+    # duplicated_rows, value_mismatches, null_values, rows. Any difference fails the trial,
+    # and the trial's own counts are the worst of all readers'.
+    readers: dict[str, dict[str, int]] = field(default_factory=dict)
+    # What failed attempts left in the stores after the trial, by kind (Inspector.leftovers:
+    # an Iceberg table's orphan staging directories and files); None: nothing to count.
+    leftovers: dict[str, int] | None = None
 
 
 @dataclass

@@ -193,6 +193,7 @@ def write_json(
                 "stores": live_totals(outcomes),
             },
             **_outputs_section(campaign, outcomes),
+            **_readers_section(outcomes),
         },
         summary=[asdict(s) for s in summarize(outcomes, campaign.kinds)],
         trials=sorted(outcomes, key=lambda o: o.trial),
@@ -208,6 +209,10 @@ def _trial_json(outcome: TrialOutcome) -> dict[str, Any]:
     doc = asdict(outcome)
     if outcome.resend is None:
         del doc["resend"]
+    if not outcome.readers:  # only for stores read by a second reader (Iceberg)
+        del doc["readers"]
+    if outcome.leftovers is None:
+        del doc["leftovers"]
     for name in ("kill_after", "progress_every", "after_entries", "node"):
         if doc["fault"][name] is None:
             del doc["fault"][name]
@@ -249,6 +254,34 @@ def _outputs_section(campaign: Campaign, outcomes: Sequence[TrialOutcome]) -> di
                 {"pair": p.describe(), "oracle": i.describe()} for p, i in campaign.skipped_pairs
             ],
             "inconsistent": sum(o.inconsistent for o in outcomes),
+        }
+    return doc
+
+
+def _readers_section(outcomes: Sequence[TrialOutcome]) -> dict[str, Any]:
+    """Totals of the second readers' findings and of the leftovers over all trials (none
+    when no trial has any, so other reports keep their shape)."""
+    doc: dict[str, Any] = {}
+    readers = sorted({r for o in outcomes for r in o.readers})
+    if readers:
+        doc["readers"] = {
+            r: {
+                "trials": sum(1 for o in outcomes if r in o.readers),
+                **{
+                    k: sum(o.readers.get(r, {}).get(k, 0) for o in outcomes)
+                    for k in ("lost_rows", "duplicated_rows", "value_mismatches")
+                },
+            }
+            for r in readers
+        }
+    counted = [o.leftovers for o in outcomes if o.leftovers is not None]
+    if counted:
+        kinds = sorted({k for c in counted for k in c})
+        doc["leftovers"] = {
+            "trials": len(counted),
+            **{k: sum(c.get(k, 0) for c in counted) for k in kinds},
+            "trials_with_any": sum(1 for c in counted if any(c.values())),
+            "max_per_trial": {k: max(c.get(k, 0) for c in counted) for k in kinds},
         }
     return doc
 
