@@ -83,7 +83,7 @@ CAMPAIGN := campaign_lane
 test: setup lint jars
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --lane-name="make test" --lane-budget=20 -m "not $(LANE) and not $(CAMPAIGN)" $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 --lane-name="make test" --lane-budget=20 -m "not $(LANE) and not $(CAMPAIGN)" $(PYTEST_ARGS)
 
 test-crash: setup jars
 	bash scripts/ensure-postgres.sh

@@ -239,7 +239,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # tests/unit first (a stable sort: any other order is kept). They start no JVM, so a
     # missing class-data archive builds in the background beside them (pytest_collection_finish).
     # Then tests/crash, the longest files of make test: pytest-xdist hands out files in this
-    # order, and a long file handed out last would leave one worker alone at the end.
+    # order (with --no-loadscope-reorder; by default it orders them by their number of tests),
+    # and a long file handed out last would leave one worker alone at the end.
     items.sort(
         key=lambda item: (
             not item.nodeid.startswith(UNIT_DIR),

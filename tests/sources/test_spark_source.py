@@ -249,18 +249,21 @@ def test_rate_micro_batch_replays_the_same_rows(spark: SparkSession, tmp_path: P
     first = run(3)  # a batch may commit while the stop is being noticed: 3 or more
     assert len(first) >= 3 and not any(r.result.skipped for r in first), first
     done = sorted(int(f.name) for f in (tmp_path / "chk" / "commits").iterdir() if f.name.isdigit())
-    assert done == list(range(len(first))), done
-    # The state a crash after batch done[-1]'s ledger commit leaves: Spark has not recorded
+    last = len(first) - 1  # the last batch the sink committed
+    # A run stopped right after a sink commit may not have written Spark's commit of it yet.
+    assert done in (list(range(last + 1)), list(range(last))), (done, last)
+    # The state a crash after batch last's ledger commit leaves: Spark has not recorded
     # its commit, nor planned the next batch (a stopped run may have planned one).
     for f in (tmp_path / "chk" / "offsets").iterdir():
         if (
             f.name.lstrip(".").split(".")[0].isdigit()
-            and int(f.name.lstrip(".").split(".")[0]) > done[-1]
+            and int(f.name.lstrip(".").split(".")[0]) > last
         ):
             f.unlink()
-    forget_commit(tmp_path / "chk", done[-1])
+    if last in done:
+        forget_commit(tmp_path / "chk", last)
     again = run(2)
-    assert (again[0].spark_batch_id, again[0].result.skipped) == (done[-1], True), again
+    assert (again[0].spark_batch_id, again[0].result.skipped) == (last, True), again
     assert len(again) >= 2 and not any(r.result.skipped for r in again[1:]), again
     batches = len(first) + len(again) - 1
     assert sqlite_ids(tmp_path / "sink.db") == list(range(4 * batches))
