@@ -63,7 +63,7 @@ from sparkonce.commit.base import Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
-from sparkonce.sinks.base import TransactionalSink
+from sparkonce.sinks.base import TransactionalSink, first_bad_key
 from sparkonce.sinks.sql import _check_latest_by, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -190,30 +190,19 @@ class IcebergStager(Stager):
         from pyspark.sql import functions as F
 
         keys = list(self.keys)
-        null_key = F.lit(False)
-        for k in keys:
-            null_key = null_key | F.col(k).isNull()
-        group = [*keys, *self.latest_by]
-        bad = (
-            df.groupBy(*group)
-            .agg(F.count(F.lit(1)).alias("_sparkonce_n"))
-            .where((F.col("_sparkonce_n") > 1) | null_key)
-            .limit(1)
-            .collect()
-        )
         where = self.store.identifier
-        if bad:
-            row = bad[0]
-            key = tuple(row[k] for k in keys)
+        bad = first_bad_key(df, self.keys, self.latest_by)
+        if bad is not None:
+            key_cols, values, n = bad
+            key = tuple(key_cols.values())
             if any(v is None for v in key):
                 raise SinkError(
                     f"upsert into {where!r}: a row of batch {ctx.ranges} has a NULL key "
-                    f"{dict(zip(keys, key, strict=True))}; key columns must not be NULL. "
+                    f"{key_cols}; key columns must not be NULL. "
                     "Filter or fill them in the transform. Nothing of this batch was committed."
                 )
             if not self.latest_by:
-                raise SinkError(repeated_key_message(where, self.keys, key, row["_sparkonce_n"]))
-            values = {c: row[c] for c in self.latest_by}
+                raise SinkError(repeated_key_message(where, self.keys, key, n))
             raise SinkError(latest_by_tie_message(where, self.keys, key, self.latest_by, values))
         if not self.latest_by:
             return df
