@@ -78,7 +78,8 @@ log = logging.getLogger(__name__)
 
 def _plain(t: Any) -> Any:
     """An Arrow type with large/small string and binary variants made one, and the small
-    integers as Iceberg's ``int`` (it has no 8 or 16 bit type: Spark's byte and short)."""
+    integers as Iceberg's ``int`` (it has no 8 or 16 bit type: Spark's byte and short), at
+    every level of nesting."""
     import pyarrow as pa
 
     if pa.types.is_int8(t) or pa.types.is_int16(t):
@@ -87,6 +88,23 @@ def _plain(t: Any) -> Any:
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
         return pa.binary()
+    # Inside nested types too: the table's schema read back has large strings where Spark's
+    # schema as Arrow has plain ones. Field names and nullability inside are not compared,
+    # as they are not for top-level columns: Arrow names a list's item "item" or "element"
+    # depending on who built it.
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+    if (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    ):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain(t.value_type), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type)) for f in t])
     return t
 
 
