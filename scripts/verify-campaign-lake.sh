@@ -10,9 +10,10 @@
 # - delta: 6,000 records over 3 partitions, 500 per partition per batch (4 batches). Trials
 #   run two at a time, each on its own Delta root given with --sink delta://
 #   (SPARKONCE_CAMPAIGN_STORES changes the count).
-# - iceberg: 4,500 records (3 batches of rows). One trial at a time, in the example's own
-#   catalog and warehouse under the work directory: an IcebergSink gets its catalog in the
-#   pipeline file, and no --sink URL moves it. Each trial's final check reads the table with
+# - iceberg: 4,500 records (3 batches of rows). One trial at a time by default, in the
+#   example's own catalog and warehouse under the work directory (the report so far was run
+#   so); SPARKONCE_CAMPAIGN_STORES=N runs N at a time, each in a SQLite catalog of its own
+#   given with --sink iceberg+sqlite://. Each trial's final check reads the table with
 #   PyIceberg and with DuckDB.
 # The default fault kinds apply, less db-drop: neither table holds a connection across the
 # commit (PyIceberg's SQL catalog opens one per call).
@@ -35,6 +36,10 @@ fi
 SINKS=()
 if [ "$FORMAT" = delta ]; then
   for i in $(seq 1 "${SPARKONCE_CAMPAIGN_STORES:-2}"); do SINKS+=(--sink "delta://$WORK/tables$i"); done
+elif [ "${SPARKONCE_CAMPAIGN_STORES:-1}" -gt 1 ]; then
+  for i in $(seq 1 "$SPARKONCE_CAMPAIGN_STORES"); do
+    SINKS+=(--sink "iceberg+sqlite:///$WORK/catalogs/$i/catalog.db")
+  done
 fi
 export EVENTS_DATA="$WORK"
 resumable_campaign "verify-$FORMAT" "${2:-200}" "examples/${FORMAT}_events.py" "${SINKS[@]}" -- "${@:3}"
