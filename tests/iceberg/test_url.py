@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
@@ -80,6 +81,7 @@ def test_a_postgresql_catalog_serves_status_and_a_down_one_is_named(
     sink.store.schema = SCHEMA
     sink.store.acquire(PIPE)
     batch(sink, 0, 0, 5)
+    assert "at postgresql+psycopg://" in sink.describe()
     ledger, _ = open_status_sink(url)  # reading needs no warehouse
     try:
         st = pipeline_status(ledger, PIPE)
@@ -129,6 +131,12 @@ def test_a_password_stays_out_of_messages_and_reprs() -> None:
     parsed = parse_iceberg_url(url)
     assert parsed.uri == f"postgresql+psycopg://alice:{SECRET}@db.example:5432/cat"
     assert SECRET not in repr(parsed) and SECRET not in parsed.label
+    # A sink's description names where its catalog is, password masked (a stand-in
+    # catalog: a SqlCatalog connects when built).
+    catalog = SimpleNamespace(name="lake", properties={"uri": parsed.uri})
+    described = IcebergSink(catalog, "a.b").describe()
+    assert "at postgresql+psycopg://alice:***@db.example:5432/cat" in described
+    assert SECRET not in described
     with pytest.raises(ConfigError) as err:
         check_url(url + "&bad=1")
     assert SECRET not in str(err.value)
@@ -146,6 +154,7 @@ def test_a_sink_moves_to_another_catalog_and_keeps_its_mode(tmp_path: Path) -> N
     )
     moved = inspector_for(upsert).relocated(f"iceberg+sqlite:///{tmp_path}/b/cat.db")
     assert isinstance(moved, IcebergSink)
+    assert f"at sqlite:///{tmp_path}/b/cat.db" in moved.describe()  # not the original's
     assert (moved.table, moved.mode, moved.keys, moved.latest_by) == (
         "lake.events",
         "upsert",

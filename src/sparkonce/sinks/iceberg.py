@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urlparse
 
 from sparkonce.commit.base import Staged, Stager
-from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode
+from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode, mask_url
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
 from sparkonce.sinks.base import TransactionalSink, first_bad_key
@@ -496,6 +496,11 @@ class IcebergSink(TransactionalSink):
     def describe(self) -> str:
         mode = f" mode=upsert keys={list(self.keys)}" if self.keys else ""
         latest = f" latest_by={list(self.latest_by)}" if self.latest_by else ""
+        # Where the catalog is (its database, password masked): two test catalogs of a
+        # verify campaign share a catalog name and a table name.
+        uri = getattr(self.catalog, "properties", {}).get("uri")
+        at = f" at {mask_url(uri)}" if isinstance(uri, str) else ""
         return (
-            f"IcebergSink({self.store.describe()} in catalog {self.catalog.name!r}{mode}{latest})"
+            f"IcebergSink({self.store.describe()} in catalog {self.catalog.name!r}{at}"
+            f"{mode}{latest})"
         )
