@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A long, resumable `sparkonce verify` campaign on a lakehouse example: the embedded log into
 # a Delta table (examples/delta_events.py) or into an Apache Iceberg table on a SQLite SQL
-# catalog (examples/iceberg_events.py). Each call runs the trials not yet in the report; the
-# report is kept in benchmarks/results/verify-FORMAT.json so a campaign can span sessions.
+# catalog (examples/iceberg_events.py), or a Delta table into another, bronze to silver
+# (examples/delta_to_delta.py). Each call runs the trials not yet in the report; the report
+# is kept in benchmarks/results/verify-FORMAT.json so a campaign can span sessions.
 #
-#   bash scripts/verify-campaign-lake.sh delta|iceberg [TRIALS] [VERIFY OPTIONS...]   (default 200)
+#   bash scripts/verify-campaign-lake.sh delta|iceberg|delta-to-delta [TRIALS] [VERIFY OPTIONS...]
+#   (default 200 trials)
 #
-# The two differ where their tables do:
+# They differ where their tables do:
 # - delta: 6,000 records over 3 partitions, 500 per partition per batch (4 batches). Trials
 #   run two at a time, each on its own Delta root given with --sink delta://
 #   (SPARKONCE_CAMPAIGN_STORES changes the count).
@@ -15,6 +17,10 @@
 #   so); SPARKONCE_CAMPAIGN_STORES=N runs N at a time, each in a SQLite catalog of its own
 #   given with --sink iceberg+sqlite://. Each trial's final check reads the table with
 #   PyIceberg and with DuckDB.
+# - delta-to-delta: a bronze table of 4 appends of 1,500 rows (one data file each), made
+#   once with Spark, read one version per batch; silver tables as for delta (two at a time).
+#   Faults kill, crash-point and zombie: Delta's reader and writer run in the JVM, so there
+#   is no Python task for task-failure to fail (it fired in none of 4 trials that tried).
 # The default fault kinds apply, less db-drop: neither table holds a connection across the
 # commit (PyIceberg's SQL catalog opens one per call).
 set -euo pipefail
@@ -24,22 +30,31 @@ FORMAT="${1:-}"
 case "$FORMAT" in
   delta) RECORDS=6000 ;;
   iceberg) RECORDS=4500 ;;
-  *) echo "usage: $0 delta|iceberg [TRIALS] [VERIFY OPTIONS...]" >&2; exit 2 ;;
+  delta-to-delta) RECORDS=0 ;;
+  *) echo "usage: $0 delta|iceberg|delta-to-delta [TRIALS] [VERIFY OPTIONS...]" >&2; exit 2 ;;
 esac
 WORK="$PWD/.cache/verify-$FORMAT"
 mkdir -p "$WORK"
-if [ ! -f "$WORK/log/events.db" ]; then
+export EVENTS_DATA="$WORK"
+if [ "$FORMAT" = delta-to-delta ]; then
+  [ -d "$WORK/bronze/_delta_log" ] || PYSPARK_PYTHON="$PWD/.venv/bin/python" .venv/bin/python examples/delta_to_delta.py
+elif [ ! -f "$WORK/log/events.db" ]; then
   .venv/bin/sparkonce log create "$WORK/log" events --partitions 3
   seq 1 "$RECORDS" | awk '{print "k" ($1 % 7) "," $1}' |
     .venv/bin/sparkonce log produce "$WORK/log" events --separator ,
 fi
 SINKS=()
-if [ "$FORMAT" = delta ]; then
+if [ "$FORMAT" != iceberg ]; then
   for i in $(seq 1 "${SPARKONCE_CAMPAIGN_STORES:-2}"); do SINKS+=(--sink "delta://$WORK/tables$i"); done
 elif [ "${SPARKONCE_CAMPAIGN_STORES:-1}" -gt 1 ]; then
   for i in $(seq 1 "$SPARKONCE_CAMPAIGN_STORES"); do
     SINKS+=(--sink "iceberg+sqlite:///$WORK/catalogs/$i/catalog.db")
   done
 fi
-export EVENTS_DATA="$WORK"
-resumable_campaign "verify-$FORMAT" "${2:-200}" "examples/${FORMAT}_events.py" "${SINKS[@]}" -- "${@:3}"
+PIPELINE="examples/${FORMAT}_events.py"
+[ "$FORMAT" = delta-to-delta ] && PIPELINE=examples/delta_to_delta.py
+OPTIONS=("${@:3}")
+if [ "$FORMAT" = delta-to-delta ] && [[ " ${OPTIONS[*]} " != *" --faults "* ]]; then
+  OPTIONS+=(--faults kill,crash-point,zombie)
+fi
+resumable_campaign "verify-$FORMAT" "${2:-200}" "$PIPELINE" "${SINKS[@]}" -- "${OPTIONS[@]}"
