@@ -176,22 +176,41 @@ def test_the_orphan_sweep_deletes_only_unreferenced_dirs_of_committed_batches(
     assert values(sink) == list(range(30))
 
 
-def test_a_connect_session_is_refused_before_the_epoch(tmp_path: Path) -> None:
-    """Spark Connect runs the batch function in the server's worker, where IcebergSink's
-    executor route is not built: the pipeline is refused with one line, nothing taken."""
+def test_the_sink_pickles_with_a_catalog_of_its_own_for_spark_connect(tmp_path: Path) -> None:
+    """A Spark Connect batch function carries the sink to the server's Python worker: it
+    pickles as the calls that built it and its catalog (a SQL catalog's engine does not
+    pickle), and a pipeline with it is not refused on Connect."""
+    import pickle
+
     from sparkonce import EmbeddedLogSource, Pipeline
     from sparkonce.faults import NO_FAULTS
     from sparkonce.pipeline.connect import refuse_on_connect
 
-    p = Pipeline(
-        name=PIPE,
-        source=EmbeddedLogSource(tmp_path / "log", "events"),
-        sink=IcebergSink(catalog(tmp_path), "ns.out"),
-        checkpoint=tmp_path / "chk",
-    )
-    with pytest.raises(ConfigError, match=r"Spark Connect sessions do not support the sink "):
-        refuse_on_connect(p, faults=NO_FAULTS)
-    assert not (tmp_path / "wh").exists()  # no table was created, no epoch taken
+    for sink in (
+        IcebergSink(catalog(tmp_path), "ns.out", mode="upsert", keys=["v"], latest_by="s"),
+        IcebergSink(catalog=catalog(tmp_path), table="ns.out", orphan_grace_seconds=5),
+    ):
+        copy = pickle.loads(pickle.dumps(sink))
+        assert isinstance(copy, IcebergSink) and copy.catalog is not sink.catalog
+        assert (copy.table, copy.mode, copy.keys, copy.latest_by) == (
+            sink.table,
+            sink.mode,
+            sink.keys,
+            sink.latest_by,
+        )
+        assert copy.stager.grace_seconds == sink.stager.grace_seconds
+        assert (copy.catalog.name, copy.catalog.properties) == (
+            sink.catalog.name,
+            sink.catalog.properties,
+        )
+        p = Pipeline(
+            name=PIPE,
+            source=EmbeddedLogSource(tmp_path / "log", "events"),
+            sink=sink,
+            checkpoint=tmp_path / "chk",
+        )
+        refuse_on_connect(p, faults=NO_FAULTS)  # no ConfigError
+    assert not (tmp_path / "wh").exists()  # no table was created
 
 
 def test_a_failed_batch_deletes_its_files_unless_the_commit_landed(tmp_path: Path) -> None:

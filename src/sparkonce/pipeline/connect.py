@@ -22,6 +22,7 @@ What does not run on Connect yet is refused before the epoch is taken
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sparkonce.run")
 
-#: The sinks and sources a pipeline on a Spark Connect session may use today.
+#: The sinks and sources a pipeline on a Spark Connect session may use today (and
+#: IcebergSink, looked up by module: it needs the iceberg extra).
 CONNECT_SINKS = (SQLiteSink, PostgresSink, PostgresTwoPhaseSink, KafkaSink, DeltaSink)
 CONNECT_SOURCES = (EmbeddedLogSource, KafkaSource, SparkKafkaSource)
 _CLASSIC = "use a classic Spark session (SparkSession.builder.master(...), no remote)"
@@ -81,8 +83,9 @@ def refuse_on_connect(pipeline: PipelineSpec, *, faults: FaultPlan) -> None:
         raise ConfigError(
             f"pipeline {name!r}: Spark Connect sessions do not support {what} yet; {_CLASSIC}. "
             "On Connect, sparkonce runs the embedded log, KafkaSource or SparkKafkaSource into "
-            "SQLite, PostgreSQL (two-phase too), KafkaSink (not from SparkKafkaSource) or "
-            "DeltaSink (a local path, s3a:// or s3://), as one sink or as several outputs "
+            "SQLite, PostgreSQL (two-phase too), KafkaSink (not from SparkKafkaSource), "
+            "DeltaSink (a local path, s3a:// or s3://) or IcebergSink (a local warehouse), as "
+            "one sink or as several outputs "
             "(stable output and dead letters too). Nothing was changed (no epoch was taken)."
         )
 
@@ -95,7 +98,11 @@ def _unsupported_sink(pipeline: PipelineSpec) -> str | None:
         if outputs is not None and not outputs.single
         else [("", pipeline.sink if outputs is None else outputs.outputs[SINGLE_OUTPUT])]
     )
+    # IcebergSink needs the iceberg extra: when its module is not loaded, no sink is one.
+    iceberg = sys.modules.get("sparkonce.sinks.iceberg")
     for which, sink in sinks:
+        if iceberg is not None and type(sink) is iceberg.IcebergSink:
+            continue
         if type(sink) not in CONNECT_SINKS:
             return f"the sink {sink.describe()}{which}"
         if isinstance(sink, KafkaSink) and not pipeline.source.stable_task_numbers:

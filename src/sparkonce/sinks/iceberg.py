@@ -23,8 +23,9 @@ deletes them, never a running pipeline's in-flight batch.
 
 What is refused before the epoch (``ConfigError`` from :meth:`IcebergSink.validate`): an
 output column missing from the table or of another type, a partitioned table, a warehouse
-that is not local (``file://``), Spark's ``complete`` output mode; a Spark Connect session
-(the runner's refusal, :mod:`sparkonce.pipeline.connect`).
+that is not local (``file://``), Spark's ``complete`` output mode. On a Spark Connect
+session the batch function, and so the commit, runs in the server's Python worker with a
+catalog of its own (:meth:`IcebergSink.__reduce__`).
 
 **Upsert** (``mode="upsert"``, ``keys=[...]``, optional ``latest_by``): the same semantics
 as the other upsert sinks. A batch may hold one row per key; with ``latest_by`` (a column
@@ -250,7 +251,7 @@ class IcebergStager(Stager):
             # Per write, not for the session: a timestamp column would otherwise be INT96,
             # which add_files refuses (and it would fail inside the commit).
             with session_conf(df.sparkSession, WRITE_CONF):
-                df.write.mode("errorifexists").parquet(directory.as_uri())
+                df.write.mode("error").parquet(directory.as_uri())  # Connect: no "errorifexists"
         finally:
             if cached is not None:
                 cached.unpersist()
@@ -362,6 +363,16 @@ class IcebergStager(Stager):
         return gone
 
 
+def _rebuild_iceberg(
+    cls: type[IcebergSink],
+    catalog: tuple[Any, str, dict[str, str]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> IcebergSink:
+    catalog_cls, name, properties = catalog
+    return cls(catalog_cls(name, **properties), *args, **kwargs)
+
+
 def committed_dirs(table: Any, pipeline: str) -> dict[int, str | None]:
     """seq -> the staging directory its snapshot added (None: the Arrow route), for the
     committed batches whose snapshots are still in the table's history."""
@@ -413,6 +424,19 @@ class IcebergSink(TransactionalSink):
         self.table = table
         self.store = IcebergLedgerStore(catalog, table)
         self.stager = IcebergStager(self.store, orphan_grace_seconds, self.keys, self.latest_by)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as the call that built it (as every sink does), with the catalog as the
+        call that builds *it*: its class, name and properties. A catalog object holds
+        connections (a SQL catalog's engine) that do not pickle; a Spark Connect batch
+        function carries the sink to the server's Python worker, which opens its own."""
+        args, kwargs = self._built_with
+        kwargs = dict(kwargs)
+        # The catalog came first, or by name.
+        rest = args if kwargs.pop("catalog", None) is not None else args[1:]
+        cat = self.catalog
+        ref = (type(cat), cat.name, dict(getattr(cat, "properties", {})))
+        return (_rebuild_iceberg, (type(self), ref, rest, kwargs))
 
     def validate(self, schema: StructType, output_mode: OutputMode = "append") -> None:
         """Before the epoch: check (or, for a new table, take) the output schema, and that
