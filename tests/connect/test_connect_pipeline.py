@@ -119,7 +119,7 @@ def test_upsert_on_connect_keeps_the_latest_row_per_key(
 
 
 class UnlistedSink(SQLiteSink):
-    """A sink that is not on Connect's list (every sparkonce sink but Iceberg's is now)."""
+    """A sink that is not on Connect's list (every sparkonce sink is)."""
 
 
 @pytest.mark.campaign_lane
