@@ -155,10 +155,8 @@ def test_files_query_into_sqlite_replay_reset_and_wrong_checkpoint(
         df = spark.readStream.schema("id long, k string").option("maxFilesPerTrigger", 1)
         return df.json(str(inbox)).select("id", "k", (F.col("id") * 10).alias("tenfold"))
 
-    def write(checkpoint: str = "chk") -> ForeachBatch:
-        return foreach_batch(
-            sink_from_url(db, "out"), name="files", checkpoint=tmp_path / checkpoint
-        )
+    def write(checkpoint: str = "chk", name: str = "files") -> ForeachBatch:
+        return foreach_batch(sink_from_url(db, "out"), name=name, checkpoint=tmp_path / checkpoint)
 
     first = write()
     assert run(query(), first, tmp_path / "chk") is None, first.error
@@ -201,6 +199,14 @@ def test_files_query_into_sqlite_replay_reset_and_wrong_checkpoint(
     assert "is not the calling query's" in str(wrong) and "\n" not in str(wrong)
     assert sqlite_ids(tmp_path / "sink.db") == sorted(oracle)
     assert owner_epoch(sink_from_url(db, "out"), "files") == 2
+
+    # A query that ran with a function of its own, converted on its checkpoint: its batches
+    # are not in this pipeline's ledger, so the checkpoint is ahead of it, as for a Pipeline.
+    write_file(inbox, "f5.json", range(50, 53))
+    ahead = run(query(), write("chk", name="converted"), tmp_path / "chk")
+    assert isinstance(ahead, CheckpointError) and "beyond the ledger" in str(ahead), ahead
+    assert sqlite_ids(tmp_path / "sink.db") == sorted(oracle)
+    assert owner_epoch(sink_from_url(db, "out"), "converted") is None
 
 
 # -- a Kafka query into PostgreSQL: a zombie, and a reset checkpoint restarted -------------------
