@@ -209,6 +209,22 @@ def test_files_query_into_sqlite_replay_reset_and_wrong_checkpoint(
     assert owner_epoch(sink_from_url(db, "out"), "converted") is None
 
 
+def test_a_rate_query_is_refused_with_spark_sources_line(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The read's kind is checked on the running query's plan, with SparkSource's line."""
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+    db = f"sqlite:///{tmp_path / 'sink.db'}"
+    refused = run(
+        rate,
+        foreach_batch(sink_from_url(db, "out"), name="r", checkpoint=tmp_path / "c"),
+        tmp_path / "c",
+    )
+    assert isinstance(refused, ConfigError), refused
+    assert str(refused).startswith("SparkSource: Spark's rate source is not replayable")
+    assert owner_epoch(sink_from_url(db, "out"), "r") is None
+
+
 # -- a Kafka query into PostgreSQL: a zombie, and a reset checkpoint restarted -------------------
 
 
