@@ -301,3 +301,44 @@ def test_kafka_query_into_postgres_zombie_fenced_and_reset_restarted_at_the_ledg
         zombie.stop()
         old.close()
     assert pg_numbers(pg_url) == list(range(24))
+
+
+# -- a Delta query: a reset checkpoint restarted with the printed startingVersion ----------------
+
+
+@pytest.mark.campaign_lane  # Delta writes and three query runs
+def test_delta_query_reset_checkpoint_restarted_with_the_printed_starting_version(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A Delta read through the function: the table's snapshot, then a reset checkpoint whose
+    batch 0 is the whole table again: refused, nothing written, the line printing Delta's
+    startingVersion; the query started with it on a new checkpoint reads only the versions
+    the ledger lacks. The output read with sqlite3 holds each appended id once."""
+    from tests.delta.test_source import append_versions
+
+    table = tmp_path / "bronze"
+    expected = append_versions(spark, table, range(2))
+    db = f"sqlite:///{tmp_path / 'sink.db'}"
+
+    def query(**options: str) -> DataFrame:
+        return spark.readStream.format("delta").options(**options).load(str(table))
+
+    def write(checkpoint: str) -> ForeachBatch:
+        return foreach_batch(sink_from_url(db, "out"), name="dq", checkpoint=tmp_path / checkpoint)
+
+    first = write("chk")
+    assert run(query().select("id", "k"), first, tmp_path / "chk") is None, first.error
+    assert sqlite_ids(tmp_path / "sink.db") == sorted(expected)
+
+    expected += append_versions(spark, table, range(2, 4))
+    lost = run(query().select("id", "k"), write("reset"), tmp_path / "reset")
+    assert isinstance(lost, CheckpointLostError), lost
+    assert owner_epoch(sink_from_url(db, "out"), "dq") == 1  # nothing written
+    shown = re.search(r"option\('startingVersion', (\d+)\)", str(lost))
+    assert shown is not None, lost
+
+    again = write("restarted")
+    df = query(startingVersion=shown[1]).select("id", "k")
+    assert run(df, again, tmp_path / "restarted") is None, again.error
+    assert again.report is not None and again.report.resumed_from == "ledger", again.report
+    assert sqlite_ids(tmp_path / "sink.db") == sorted(expected)
