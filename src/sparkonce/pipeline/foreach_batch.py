@@ -83,6 +83,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sparkonce.run")
 
+_MODES: dict[str, OutputMode] = {"append": "append", "update": "update", "complete": "complete"}
+
 
 def foreach_batch(
     sink: Sink, *, name: str, checkpoint: str | Path, faults: FaultPlan | None = None
@@ -111,7 +113,7 @@ class _Spec:
     output_mode: OutputMode
     stateful: bool | None
     checkpoint_location: str
-    trigger: str = "the user's"
+    trigger: str = "the query's own"  # the runner's batch function does not read it
     output_set: OutputSet | None = None
 
     @staticmethod
@@ -220,8 +222,8 @@ class ForeachBatch:
         checkpoint = Checkpoint.open(self.checkpoint_location, spark)
         self._check_own(checkpoint, execution, query_id, batch_id)
         source = SparkSource.of_running_query(relations_in(execution.analyzedPlan(), jvm(spark)))
-        mode = str(execution.outputMode().toString()).lower()
-        output_mode: OutputMode = mode if mode in ("append", "update", "complete") else "append"  # type: ignore[assignment]
+        # Spark's output modes print as Append, Update and Complete.
+        output_mode = _MODES.get(str(execution.outputMode().toString()).lower(), "append")
         spec = _Spec(
             self.name,
             source,
