@@ -1,4 +1,4 @@
-# Sourced by the resumable campaign scripts (verify-campaign.sh, verify-campaign-delta.sh).
+# Sourced by the resumable campaign scripts (verify-campaign.sh, verify-campaign-lake.sh).
 #
 #   resumable_campaign NAME TRIALS PIPELINE_FILE [--sink URL ...] -- [VERIFY OPTIONS...]
 #

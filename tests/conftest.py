@@ -70,12 +70,13 @@ _db_counter = itertools.count()
 
 LANE_MARK = "crash_lane"
 CAMPAIGN_MARK = "campaign_lane"
-SINK_FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka", "delta")
-# Fault kind -> the sink families it applies to. A Kafka sink has no store connection to drop.
+SINK_FAMILIES = ("sqlite", "postgres", "postgres-2pc", "kafka", "delta", "iceberg")
+# Fault kind -> the sink families it applies to. A Kafka sink has no store connection to
+# drop; nor has an Iceberg table (PyIceberg's SQL catalog takes one per call).
 FAULT_MATRIX: dict[str, tuple[str, ...]] = {
     "crash-point": SINK_FAMILIES,  # SIGKILL at a named protocol step, then recovery
     "zombie": SINK_FAMILIES,  # a paused (SIGSTOP) run resumes after a newer one: fenced
-    # The store connection drops mid-commit (Delta's commits have no connection to drop).
+    # The store connection drops mid-commit (Delta's and Iceberg's commits hold none).
     "db-drop": ("sqlite", "postgres", "postgres-2pc"),
     "task-failure": SINK_FAMILIES,  # Spark tasks fail once and are retried
 }

@@ -1,8 +1,8 @@
 """Every fault kind once per sink family, each in its own real driver run: make test's
-crash tests for SQLite, PostgreSQL, two-phase PostgreSQL and Delta Lake.
+crash tests for SQLite, PostgreSQL, two-phase PostgreSQL, Delta Lake and Apache Iceberg.
 
 Each test is the ``make test`` representative (``covers``) of its family's four (family,
-fault kind) pairs (Delta: three, it has no store connection to drop);
+fault kind) pairs (Delta and Iceberg: three, they hold no store connection to drop);
 tests/crash/test_kafka_crash.py has the Kafka sink's. The full matrix
 (every crash point on every store, and so on) runs in ``make test-crash``, and zombie repeats
 in ``make test-campaign``. A separate test
@@ -28,6 +28,7 @@ checks:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,12 +64,16 @@ CRASH_AT = {
     # Delta: the entry file of (epoch 2, batch 2) is written, the Delta commit is not; run C
     # commits batch 2 under epoch 3, and the ledger must read back epoch 3's entry.
     "delta": CrashPoint.BEFORE_LEDGER_COMMIT,
+    # Iceberg: Spark's tasks have written batch 2's data files, the catalog commit that adds
+    # them with the ledger entry has not run. They are never added; run C writes its own.
+    "iceberg": CrashPoint.AFTER_ROWS,
 }
+NO_CONNECTION = ("delta", "iceberg")  # no store connection to drop, no transaction to see
 KINDS = ("task-failure", "zombie", "crash-point", "db-drop")
 
 
 def _family(name: str) -> object:
-    kinds = [k for k in KINDS if k != "db-drop" or name != "delta"]
+    kinds = [k for k in KINDS if k != "db-drop" or name not in NO_CONNECTION]
     return pytest.param(name, marks=[pytest.mark.covers(name, kind) for kind in kinds])
 
 
@@ -97,7 +102,7 @@ def _visible_equals_ledger(state: SinkState, where: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "family", [_family(f) for f in ("sqlite", "postgres", "postgres-2pc", "delta")]
+    "family", [_family(f) for f in ("sqlite", "postgres", "postgres-2pc", "delta", "iceberg")]
 )
 def test_each_fault_kind_once(
     family: str,
@@ -109,11 +114,14 @@ def test_each_fault_kind_once(
 ) -> None:
     two_phase = family == "postgres-2pc"
     delta = family == "delta"
+    no_connection = family in NO_CONNECTION
     if family == "sqlite":
         url = f"sqlite:///{tmp_path / 'sink.db'}"
     elif delta:
         request.getfixturevalue("spark")  # the test process reads the table through Spark
         url = f"delta://{tmp_path / 'tables'}"
+    elif family == "iceberg":  # read back with PyIceberg's scan (and DuckDB at the end)
+        url = f"iceberg+sqlite:///{tmp_path / 'iceberg' / 'catalog.db'}?table=crash.events_out"
     else:
         url = str(request.getfixturevalue("pg_url"))
     log_dir = make_log(RECORDS, partitions=PARTITIONS, keys=KEYS)
@@ -144,7 +152,7 @@ def test_each_fault_kind_once(
     # Spark's Python workers record each injected failure as a fault event.
     stages = {e["stage"] for e in run_a.events("task-failure")}
     assert stages == ({"read", "write"} if two_phase else {"read"}), f"failed: {stages}; {where}"
-    if not delta:
+    if not no_connection:
         assert open_transaction(url) is None, f"run A stopped inside a transaction: {where}"
     assert [(e.seq, e.epoch) for e in state.ledger] == [(0, 1), (1, 1)], where
     _visible_equals_ledger(state, where)
@@ -167,14 +175,14 @@ def test_each_fault_kind_once(
         assert _pending(url) > 0, f"the killed batch left no pre-committed attempts: {where}"
 
     # 3. db-drop: C recovers on B's checkpoint and loses its connection in its first commit
-    # (Delta: C only recovers; its commits have no store connection).
-    env = {} if delta else {DROP_CONNECTION_ENV: "after-rows@1"}
+    # (Delta, Iceberg: C only recovers; their commits have no store connection).
+    env = {} if no_connection else {DROP_CONNECTION_ENV: "after-rows@1"}
     run_c = Driver(files["b"], tmp_path / "run_c.log", env=env)
     drivers.append(run_c.start())
     code = run_driver(run_c)
     assert code == 0, f"run C exited {code}:\n{run_c.log_tail()}"
     fired = run_c.events()
-    want = [] if delta else [("drop-connection", "after-rows")]
+    want = [] if no_connection else [("drop-connection", "after-rows")]
     assert [(e["event"], e["point"]) for e in fired] == want, (
         f"fault events {fired}:\n{run_c.log_tail()}"
     )
@@ -197,3 +205,11 @@ def test_each_fault_kind_once(
     final = read_sink(url, STATELESS_TABLE)
     assert final.ledger == after_c.ledger, "the fenced run changed the ledger"
     assert event_tuples(final.rows) == event_tuples(after_c.rows), "the fenced run wrote rows"
+    if family == "iceberg":  # a second reader that shares no code with PyIceberg
+        from sparkonce.sinks.iceberg_url import parse_iceberg_url
+        from tests.iceberg.readers import duckdb_rows
+
+        catalog = parse_iceberg_url(url).open_catalog()
+        cols = ["record_id", "partition", "offset", "value"]
+        got = Counter(duckdb_rows(catalog, "crash.events_out", cols))
+        assert got == event_tuples(final.rows), "DuckDB reads other rows than PyIceberg"

@@ -90,7 +90,7 @@ def test_the_inspector_reads_counts_orphans_and_resets_the_table(tmp_path: Path)
         assert inspector.ledger(PIPE) == [] and inspector.owner(PIPE) is None
         assert inspector.leftovers(PIPE) == {"orphan_dirs": 0, "orphan_files": 0}
         inspector.reset(PIPE)  # no table: nothing to do
-    with pytest.raises(ConfigError, match="no store URL names one"):
+    with pytest.raises(ConfigError, match="moves only to another Iceberg catalog"):
         inspector.relocated("sqlite:///elsewhere.db")
 
 

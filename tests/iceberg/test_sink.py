@@ -113,6 +113,35 @@ def stage_files(sink: IcebergSink, ctx: BatchContext, seq: int, rows: pa.Table) 
     return Staged(rows=rows.num_rows, payload=data, notes={"dir": d})
 
 
+def test_nested_columns_validate_against_the_table_they_created(tmp_path: Path) -> None:
+    """A map, a list and a struct of strings: Spark's schema as Arrow has large strings
+    inside them, the table's schema read back has plain ones. A second run's ``validate``
+    must take them as the same types, and still refuse a nested type that differs."""
+    from pyspark.sql.types import (
+        ArrayType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    def schema(value_type: object) -> StructType:
+        return StructType(
+            [
+                StructField("v", LongType()),
+                StructField("tags", MapType(StringType(), value_type)),  # type: ignore[arg-type]
+                StructField("names", ArrayType(StringType())),
+                StructField("who", StructType([StructField("name", StringType())])),
+            ]
+        )
+
+    IcebergSink(catalog(tmp_path), "ns.out").validate(schema(StringType()))
+    IcebergSink(catalog(tmp_path), "ns.out").validate(schema(StringType()))  # the next run
+    with pytest.raises(ConfigError, match="column 'tags' is map<string, int64>"):
+        IcebergSink(catalog(tmp_path), "ns.out").validate(schema(LongType()))
+
+
 def test_the_orphan_sweep_deletes_only_unreferenced_dirs_of_committed_batches(
     tmp_path: Path,
 ) -> None:

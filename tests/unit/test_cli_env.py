@@ -174,7 +174,8 @@ def test_an_unknown_fault_kind_is_a_usage_error_listing_the_kinds(
 # -- sink URLs ---------------------------------------------------------------------------------
 SINK_URL = (
     "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME, "
-    "kafka://HOST:PORT[,HOST:PORT]/TOPIC or delta:///PATH"
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC, delta:///PATH or "
+    "iceberg+sqlite:////ABS/catalog.db?table=NS.NAME"
 )
 # (argv, variable): the commands that take a sink URL from the environment.
 SINK_VARIABLES = [

@@ -18,35 +18,29 @@ import pytest
 
 from sparkonce.cli import main
 from tests.iceberg.readers import duckdb_rows, pyiceberg_rows
+from tests.verify.pipelines import PREAMBLE
 
 pytestmark = pytest.mark.crash
 
 HERE = Path(__file__).parent
 
-_PIPELINE = """
-import sys
-sys.path.insert(0, {here!r})
+_PIPELINE = (
+    PREAMBLE
+    + """
 from pyiceberg.catalog.sql import SqlCatalog
-from pyspark.sql import functions as F
 from sparkonce import EmbeddedLogSource, IcebergSink, Pipeline
 from broken_iceberg import UncheckedIcebergSink
-
-def events(df):
-    return df.select(
-        "record_id",
-        F.col("key").cast("string").alias("key"),
-        F.col("value").cast("string").cast("long").alias("value"),
-    )
 
 catalog = SqlCatalog("verify", uri="sqlite:///{root}/catalog.db", warehouse="file://{root}/lake")
 pipeline = Pipeline(
     name="verify-iceberg",
     source=EmbeddedLogSource({log!r}, "events", max_records_per_partition=250),
-    transform=events,
+    transform=copy,
     sink={sink}(catalog, "lake.events"),
     checkpoint="{root}/user-checkpoint",
 )
 """
+)
 
 
 def write_pipeline(tmp_path: Path, log_dir: Path, sink: str = "IcebergSink") -> Path:

@@ -16,24 +16,17 @@ from pathlib import Path
 import pytest
 
 from sparkonce.cli import main
+from tests.verify.pipelines import PREAMBLE
 
 pytestmark = pytest.mark.crash
 
 HERE = Path(__file__).parent
 
-_PIPELINE = """
-import sys
-sys.path.insert(0, {here!r})
-from pyspark.sql import functions as F
+_PIPELINE = (
+    PREAMBLE
+    + """
 from sparkonce import EmbeddedLogSource, Pipeline, SQLiteSink
 from broken_sink import DropsABatchSink
-
-def copy(df):
-    return df.select(
-        "record_id",
-        F.col("key").cast("string").alias("key"),
-        F.col("value").cast("string").cast("long").alias("value"),
-    )
 
 def sums(df):
     return (
@@ -63,6 +56,7 @@ pipeline = Pipeline(
     output_mode={mode!r},
 )
 """
+)
 
 
 def write_pipeline(

@@ -274,7 +274,8 @@ def _add_env_switch(p: argparse.ArgumentParser, flag: str, *, env: str, help: st
 # message that says what is wrong; the option's ``expected`` text says what is right.
 SINK_URL_EXPECTED = (
     "a sink URL: sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME, "
-    "kafka://HOST:PORT[,HOST:PORT]/TOPIC or delta:///PATH"
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC, delta:///PATH or "
+    "iceberg+sqlite:////ABS/catalog.db?table=NS.NAME"
 )  # sparkonce.sinks.registry.STORE_FORMS
 SOURCE_URI_EXPECTED = (
     "a source URI of the pipeline's kind: sparkonce-log://PATH?topic=TOPIC or "

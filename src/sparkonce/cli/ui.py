@@ -164,7 +164,8 @@ def add_parser(sub: SubParsers) -> None:
         metavar="URL",
         help=_help(
             "a store to watch, as a sink URL (sqlite:///PATH.db, postgresql://USER@HOST:PORT/DB, "
-            "kafka://HOST:PORT/TOPIC or delta:///ROOT/TABLE, the Delta table's own directory); "
+            "kafka://HOST:PORT/TOPIC, delta:///ROOT/TABLE, the Delta table's own directory, or "
+            "iceberg+sqlite:////ABS/catalog.db?table=NS.NAME&catalog=NAME); "
             "give it once per store; a SQLite file that does not exist yet is waited for",
             "SPARKONCE_SINK, one store",
         ),

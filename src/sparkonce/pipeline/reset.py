@@ -10,7 +10,9 @@ What a pipeline's progress is depends on the sink's family (see :func:`reset_pip
   ``TOPIC.sparkonce-ledger``, which Kafka can only drop all together (``delete_records``),
   so the reset is refused while another pipeline's records are in it;
 - Delta (``delta:///ROOT/TABLE``): a version in the table's own Delta log, which goes only
-  with the table, so a Delta reset needs ``output_rows=True``.
+  with the table, so a Delta reset needs ``output_rows=True``;
+- Iceberg (``iceberg+sqlite:////ABS/catalog.db?table=NS.NAME``): snapshot summaries and
+  table properties, which likewise go only with the table (``output_rows=True``).
 
 The user's output is kept unless ``output_rows=True`` (a two-phase sink's output is its
 view or table, its data or stage table, and the pipeline's attempts of that output). The
@@ -22,6 +24,7 @@ store's inspector (:meth:`sparkonce.sinks.inspect.Inspector.reset`), the code
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,7 +73,7 @@ def _open(pipeline: str, url: str, table: str | None, output_rows: bool) -> tupl
     from sparkonce.sinks.sql import SqlSink
 
     kind = store_kind(url)
-    if kind.name in ("kafka", "delta"):
+    if kind.name in ("kafka", "delta", "iceberg"):
         if table is not None:
             raise ConfigError(
                 f"--table is for SQLite and PostgreSQL sinks; {kind.name} URLs name "
@@ -189,6 +192,26 @@ def _describe(
         )
         output = (f"the whole Delta table directory {sink.path}: every row, and its Delta log",)
         return progress, output
+    # IcebergSink needs the iceberg extra: when its module is not loaded, no sink is one.
+    iceberg = sys.modules.get("sparkonce.sinks.iceberg")
+    if iceberg is not None and isinstance(sink, iceberg.IcebergSink):
+        if not output_rows:
+            raise ConfigError(
+                f"pipeline {pipeline!r}: an Iceberg table's ledger lives in its snapshots' "
+                f"summaries and table properties ({sink.describe()}), which cannot forget a "
+                "pipeline while keeping the rows. Nothing was deleted. Delete the output too "
+                "(--output-rows), or run the pipeline under a new name."
+            )
+        also = f" and the progress of {', '.join(others)}" if others else ""
+        progress = (
+            f"{pipeline!r}'s {batches} ledger entries and owner epoch in the snapshots and "
+            f"properties of {sink.describe()} ({held}){also}",
+        )
+        output = (
+            f"the whole Iceberg table {sink.table}: dropped from catalog "
+            f"{sink.catalog.name!r}, and its directory (rows, metadata, staging) deleted",
+        )
+        return progress, output
     if isinstance(sink, SqlSink):
         from sparkonce.ledger.sql import LEDGER_TABLE, OWNER_TABLE
 
@@ -233,7 +256,8 @@ def reset_pipeline(
     so that its next run starts from the source's beginning with epoch 1.
 
     ``sink_url``: as for ``sparkonce status`` (``sqlite:///PATH``, ``postgresql://...``,
-    ``kafka://HOST:PORT/TOPIC``, ``delta:///ROOT/TABLE``). The output (the user's rows) is
+    ``kafka://HOST:PORT/TOPIC``, ``delta:///ROOT/TABLE``,
+    ``iceberg+sqlite:////ABS/catalog.db?table=NS.NAME``). The output (the user's rows) is
     kept unless ``output_rows`` is True; for SQLite and PostgreSQL, deleting it needs its
     ``table``. ``confirm`` is called with the plan before anything is deleted; when it
     returns False nothing is, and the plan comes back with ``done=False``.

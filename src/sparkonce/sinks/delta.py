@@ -76,7 +76,7 @@ from sparkonce.errors import ConfigError, SinkError
 from sparkonce.jvm import java_frame, java_session, jvm
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.ledger.delta import DeltaLedgerStore, DeltaTxn, check_table_properties
-from sparkonce.sinks.base import TransactionalSink
+from sparkonce.sinks.base import TransactionalSink, first_bad_key
 from sparkonce.spark.delta import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
@@ -172,27 +172,13 @@ class DeltaStager(Stager):
         return Staged(rows=0, payload=df)
 
     def _check_keys(self, ctx: BatchContext, df: DataFrame) -> None:
-        from pyspark.sql import functions as F
-
-        keys = list(self.keys)
-        null_key = F.lit(False)
-        for k in keys:
-            null_key = null_key | F.col(k).isNull()
-        bad = (
-            df.groupBy(*keys)
-            .agg(F.count(F.lit(1)).alias("_n"))
-            .where((F.col("_n") > 1) | null_key)
-            .limit(1)
-            .collect()
-        )
-        if bad:
-            row = bad[0]
-            key = tuple(row[k] for k in keys)
-            what = (
-                "has a NULL key" if any(v is None for v in key) else f"repeats it {row['_n']} times"
-            )
+        bad = first_bad_key(df, self.keys)
+        if bad is not None:
+            key, _, n = bad
+            null = any(v is None for v in key.values())
+            what = "has a NULL key" if null else f"repeats it {n} times"
             raise SinkError(
-                f"batch {ctx.ranges}: key {dict(zip(keys, key, strict=True))} of Delta table "
+                f"batch {ctx.ranges}: key {key} of Delta table "
                 f"{self.path} {what}; an upsert batch needs exactly one row per key. Nothing "
                 "was committed. Aggregate the batch per key in the transform (or keep one row "
                 "per key), or use mode='append'."

@@ -63,7 +63,7 @@ from sparkonce.commit.base import Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
-from sparkonce.sinks.base import TransactionalSink
+from sparkonce.sinks.base import TransactionalSink, first_bad_key
 from sparkonce.sinks.sql import _check_latest_by, latest_by_tie_message, repeated_key_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,7 +78,8 @@ log = logging.getLogger(__name__)
 
 def _plain(t: Any) -> Any:
     """An Arrow type with large/small string and binary variants made one, and the small
-    integers as Iceberg's ``int`` (it has no 8 or 16 bit type: Spark's byte and short)."""
+    integers as Iceberg's ``int`` (it has no 8 or 16 bit type: Spark's byte and short), at
+    every level of nesting."""
     import pyarrow as pa
 
     if pa.types.is_int8(t) or pa.types.is_int16(t):
@@ -87,6 +88,23 @@ def _plain(t: Any) -> Any:
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
         return pa.binary()
+    # Inside nested types too: the table's schema read back has large strings where Spark's
+    # schema as Arrow has plain ones. Field names and nullability inside are not compared,
+    # as they are not for top-level columns: Arrow names a list's item "item" or "element"
+    # depending on who built it.
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+    if (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    ):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain(t.value_type), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type)) for f in t])
     return t
 
 
@@ -190,30 +208,19 @@ class IcebergStager(Stager):
         from pyspark.sql import functions as F
 
         keys = list(self.keys)
-        null_key = F.lit(False)
-        for k in keys:
-            null_key = null_key | F.col(k).isNull()
-        group = [*keys, *self.latest_by]
-        bad = (
-            df.groupBy(*group)
-            .agg(F.count(F.lit(1)).alias("_sparkonce_n"))
-            .where((F.col("_sparkonce_n") > 1) | null_key)
-            .limit(1)
-            .collect()
-        )
         where = self.store.identifier
-        if bad:
-            row = bad[0]
-            key = tuple(row[k] for k in keys)
+        bad = first_bad_key(df, self.keys, self.latest_by)
+        if bad is not None:
+            key_cols, values, n = bad
+            key = tuple(key_cols.values())
             if any(v is None for v in key):
                 raise SinkError(
                     f"upsert into {where!r}: a row of batch {ctx.ranges} has a NULL key "
-                    f"{dict(zip(keys, key, strict=True))}; key columns must not be NULL. "
+                    f"{key_cols}; key columns must not be NULL. "
                     "Filter or fill them in the transform. Nothing of this batch was committed."
                 )
             if not self.latest_by:
-                raise SinkError(repeated_key_message(where, self.keys, key, row["_sparkonce_n"]))
-            values = {c: row[c] for c in self.latest_by}
+                raise SinkError(repeated_key_message(where, self.keys, key, n))
             raise SinkError(latest_by_tie_message(where, self.keys, key, self.latest_by, values))
         if not self.latest_by:
             return df

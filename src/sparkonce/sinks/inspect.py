@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkonce.config import StoreURL
+from sparkonce.config import StoreURL, mask_url
 from sparkonce.db import qi, table_rows, write_transaction
 from sparkonce.errors import ConfigError
 from sparkonce.ledger.base import LedgerEntry, Owner
@@ -430,11 +430,26 @@ class IcebergInspector(Inspector):
         sink.store.committed = None
 
     def relocated(self, url: str | StoreURL) -> Sink:
-        raise ConfigError(
-            f"{self.sink.describe()} cannot be moved to {str(url)!r}: an Iceberg sink is "
-            "given its catalog object in the pipeline file, and no store URL names one. "
-            "Leave --sink out and point the pipeline file's catalog at a test warehouse "
-            "(each verify trial drops the table)"
+        """The same sink (table, mode, keys) in the catalog ``url`` names
+        (``iceberg+sqlite:////ABS/catalog.db``; ``table=`` there renames the table)."""
+        from sparkonce.sinks.iceberg import IcebergSink
+        from sparkonce.sinks.iceberg_url import FORM, parse_iceberg_url
+
+        text = str(url)
+        if not text.startswith("iceberg"):
+            raise ConfigError(
+                f"{self.sink.describe()} cannot be moved to {mask_url(text)!r}: an Iceberg "
+                f"sink moves only to another Iceberg catalog, {FORM}"
+            )
+        parsed = parse_iceberg_url(text)
+        s = self.sink
+        return IcebergSink(
+            parsed.sink_catalog(),
+            parsed.table or s.table,
+            mode=s.mode,
+            keys=s.keys,
+            latest_by=s.latest_by or None,
+            orphan_grace_seconds=s.stager.grace_seconds,
         )
 
     def fresh(self) -> Sink:

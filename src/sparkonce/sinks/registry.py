@@ -1,6 +1,6 @@
 """One registry from a store URL to its store.
 
-A store URL names one of four kinds of store (:data:`KINDS`), each with one entry here
+A store URL names one of five kinds of store (:data:`KINDS`), each with one entry here
 that knows how to
 
 * check the URL's form without touching the store (:func:`check_url`: the CLI's options),
@@ -16,6 +16,9 @@ kind                   URL
 ``kafka``              ``kafka://HOST:PORT[,HOST:PORT]/TOPIC``: the output topic; its
                        ledger is the topic ``TOPIC.sparkonce-ledger``
 ``delta``              ``delta:///ABS/PATH`` or ``delta:URI`` (``delta:s3a://b/t``)
+``iceberg``            ``iceberg+sqlite:////ABS/catalog.db?table=NS.NAME`` (or
+                       ``iceberg+postgresql://...``): a table in a PyIceberg SQL
+                       catalog (:mod:`sparkonce.sinks.iceberg_url`)
 =====================  ==============================================================
 
 A URL of no kind raises :class:`~sparkonce.errors.ConfigError` naming every form
@@ -32,6 +35,7 @@ from urllib.parse import urlsplit
 
 from sparkonce.config import StoreURL, mask_url
 from sparkonce.errors import ConfigError
+from sparkonce.sinks.iceberg_url import FORM as FORM_ICEBERG
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.ledger.base import LedgerEntry, LedgerStore, Owner
@@ -39,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 STORE_FORMS = (
     "sqlite:///PATH.db, postgresql://USER@HOST:PORT/DBNAME, "
-    "kafka://HOST:PORT[,HOST:PORT]/TOPIC or delta:///PATH"
+    "kafka://HOST:PORT[,HOST:PORT]/TOPIC, delta:///PATH or "
+    "iceberg+sqlite:////ABS/catalog.db?table=NS.NAME"
 )
 
 
@@ -101,7 +106,7 @@ class StoreKind:
 
 
 def _sql_claims(url: str) -> bool:
-    return not url.startswith(("kafka:", "delta:"))
+    return not url.startswith(("kafka:", "delta:", "iceberg"))
 
 
 def _sql_check(url: str) -> None:
@@ -231,6 +236,56 @@ def _delta_ledger(url: str) -> StoreLedger:
     )
 
 
+# -- Apache Iceberg (a table in a PyIceberg SQL catalog) ------------------------------------
+
+
+def _iceberg_check(url: str) -> None:
+    from sparkonce.sinks.iceberg_url import parse_iceberg_url
+
+    parse_iceberg_url(url)
+
+
+def _iceberg_sink(url: str, table: str | None, two_phase: bool, kwargs: dict[str, Any]) -> Sink:
+    from sparkonce.sinks.iceberg import IcebergSink
+    from sparkonce.sinks.iceberg_url import parse_iceberg_url
+
+    parsed = parse_iceberg_url(url)
+    if two_phase:
+        raise ConfigError("two_phase=True is for PostgreSQL sinks; an Iceberg table commits once")
+    name = parsed.table or table
+    if not name:
+        raise ConfigError(
+            f"sink_from_url({parsed.label!r}): name the Iceberg table, with table=NS.NAME in "
+            "the URL or the table argument"
+        )
+    return IcebergSink(parsed.sink_catalog(), name, **kwargs)
+
+
+def _iceberg_ledger(url: str) -> StoreLedger:
+    """The table's ledger, read from its current snapshot through the catalog: never
+    from the newest metadata file on disk, which may be a commit the catalog refused."""
+    from sparkonce.ledger.iceberg import IcebergLedgerStore
+    from sparkonce.sinks.iceberg_url import parse_iceberg_url
+
+    parsed = parse_iceberg_url(url)
+    if parsed.table is None:
+        raise ConfigError(
+            f"{parsed.label!r}: name the table to read, with table=NS.NAME in the URL"
+        )
+    if parsed.sqlite_file is not None and not parsed.sqlite_file.exists():
+        raise ConfigError(f"Iceberg catalog file {str(parsed.sqlite_file)!r} does not exist")
+    catalog = parsed.open_catalog()
+    store = IcebergLedgerStore(catalog, parsed.table)
+    if store.existing() is None:
+        catalog.engine.dispose()
+        raise ConfigError(
+            f"no Iceberg table {parsed.table} in catalog {parsed.catalog!r} at {parsed.label}: "
+            "check the table's name, and name the catalog with catalog=NAME (the first "
+            "argument of SqlCatalog(NAME, ...))"
+        )
+    return StoreLedger(store, parsed.label, store.pipelines, catalog.engine.dispose)
+
+
 KINDS: tuple[StoreKind, ...] = (
     StoreKind(
         "kafka",
@@ -247,6 +302,14 @@ KINDS: tuple[StoreKind, ...] = (
         _delta_check,
         _delta_sink,
         _delta_ledger,
+    ),
+    StoreKind(
+        "iceberg",
+        FORM_ICEBERG,
+        lambda url: url.startswith("iceberg"),
+        _iceberg_check,
+        _iceberg_sink,
+        _iceberg_ledger,
     ),
     # Last: StoreURL.parse names what is wrong with any other URL.
     StoreKind(

@@ -247,13 +247,6 @@ class Campaign(Injection):
             )
         self.broker = broker
         base = load_pipeline(self.pipeline_file)
-        if base.sources is not None:
-            raise ConfigError(
-                f"pipeline {base.name!r} reads several sources ({', '.join(base.sources)}); "
-                "sparkonce verify does not run such pipelines yet (its reference run reads one "
-                "stream). Run the pipeline with sparkonce run; sparkonce explain shows what it "
-                "guarantees"
-            )
         if sink_url:
             _check_one_store(base)
         if "resend" in self.kinds:

@@ -7,8 +7,9 @@ the code it checks. So before the trials, the campaign runs the pipeline once
 more without any of it:
 
 - the source's plain stream (``source.stream(spark, None)``: the input, not the
-  code under test) goes through ``pipeline.transform``, with the pipeline's
-  output mode, ``availableNow`` and a fresh checkpoint of its own;
+  code under test; for several sources, each member's, as ``{name: DataFrame}``)
+  goes through ``pipeline.transform``, with the pipeline's output mode,
+  ``availableNow`` and a fresh checkpoint of its own;
 - ``writeStream.foreachBatch`` appends each micro-batch's rows (``toArrow``, in
   canonical form, see :mod:`sparkonce.verify.compare`) as one JSON line
   ``{"batch": ID, "rows": [...]}`` to a file: no sink, no ledger, no runner;
@@ -255,8 +256,12 @@ def record(pipeline: Pipeline, spark: SparkSession, out: Path, checkpoint: Path)
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import DataFrame
 
-    stream = pipeline.source.stream(spark, None)
-    result = pipeline.transform(stream)
+    from sparkonce.sources.source_set import SourceSet
+
+    source = pipeline.source
+    # Several sources: each member's plain stream, by name, as the transform takes them.
+    streams = source.streams(spark, None) if isinstance(source, SourceSet) else None
+    result = pipeline.transform(streams if streams is not None else source.stream(spark, None))
     recorder: BatchRecorder | OutputsRecorder
     if pipeline.outputs is not None:
         result, recorder = _outputs_query(pipeline, result, out, checkpoint)
