@@ -23,6 +23,7 @@ from sparkonce.errors import (
 from sparkonce.kafka import KafkaProducer
 from sparkonce.log import IdempotentProducer, Topic
 from sparkonce.pipeline import BatchReport, Pipeline, RunReport, build_session
+from sparkonce.pipeline.foreach_batch import foreach_batch
 from sparkonce.pipeline.reset import reset_pipeline
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import (
@@ -93,6 +94,7 @@ __all__ = [
     "StoreUnavailableError",
     "Topic",
     "build_session",
+    "foreach_batch",
     "reset_pipeline",
     "sink_from_url",
 ]

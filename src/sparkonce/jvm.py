@@ -18,6 +18,9 @@ Who uses what, and their Connect route:
 * ``KafkaSink``'s task keys (:mod:`sparkonce.spark.kafka_lineage`): :func:`java_frame`; on
   Connect, stable partition numbers or a refused batch;
 * quieting Spark's log of a failed query (:mod:`sparkonce.spark.session`): :func:`jvm`;
+* ``sparkonce.foreach_batch`` (:mod:`sparkonce.pipeline.foreach_batch`):
+  :func:`streaming_query_id` and :func:`running_query`, to find the user's query that calls
+  it; on Connect it refuses (the function runs beside the server);
 * the listing of a session's jars in an error message, and PySpark's accumulator server
   (:func:`spark_jars`, :func:`accumulator_server`);
 * Hadoop's filesystems (:mod:`sparkonce.files`) and Delta's internals
@@ -92,3 +95,30 @@ def set_log_level(spark: SparkSession, level: str) -> bool:
         return False
     context.setLogLevel(level)
     return True
+
+
+#: The local property Spark's stream thread sets to its query's id (``StreamExecution``),
+#: which a ``foreachBatch`` function, called from that thread, reads.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def streaming_query_id(spark: SparkSession) -> str | None:
+    """The id of the streaming query whose ``foreachBatch`` function calls this, read on the
+    query's own thread; None outside one (or on Connect)."""
+    context = spark_context(spark)
+    if context is None:
+        return None
+    value = context.getLocalProperty(QUERY_ID_PROPERTY)
+    return str(value) if value else None
+
+
+def running_query(spark: SparkSession, query_id: str) -> Any | None:
+    """The driver's ``StreamExecution`` of the active query ``query_id`` (its analyzed plan,
+    run id, checkpoint root and output mode), from the map every session of the JVM shares:
+    a batch's DataFrame is on a clone of the user's session, whose ``streams`` lists
+    nothing. None when no such query is active (or on Connect)."""
+    gateway, session = jvm(spark), java_session(spark)
+    if gateway is None or session is None:
+        return None
+    active = session.sharedState().activeStreamingQueries()
+    return active.get(gateway.java.util.UUID.fromString(query_id))

@@ -284,11 +284,13 @@ def kill_chain(
     hit: Callable[[int, CrashPoint], int],
     check: Callable[[int, CrashPoint], None],
     env: dict[str, str] | None = None,
+    entry: tuple[str, ...] = ("sparkonce", "run"),
 ) -> Driver:
     """Run ``pipeline_file`` once per crash point of ``points``, each run on the same
     checkpoint and SIGKILLed the ``hit(run, point)``-th time it reaches its point (runs count
     from 1); ``check(run, point)`` asserts the state each kill left. Then one more run, which
-    must finish (exit code 0); it is returned, for the test's final checks."""
+    must finish (exit code 0); it is returned, for the test's final checks. ``entry``: what
+    runs the file (:class:`Driver`'s), ``sparkonce run`` by default."""
     for run, point in enumerate(points, start=1):
         killed = Driver(
             pipeline_file,
@@ -296,6 +298,7 @@ def kill_chain(
             crash_at=point,
             crash_hit=hit(run, point),
             env=env or {},
+            entry=entry,
         )
         drivers.append(killed.start())
         code = run_driver(killed)
@@ -304,7 +307,7 @@ def kill_chain(
         )
         with log_on_failure(killed, f"run {run}"):
             check(run, point)
-    last = Driver(pipeline_file, tmp_path / "last.log", env=env or {})
+    last = Driver(pipeline_file, tmp_path / "last.log", env=env or {}, entry=entry)
     drivers.append(last.start())
     code = run_driver(last)
     assert code == 0, f"the last run exited with {code}:\n{last.log_tail()}"

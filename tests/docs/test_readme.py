@@ -70,6 +70,7 @@ SPARK_KAFKA = "from sparkonce import SparkKafkaSource"
 DELTA_SOURCE = "from sparkonce import DeltaSink, DeltaSource, Pipeline"
 DELTA_TO_PG = "# orders_to_pg.py: a silver Delta table served from PostgreSQL"
 OWN_QUERY = "# orders_query.py: an existing spark.readStream query handed to sparkonce"
+OWN_WRITE = "# orders_write.py: an existing foreachBatch query, its function now sparkonce's"
 JOIN = "# join.py: each order with the payments made within 20 seconds of it, or alone if none was"
 KAFKA_CLI = (
     "sparkonce kafka create broker:9092 events --partitions 4     # says so if it already exists"
@@ -109,6 +110,7 @@ RUN = {
     DELTA_TO_PG: "test_delta_to_postgres_block",
     JOIN: "test_join_block",
     OWN_QUERY: "test_own_query_block",
+    OWN_WRITE: "test_own_write_block",
     KAFKA_CLI: "test_kafka_cli",
 }
 
@@ -496,6 +498,26 @@ def test_own_query_block(tmp_path: Path, spark: SparkSession) -> None:
     built = SparkSource(ns["orders"](spark))  # type: ignore[operator]
     assert built.relation == Relation("kafka", "orders")
     assert built.replay_condition() is None and built.read_note() is None  # read_committed
+
+
+def test_own_write_block(tmp_path: Path) -> None:
+    """The foreach_batch guide's block builds the function it shows, bound to its sink and
+    checkpoint (the PostgreSQL sink is built, never opened), and its query hands that function
+    to foreachBatch on that checkpoint (tests/sources/test_foreach_batch.py runs such queries
+    on a broker and PostgreSQL)."""
+    from sparkonce import PostgresSink
+    from sparkonce.pipeline.foreach_batch import ForeachBatch
+
+    b = block(OWN_WRITE)
+    ns = exec_block(b, substitute(b.text, bootstrap="localhost:1"), tmp_path)
+    write = ns["write"]
+    assert isinstance(write, ForeachBatch) and isinstance(write.sink, PostgresSink)
+    assert (write.name, write.checkpoint_location) == (
+        "orders-to-postgres",
+        "/var/lib/orders/checkpoint",
+    )
+    assert callable(ns["start"])
+    assert ".foreachBatch(write)" in b.text and '"checkpointLocation", checkpoint' in b.text
 
 
 def test_spark_kafka_source(tmp_path: Path, kafka_broker: KafkaBroker, spark: SparkSession) -> None:

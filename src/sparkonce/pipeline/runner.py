@@ -229,15 +229,19 @@ def _resume_point(
     ledger_end: dict[TopicPartition, int],
     last: LedgerEntry | None,
     last_done: int | None,
+    *,
+    new: bool | None = None,
 ) -> str:
     """Where the query resumes: "start", "checkpoint" or "ledger"; raises when it must not.
 
     ``last_done`` is the checkpoint's last committed batch, listed *before* ``ledger_end``
     was read: a live run commits a batch to the ledger before Spark records it in the
     checkpoint, so read in this order the checkpoint is never seen ahead of the ledger
-    because of a live run's progress."""
+    because of a live run's progress. ``new``: whether the checkpoint is new, when the
+    caller knows better than its offset log (``sparkonce.foreach_batch`` is first called
+    once Spark has planned batch 0); None reads the offset log."""
     sink = pipeline.sink
-    if checkpoint.is_new:
+    if checkpoint.is_new if new is None else new:
         if isinstance(sink, OutputSet):
             sink.check_stores_agree(pipeline.name, checkpoint.path)
         if not ledger_end:

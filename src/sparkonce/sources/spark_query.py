@@ -66,7 +66,13 @@ from sparkonce.jvm import analyzed_plan, jvm
 from sparkonce.offsets import BatchRanges, OffsetRange, TopicPartition
 from sparkonce.sources.base import Source
 from sparkonce.sources.delta import _MANAGED_OPTIONS as _DELTA_OPTIONS
-from sparkonce.sources.delta import VERSION_SPAN, DeltaSource, delta_ranges
+from sparkonce.sources.delta import (
+    OUT_OF_RANGE_CONF,
+    VERSION_SPAN,
+    DeltaSource,
+    delta_ranges,
+    version_of,
+)
 from sparkonce.sources.spark_kafka import (
     connector_initial_offset,
     connector_ranges,
@@ -121,7 +127,12 @@ def relations_of(df: DataFrame) -> list[tuple[str, str, dict[str, str]]]:
     plan = analyzed_plan(df)
     if plan is None:
         return []
-    gateway = jvm(df.sparkSession)
+    return relations_in(plan, jvm(df.sparkSession))
+
+
+def relations_in(plan: Any, gateway: Any) -> list[tuple[str, str, dict[str, str]]]:
+    """The streaming leaves of an analyzed plan (a JVM object): a DataFrame's, or a running
+    query's (``StreamExecution.analyzedPlan``, which ``sparkonce.foreach_batch`` reads)."""
     found: list[tuple[str, str, dict[str, str]]] = []
 
     def seq(s: Any) -> list[Any]:
@@ -219,6 +230,13 @@ class SparkSource(Source):
     """
 
     stable_task_numbers: ClassVar[bool] = False
+    _frame: DataFrame | None
+    _build: Callable[[SparkSession], DataFrame] | None
+    relation: Relation | None
+    _delta: DeltaSource | None
+    #: A running query's first batch (batch 0), when its checkpoint is new: set by
+    #: ``sparkonce.foreach_batch`` before :meth:`check_ledger_start`.
+    first_batch: BatchRanges | None
 
     def __init__(
         self,
@@ -234,13 +252,7 @@ class SparkSource(Source):
                 f"SparkSource reads={reads!r}: give 'kafka' (Spark's Kafka connector jars) or "
                 "'delta' (Delta's jars, extension and catalog), or leave it out"
             )
-        self.reads = reads
-        self._conf = dict(spark_conf or {})
-        self._frame: DataFrame | None = None
-        self._build: Callable[[SparkSession], DataFrame] | None = None
-        self.relation: Relation | None = None
-        self._delta: DeltaSource | None = None
-        self._restarted = False  # this run's function got the ledger's end as its start
+        self._setup(reads, spark_conf)
         if isinstance(query, DataFrame):
             self._frame = query
             self.relation = self._inspect(query)
@@ -252,6 +264,31 @@ class SparkSource(Source):
                 f"{type(query).__name__}"
             )
 
+    def _setup(self, reads: str | None, spark_conf: Mapping[str, str] | None) -> None:
+        self.reads = reads
+        self._conf = dict(spark_conf or {})
+        self._frame = None
+        self._build = None
+        self.relation = None
+        self._delta = None
+        self._restarted = False  # this run's function got the ledger's end as its start
+        self._running = False  # the read of a query already running (of_running_query)
+        self.first_batch = None
+
+    @classmethod
+    def of_running_query(cls, leaves: list[tuple[str, str, dict[str, str]]]) -> SparkSource:
+        """The read of a streaming query that is already running, from the streaming leaves
+        of its analyzed plan (:func:`relations_in`): how ``sparkonce.foreach_batch`` names a
+        user's batches. The same kinds, parsing and refusals as a DataFrame's. sparkonce
+        cannot restart such a read (the user's code started it), so a new checkpoint with a
+        ledger that is not empty is accepted only when the query's :attr:`first_batch`
+        starts exactly at the ledger's end (:meth:`check_ledger_start`)."""
+        source = cls.__new__(cls)
+        source._setup(None, None)
+        source._running = True
+        source.relation = source._relation(leaves)
+        return source
+
     # -- naming ------------------------------------------------------------------------------
     def uri(self) -> str:
         if self.relation is None:
@@ -261,6 +298,8 @@ class SparkSource(Source):
     def describe(self) -> str:
         route = "DataFrame" if self._frame is not None else "function"
         what = "not built yet" if self.relation is None else self.relation.describe()
+        if self._running:
+            return f"SparkSource({what}, of a running query)"
         return f"SparkSource({what}, from a {route})"
 
     def __repr__(self) -> str:
@@ -306,9 +345,11 @@ class SparkSource(Source):
                 "SparkSource: the DataFrame is not streaming (spark.read); build it with "
                 "spark.readStream"
             )
-        found = list(
-            dict.fromkeys((f, s, tuple(sorted(o.items()))) for f, s, o in relations_of(df))
-        )
+        return self._relation(relations_of(df))
+
+    def _relation(self, leaves: list[tuple[str, str, dict[str, str]]]) -> Relation:
+        """The one relation of a query whose streaming leaves are ``leaves``, classified."""
+        found = list(dict.fromkeys((f, s, tuple(sorted(o.items()))) for f, s, o in leaves))
         if len(found) != 1:
             shown = ", ".join(s for _, s, _ in found) or "none"
             raise ConfigError(
@@ -436,6 +477,9 @@ class SparkSource(Source):
             "restore the pipeline's checkpoint directory; or recompute the output from "
             "scratch (sparkonce reset --output-rows, and a new checkpoint)"
         )
+        if self._running:
+            self._check_running_start(rel, start)
+            return
         if rel.kind in RESTARTABLE and self._frame is not None:
             raise CheckpointLostError(
                 f"{self.describe()}: the checkpoint is new and the ledger already covers "
@@ -468,6 +512,76 @@ class SparkSource(Source):
             return
         assert self._delta is not None
         self._delta.check_ledger_start(start)
+
+    def _check_running_start(self, rel: Relation, start: Mapping[TopicPartition, int]) -> None:
+        """A running query's new checkpoint, against a ledger that ends at ``start``: its
+        first batch must start exactly there (the user started the read at the ledger's
+        end), else :class:`CheckpointLostError` with the reader option that would."""
+        if rel.kind == KAFKA:
+            other = sorted({t for t, _ in start} - {rel.location})
+            if other:
+                raise CheckpointLostError(
+                    f"{self.describe()}: the ledger's offsets name topic(s) {other}, not the "
+                    f"query's topic {rel.location!r}: the pipeline read another source before. "
+                    "Nothing was written (no epoch was taken). Operator action: give this "
+                    "query a pipeline name of its own"
+                )
+        if rel.kind == DELTA:
+            assert self._delta is not None
+            self._delta.check_ledger_start(start)  # a version's middle: no option starts there
+        first = self.first_batch
+        if first is not None:
+            begins = first.starts()
+            if set(start) <= set(begins) and all(
+                pos == start.get(tp, 0) for tp, pos in begins.items()
+            ):
+                return  # the user's read starts where the ledger ends: nothing read twice
+        began = "nothing" if first is None else str(BatchRanges.at(first.starts()))
+        option = self.restart_option(start)
+        if option is None:
+            why = (
+                "Spark's file source keeps the files it has read in the checkpoint, so a new "
+                "one reads every file of the directory again"
+                if rel.kind == FILES
+                else "it has no option that starts it at an offset"
+            )
+            raise CheckpointLostError(
+                f"{self.describe()}: the query's checkpoint is new (its batch 0 starts at "
+                f"{began}) and the ledger already covers {BatchRanges.at(start)}; a "
+                f"{rel.kind} read cannot start there ({why}). "
+                "Nothing was written (no epoch was taken). Operator action: stop the query and "
+                "restore its checkpoint directory; or recompute the output from scratch "
+                "(sparkonce reset --output-rows, and a new checkpoint)"
+            )
+        raise CheckpointLostError(
+            f"{self.describe()}: the query's checkpoint is new (its batch 0 starts at {began}) "
+            f"and the ledger already covers {BatchRanges.at(start)}; sparkonce cannot restart "
+            "a read the user's query started, and would read records again or skip some. "
+            "Nothing was written (no epoch was taken). Operator action: stop the query, delete "
+            "its checkpoint (it holds no committed batch) or take a new one, and start the "
+            f"query with {option} on its readStream, where the ledger ends; or hand sparkonce "
+            "the read as a function, Pipeline(source=SparkSource(lambda spark: ...)), which "
+            "starts it there itself"
+        )
+
+    def restart_option(self, start: Mapping[TopicPartition, int]) -> str | None:
+        """The reader option, as code, that starts this kind of read at the ledger's end
+        ``start`` (Kafka's ``startingOffsets`` JSON, Delta's ``startingVersion``); None for a
+        file or ``rate-micro-batch`` read, which have none (Spark 4.x's rate-micro-batch
+        takes no starting offset)."""
+        rel = self._known()
+        if rel.kind == KAFKA:
+            ends: dict[str, dict[str, int]] = {}
+            for (topic, partition), offset in sorted(start.items()):
+                ends.setdefault(topic, {})[str(partition)] = offset
+            return f".option('startingOffsets', '{json.dumps(ends, sort_keys=True)}')"
+        if rel.kind == DELTA:
+            version = max((version_of(pos) for pos in start.values()), default=0)
+            return (
+                f".option('startingVersion', {version}) (if the table has no version {version} "
+                f"yet, also set the session's {OUT_OF_RANGE_CONF}=true)"
+            )
+        return None
 
     def read_failure(self, text: str, ranges: BatchRanges | None) -> SourceError | None:
         if self.relation is not None and self.relation.kind == DELTA and self._delta is not None:
