@@ -387,3 +387,21 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Oracle:
     assert len({r for r, *_ in records}) == RECORDS
     assert {p for _, p, *_ in records} == set(range(PARTITIONS))
     return Oracle(events, totals)
+
+
+def json_inbox(tmp_path: Path, files: int, per_file: int) -> tuple[Path, list[int]]:
+    """A directory of ``files`` JSON-lines files of ``per_file`` records ``{"id", "k"}``
+    each, every file written beside it and moved in whole (the file source's rule); the
+    directory and the ids in order."""
+    import json
+
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    expected: list[int] = []
+    for n in range(files):
+        ids = range(n * 100, n * 100 + per_file)
+        staged = tmp_path / f".f{n}.json"
+        staged.write_text("".join(json.dumps({"id": i, "k": f"k{i % 3}"}) + "\n" for i in ids))
+        staged.rename(inbox / f"f{n}.json")
+        expected += ids
+    return inbox, expected

@@ -9,7 +9,6 @@ is read with sqlite3.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from sparkonce.offsets import check_chain
 from sparkonce.protocol import CrashPoint
 from sparkonce.sinks import sink_from_url
 from sparkonce.verify.driver import Driver
-from tests.crash.conftest import kill_chain, replays_skipped
+from tests.crash.conftest import json_inbox, kill_chain, replays_skipped
 
 pytestmark = pytest.mark.crash_lane  # five driver processes
 
@@ -79,15 +78,7 @@ def test_user_program_killed_at_every_crash_point_then_exact(
     rows, before its ledger commit); run 4 dies right after batch 3's ledger commit, before
     Spark's commit log. After each kill the table holds exactly the ledger's batches; the
     last run skips the replayed batch 3 and the table holds each id once."""
-    inbox = tmp_path / "in"
-    inbox.mkdir()
-    expected: list[int] = []
-    for n in range(FILES):
-        ids = range(n * 100, n * 100 + PER_FILE)
-        staged = tmp_path / f".f{n}.json"
-        staged.write_text("".join(json.dumps({"id": i, "k": f"k{i % 3}"}) + "\n" for i in ids))
-        staged.rename(inbox / f"f{n}.json")
-        expected += ids
+    inbox, expected = json_inbox(tmp_path, FILES, PER_FILE)
     db = tmp_path / "sink.db"
     url = f"sqlite:///{db}"
     program = tmp_path / "program.py"

@@ -7,7 +7,6 @@ oracle is their ids, each once, computed here; the output is read with sqlite3.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from sparkonce.protocol import CrashPoint
 from sparkonce.verify.driver import SIGKILL_EXIT, Driver
-from tests.crash.conftest import replays_skipped, run_driver
+from tests.crash.conftest import json_inbox, replays_skipped, run_driver
 
 FILES = 4
 PER_FILE = 6
@@ -55,15 +54,7 @@ def test_user_query_killed_after_its_ledger_commit_then_rerun_is_exact(
     """SIGKILL after batch 1's SQLite commit, before Spark's commit log: the rerun replays
     batch 1 from the file source's own log, skips it by its range, reads on, and the table
     holds each id of the four files once."""
-    inbox = tmp_path / "in"
-    inbox.mkdir()
-    expected: list[int] = []
-    for n in range(FILES):
-        ids = range(n * 100, n * 100 + PER_FILE)
-        staged = tmp_path / f".f{n}.json"
-        staged.write_text("".join(json.dumps({"id": i, "k": f"k{i % 3}"}) + "\n" for i in ids))
-        staged.rename(inbox / f"f{n}.json")
-        expected += ids
+    inbox, expected = json_inbox(tmp_path, FILES, PER_FILE)
     db = tmp_path / "sink.db"
     pipeline_file = tmp_path / "pipeline.py"
     pipeline_file.write_text(

@@ -45,8 +45,10 @@ def batch(
         )
 
 
-def committed_sink(tmp_path: Path) -> IcebergSink:
-    sink = IcebergSink(catalog(tmp_path), "lake.events")
+def committed_sink(tmp_path: Path, cat: SqlCatalog | None = None) -> IcebergSink:
+    """Two batches (12 rows) of ``PIPE`` in ``lake.events``, in ``cat`` (default: the
+    catalog ``c`` under ``tmp_path``)."""
+    sink = IcebergSink(catalog(tmp_path) if cat is None else cat, "lake.events")
     sink.store.schema = SCHEMA
     sink.store.acquire(PIPE)
     batch(sink, 0, 0, 5)

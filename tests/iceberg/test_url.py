@@ -21,22 +21,15 @@ from sparkonce.sinks.iceberg_url import parse_iceberg_url
 from sparkonce.sinks.inspect import inspector_for
 from sparkonce.sinks.registry import check_url, store_kind
 from tests.iceberg.readers import pyiceberg_rows
-from tests.iceberg.test_inspect import PIPE, SCHEMA, batch
+from tests.iceberg.test_inspect import PIPE, SCHEMA, batch, committed_sink
 
 SECRET = "s3cret-pw"
 
 
 def committed(tmp_path: Path, name: str = "events") -> IcebergSink:
     """Two batches (12 rows) of ``PIPE`` in ``lake.events`` of catalog ``name``."""
-    catalog = SqlCatalog(
-        name, uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
-    )
-    sink = IcebergSink(catalog, "lake.events")
-    sink.store.schema = SCHEMA
-    sink.store.acquire(PIPE)
-    batch(sink, 0, 0, 5)
-    batch(sink, 1, 5, 12)
-    return sink
+    uri, warehouse = f"sqlite:///{tmp_path}/cat.db", f"file://{tmp_path}/wh"
+    return committed_sink(tmp_path, SqlCatalog(name, uri=uri, warehouse=warehouse))
 
 
 def test_status_reads_the_table_s_ledger_through_its_catalog(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -37,7 +36,7 @@ from sparkonce.sinks.base import Sink
 from sparkonce.sources.delta import VERSION_SPAN
 from sparkonce.sources.spark_query import SparkSource
 from tests.kafka.test_source import forget_commit, numbered, produce
-from tests.sources.test_spark_source import sqlite_ids, write_file
+from tests.sources.test_spark_source import pg_numbers, sqlite_ids, write_file
 
 # -- without Spark -----------------------------------------------------------------------------
 
@@ -226,11 +225,6 @@ def test_a_rate_query_is_refused_with_spark_sources_line(
 
 
 # -- a Kafka query into PostgreSQL: a zombie, and a reset checkpoint restarted -------------------
-
-
-def pg_numbers(url: str) -> list[int]:
-    with psycopg.connect(url) as conn:
-        return sorted(r[0] for r in conn.execute("SELECT n FROM out").fetchall())
 
 
 def test_kafka_query_into_postgres_zombie_fenced_and_reset_restarted_at_the_ledgers_end(

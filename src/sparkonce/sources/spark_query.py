@@ -501,31 +501,31 @@ class SparkSource(Source):
                 f"changed (no epoch was taken). Operator action: {hint}"
             )
         if rel.kind == KAFKA:
-            other = sorted({t for t, _ in start} - {rel.location})
-            if other:
-                raise CheckpointLostError(
-                    f"{self.describe()}: the ledger's offsets name topic(s) {other}, not the "
-                    f"query's topic {rel.location!r}: the pipeline read another source before. "
-                    "Nothing was changed (no epoch was taken). Operator action: give this "
-                    "query a pipeline name of its own"
-                )
+            self._check_same_topic(rel, start, "changed")
             return
         assert self._delta is not None
         self._delta.check_ledger_start(start)
+
+    def _check_same_topic(
+        self, rel: Relation, start: Mapping[TopicPartition, int], nothing: str
+    ) -> None:
+        """A Kafka read's ledger must name the query's topic only (``nothing``: what the
+        message says was not done, "changed" or "written")."""
+        other = sorted({t for t, _ in start} - {rel.location})
+        if other:
+            raise CheckpointLostError(
+                f"{self.describe()}: the ledger's offsets name topic(s) {other}, not the "
+                f"query's topic {rel.location!r}: the pipeline read another source before. "
+                f"Nothing was {nothing} (no epoch was taken). Operator action: give this "
+                "query a pipeline name of its own"
+            )
 
     def _check_running_start(self, rel: Relation, start: Mapping[TopicPartition, int]) -> None:
         """A running query's new checkpoint, against a ledger that ends at ``start``: its
         first batch must start exactly there (the user started the read at the ledger's
         end), else :class:`CheckpointLostError` with the reader option that would."""
         if rel.kind == KAFKA:
-            other = sorted({t for t, _ in start} - {rel.location})
-            if other:
-                raise CheckpointLostError(
-                    f"{self.describe()}: the ledger's offsets name topic(s) {other}, not the "
-                    f"query's topic {rel.location!r}: the pipeline read another source before. "
-                    "Nothing was written (no epoch was taken). Operator action: give this "
-                    "query a pipeline name of its own"
-                )
+            self._check_same_topic(rel, start, "written")
         if rel.kind == DELTA:
             assert self._delta is not None
             self._delta.check_ledger_start(start)  # a version's middle: no option starts there
