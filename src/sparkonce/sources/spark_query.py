@@ -460,8 +460,10 @@ class SparkSource(Source):
         else:
             end = _position(current, "offset", rel)
             if previous is None:
-                first = rel.options.get("startingoffset", "0")
-                begin = int(first) if first.isdigit() else 0
+                # rate-micro-batch always starts at 0: Spark 4.2's source has no starting
+                # offset option (rowsPerBatch, numPartitions, startTimestamp,
+                # advanceMillisPerBatch), and ignores any other it is given.
+                begin = 0
             else:
                 begin = _position(previous, "offset", rel)
         if begin > end:
