@@ -150,9 +150,10 @@ class OnceTransaction(Transaction):
     PyIceberg 0.12's ``Transaction.table_metadata`` applies the pending updates to the
     table's metadata and deep-copies the result on every read, and one batch commit reads
     it again and again: 18 times with ``add_files`` (the sink's route, under cProfile), 23
-    with ``append`` (counted in ``tests/iceberg/test_ledger.py``). Each copy is as large as the table's snapshot
-    history, so a commit grew with the snapshot count: at 1,000 snapshots the copies took
-    12.2 s of a 14.7 s commit under cProfile (``benchmarks/iceberg.py --mode snapshots``).
+    with ``append`` (counted in ``tests/iceberg/test_ledger.py``). Each copy is as large
+    as the table's snapshot history, so a commit grew with the snapshot count: at 1,000
+    snapshots the copies took 12.2 s of a 14.7 s commit under cProfile
+    (``benchmarks/iceberg.py --mode snapshots``).
     Here the result is kept while the table's metadata object and the tuple of updates are
     the same objects (PyIceberg replaces both and never changes either in place: a refresh
     after a lost race assigns new metadata, a new update makes a new tuple), so it is
