@@ -116,6 +116,19 @@ bench: setup jars
 	bash scripts/ensure-postgres.sh
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/sinks.py $(BENCH_ARGS)
 
+# IcebergSink append against the at-least-once foreachBatch that appends each batch with
+# PyIceberg (no ledger), side by side on 5 million records (micro-batches of 500k, two rounds
+# in alternating order, one session; SQL catalogs on SQLite in a temp directory), then the
+# sink's commit time on tables of 10 to 10,000 snapshots (no Spark). About 15 minutes.
+# Results: benchmarks/results/iceberg.json and iceberg-snapshots.json. The upsert pair:
+# benchmarks/iceberg.py --mode upsert (see its docstring and docs/performance.md).
+.PHONY: bench-iceberg
+bench-iceberg: setup
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/iceberg.py --mode append --records 5000000 \
+		--batch-records 500000 --rounds 2 --out benchmarks/results/iceberg.json $(BENCH_ARGS)
+	$(PY) benchmarks/iceberg.py --mode snapshots --snapshots 10,100,1000,10000 \
+		--out benchmarks/results/iceberg-snapshots.json
+
 # Kafka pipelines side by side on 5 million records, each sparkonce sink against its
 # at-least-once counterpart: KafkaSink (read by KafkaSource) against Spark's Kafka sink (read
 # by KafkaSource, and by Spark's connector), PostgresTwoPhaseSink against foreachBatch with

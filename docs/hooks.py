@@ -302,6 +302,15 @@ PREFERRED = (
     "best_s",
     "records_per_s_median",
     "goal_met",
+    # benchmarks/iceberg.py --mode snapshots: where a commit's time goes by history size.
+    "split_p50_s.look",
+    "split_p50_s.commit",
+    "split_p50_s.after",
+    "metadata_mb",
+    "manifests",
+    "parse_metadata_s",
+    "copy_metadata_s",
+    "committed_dirs_s",
 )
 MAX_COLUMNS = 10
 Scalar = str | int | float | bool | None

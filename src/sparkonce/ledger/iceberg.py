@@ -78,10 +78,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import ancestors_of
-from pyiceberg.table.update import ValidatableTableRequirement
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import ValidatableTableRequirement, update_table_metadata
 
 from sparkonce.errors import ConfigError, FencedError, LedgerError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
@@ -142,6 +142,57 @@ def require(txn: Any, requirement: PipelineAt) -> None:
     """Add ``requirement`` to a PyIceberg transaction (checked now, and by the catalog on
     the metadata it commits on). PyIceberg's public API has no way to add one of ours."""
     txn._apply((), (requirement,))
+
+
+class OnceTransaction(Transaction):
+    """PyIceberg's transaction, with its view of the metadata worked out once per change.
+
+    PyIceberg 0.12's ``Transaction.table_metadata`` applies the pending updates to the
+    table's metadata and deep-copies the result on every read, and one batch commit reads
+    it again and again: 18 times with ``add_files`` (the sink's route, under cProfile), 23
+    with ``append`` (counted in ``tests/iceberg/test_ledger.py``). Each copy is as large
+    as the table's snapshot history, so a commit grew with the snapshot count: at 1,000
+    snapshots the copies took 12.2 s of a 14.7 s commit under cProfile
+    (``benchmarks/iceberg.py --mode snapshots``).
+    Here the result is kept while the table's metadata object and the tuple of updates are
+    the same objects (PyIceberg replaces both and never changes either in place: a refresh
+    after a lost race assigns new metadata, a new update makes a new tuple), so it is
+    worked out 3 times per commit, once per state. The metadata is a frozen model, of
+    which PyIceberg makes changed copies; no reader in its commit path changes it.
+    """
+
+    _seen: tuple[Any, Any, TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        seen = self._seen
+        if seen is not None and seen[0] is base and seen[1] is updates:
+            return seen[2]
+        meta = update_table_metadata(base, updates)
+        self._seen = (base, updates, meta)
+        return meta
+
+
+def history(table: Table) -> Iterator[Snapshot]:
+    """The table's current snapshot and its ancestors, newest first.
+
+    PyIceberg's ``ancestors_of`` finds each parent by a scan of the snapshot list, so a
+    walk of the whole history is quadratic in its length: 7.2 s at 10,000 snapshots
+    against 0.04 s at 1,000, and the orphan sweep walks it after every commit
+    (``benchmarks/iceberg.py --mode snapshots``). Here the parents are looked up in a dict
+    made once per walk."""
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
+    snap = table.current_snapshot()
+    while snap is not None:
+        yield snap
+        parent = snap.parent_snapshot_id
+        snap = by_id.get(parent) if parent is not None else None
+
+
+def transaction(table: Table) -> Transaction:
+    """A transaction on ``table`` (:class:`OnceTransaction`)."""
+    return OnceTransaction(table)
 
 
 @dataclass(frozen=True)
@@ -264,7 +315,7 @@ class IcebergLedgerStore(LedgerStore):
             return []
         found: dict[int, LedgerEntry] = {}
         name = key(pipeline, "entry")
-        for snap in ancestors_of(table.current_snapshot(), table.metadata):
+        for snap in history(table):
             text = snap.summary[name] if snap.summary is not None else None
             if text:
                 e = ICEBERG_ENTRY.decode(
@@ -297,7 +348,7 @@ class IcebergLedgerStore(LedgerStore):
             new = epoch + 1
             now = datetime.now(UTC)
             owner = {"epoch": new, "holder": holder, "source": source, "at": now.isoformat()}
-            txn = table.transaction()
+            txn = transaction(table)
             try:
                 require(txn, PipelineAt(pipeline=pipeline, epoch=epoch, check_last=False))
                 txn.set_properties(
@@ -382,7 +433,7 @@ class IcebergLedgerStore(LedgerStore):
                 txn.replayed = True
                 break
             written: list[Path] = []
-            t = table.transaction()
+            t = transaction(table)
             try:
                 # Checked now on ``table``, and again by the catalog on the metadata it swaps:
                 # a failure there reloads, and _already says what happened.

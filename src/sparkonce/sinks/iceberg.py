@@ -376,13 +376,11 @@ def _rebuild_iceberg(
 def committed_dirs(table: Any, pipeline: str) -> dict[int, str | None]:
     """seq -> the staging directory its snapshot added (None: the Arrow route), for the
     committed batches whose snapshots are still in the table's history."""
-    from pyiceberg.table.snapshots import ancestors_of
-
-    from sparkonce.ledger.iceberg import key
+    from sparkonce.ledger.iceberg import history, key
 
     entry, staged = key(pipeline, "entry"), key(pipeline, "staged")
     found: dict[int, str | None] = {}
-    for snap in ancestors_of(table.current_snapshot(), table.metadata):
+    for snap in history(table):
         summary = snap.summary
         text = summary[entry] if summary is not None else None
         if summary is not None and text:
