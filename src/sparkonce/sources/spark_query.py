@@ -459,13 +459,10 @@ class SparkSource(Source):
             begin = 0 if previous is None else _position(previous, "logOffset", rel) + 1
         else:
             end = _position(current, "offset", rel)
-            if previous is None:
-                # rate-micro-batch always starts at 0: Spark 4.2's source has no starting
-                # offset option (rowsPerBatch, numPartitions, startTimestamp,
-                # advanceMillisPerBatch), and ignores any other it is given.
-                begin = 0
-            else:
-                begin = _position(previous, "offset", rel)
+            # rate-micro-batch always starts at 0: Spark 4.2's source has no starting offset
+            # option (rowsPerBatch, numPartitions, startTimestamp, advanceMillisPerBatch),
+            # and ignores any other it is given.
+            begin = 0 if previous is None else _position(previous, "offset", rel)
         if begin > end:
             raise CheckpointError(
                 f"{self.describe()}: Spark's offsets went back ({begin} to {end}) in the "
