@@ -21,12 +21,12 @@ ratio generic/SparkKafkaSource of each round and pooled. Each run's table is che
 over them and the values' lengths must equal what was produced. Writes
 ``benchmarks/results/generic-source.json``.
 
-Size: the default 1,000,000 records of 100 bytes at 100,000 per batch gives 11 batches per
-run (the connector spreads the limit over the partitions in proportion, so a remainder batch
-follows ten full ones), enough for a per-batch p50, and runs of 15 to 21 s at the 50,000 to
-69,000 records/s measured on the shared 2-core machine (load 17 to 20), so the fixed costs of
-a query's start are a small part of either variant's time. ``--records 2000000`` doubles
-that, at twice the producing time.
+Size: 11 batches per run (the connector spreads the limit over the partitions in proportion,
+so a remainder batch follows ten full ones), enough for a per-batch p50, and a run of at
+least 20 s, so the fixed costs of a query's start are a small part of either variant's
+time. The default, 1,000,000 records at 100,000 a batch, ran 15 to 21 s at 50,000 to 69,000
+records/s on the shared 2-core machine under load 17 to 20; the results file's figures are
+from ``--records 2000000 --batch-records 200000`` (20 to 25 s a run).
 """
 
 from __future__ import annotations
