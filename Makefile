@@ -149,6 +149,24 @@ bench-kafka: setup jars
 bench-broker-faults: setup jars
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka_broker_faults.py $(BENCH_ARGS)
 
+# Issue 47's generic source: SparkSource over the user's own readStream.format("kafka") chain
+# against SparkKafkaSource, the same topic (a throwaway broker, pinned jars), the same batch
+# limit, into SQLiteSink, on one session in alternating rounds; each run's table checked with
+# sqlite3. Results: benchmarks/results/generic-source.json. BENCH_ARGS="--records 100000
+# --batch-records 10000 --repeat 1" for a smoke run.
+.PHONY: bench-generic-source
+bench-generic-source: setup jars
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/generic_source.py $(BENCH_ARGS)
+
+# Issue 47's Delta to Delta: DeltaSource into DeltaSink against Delta's own foreachBatch with
+# txnAppId/txnVersion, (a) throughput in alternating rounds on one session, (b) each one's rows
+# after a lost checkpoint (bronze unchanged, then new appends), counted from the Delta log with
+# pyarrow. Results: benchmarks/results/delta-to-delta.json. BENCH_ARGS="--versions 4 --rows
+# 10000 --repeat 1" for a smoke run.
+.PHONY: bench-delta-to-delta
+bench-delta-to-delta: setup jars
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/delta_to_delta.py $(BENCH_ARGS)
+
 # Issue 39's live-reader campaigns: `sparkonce verify` with readers that poll the store during
 # every trial (aborted reads, duplicates, torn batches, rows that disappear), on one sink family
 # (FAMILY: sqlite, postgres, twophase, kafka or delta), one trial at a time, about 40-100 s each.

@@ -275,6 +275,8 @@ PREFERRED = (
     "trials",
     "passed",
     "fired",
+    "bronze_rows",
+    "target_rows",
     "lost_rows",
     "duplicated_rows",
     "value_mismatches",
