@@ -270,18 +270,25 @@ def run_append(
     wall = time.perf_counter() - started
     table = catalog.load_table(TABLE)
     return {
-        "wall_s": round(wall, 2),
-        "batches": len(seconds),
-        "batch_p50_s": pct(seconds, 50),
-        "batch_p99_s": pct(seconds, 99),
-        "commit_p50_s": pct(commits, 50),
-        "commit_p99_s": pct(commits, 99),
+        **timings(wall, seconds, commits),
         "split_p50_s": {k: pct(v, 50) for k, v in spans.items()},
         "data_files": len(table.inspect.files()),
         "snapshots": len(table.snapshots()),
         "_commits": commits,
         "_batches": seconds,
     }, fingerprint(table, ("record_id", "key", "value"))
+
+
+def timings(wall: float, seconds: list[float], commits: list[float]) -> dict[str, Any]:
+    """A run's wall time, batch count, and per-batch and per-commit p50/p99."""
+    return {
+        "wall_s": round(wall, 2),
+        "batches": len(seconds),
+        "batch_p50_s": pct(seconds, 50),
+        "batch_p99_s": pct(seconds, 99),
+        "commit_p50_s": pct(commits, 50),
+        "commit_p99_s": pct(commits, 99),
+    }
 
 
 # -- upsert -----------------------------------------------------------------------------------
@@ -377,13 +384,8 @@ def upsert_runner(seed_rows: int) -> RunFn:
         assert len(keys.unique()) == len(keys), f"{variant}: a key is in the table twice"
         return {
             "rows_upserted": upserted,
-            "wall_s": round(wall, 2),
-            "batches": len(seconds),
-            "batch_p50_s": pct(seconds, 50),
-            "batch_p99_s": pct(seconds, 99),
-            # IcebergSink: the ledger entry's commit_seconds (from the look to the swap).
-            "commit_p50_s": pct(commits, 50),
-            "commit_p99_s": pct(commits, 99),
+            # IcebergSink's commits: the ledger entry's commit_seconds (look to swap).
+            **timings(wall, seconds, commits),
             "table_rows": got["rows"],
             "data_files": len(table.inspect.files()),
             "snapshots": len(table.snapshots()),
