@@ -76,7 +76,8 @@ from sparkonce.errors import ConfigError, SinkError
 from sparkonce.jvm import java_frame, java_session, jvm
 from sparkonce.ledger.base import BatchContext, CommitResult, LedgerEntry
 from sparkonce.ledger.delta import DeltaLedgerStore, DeltaTxn, check_table_properties
-from sparkonce.sinks.base import TransactionalSink, first_bad_key
+from sparkonce.sinks.base import TransactionalSink
+from sparkonce.sinks.sql import first_bad_key
 from sparkonce.spark.delta import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,

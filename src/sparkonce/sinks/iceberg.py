@@ -64,8 +64,13 @@ from sparkonce.commit.base import Staged, Stager
 from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode, mask_url
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
-from sparkonce.sinks.base import TransactionalSink, first_bad_key
-from sparkonce.sinks.sql import _check_latest_by, latest_by_tie_message, repeated_key_message
+from sparkonce.sinks.base import TransactionalSink
+from sparkonce.sinks.sql import (
+    _check_latest_by,
+    first_bad_key,
+    latest_by_tie_message,
+    repeated_key_message,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa

@@ -729,3 +729,37 @@ class PostgresSink(SqlSink):
 
     scheme = "postgresql"
     stager_type: ClassVar[type[SqlStager]] = PostgresStager
+
+
+def first_bad_key(
+    df: DataFrame, keys: tuple[str, ...], latest_by: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], dict[str, Any], int] | None:
+    """The first key of an upsert batch that cannot be merged, found by Spark's tasks (one
+    aggregation; only the one row found reaches the driver), or ``None``.
+
+    A key is bad when a key column is NULL, or when it appears more than once with the
+    same ``latest_by`` values (with no ``latest_by``: more than once at all). Returns the
+    key's columns, its ``latest_by`` values and how many rows share them; the sink words
+    the error. Shared by the upsert sinks that stage with Spark (Delta, Iceberg). Kept out of
+    sinks/base.py, which the mutation run mutates: only Spark tests reach it.
+    """
+    from pyspark.sql import functions as F
+
+    null_key = F.lit(False)
+    for k in keys:
+        null_key = null_key | F.col(k).isNull()
+    bad = (
+        df.groupBy(*keys, *latest_by)
+        .agg(F.count(F.lit(1)).alias("_sparkonce_n"))
+        .where((F.col("_sparkonce_n") > 1) | null_key)
+        .limit(1)
+        .collect()
+    )
+    if not bad:
+        return None
+    row = bad[0]
+    return (
+        {k: row[k] for k in keys},
+        {c: row[c] for c in latest_by},
+        int(row["_sparkonce_n"]),
+    )
