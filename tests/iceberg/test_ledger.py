@@ -283,3 +283,103 @@ def ledger_history(table: object) -> list:
     from sparkonce.ledger.iceberg import history
 
     return list(history(table))  # type: ignore[arg-type]
+
+
+def test_retention_expires_old_snapshots_in_each_batch_commit_and_loses_nothing(
+    catalog: Callable[[], SqlCatalog],
+) -> None:
+    """keep_snapshots=3: after 8 batches the main branch holds the newest 3 snapshots (a
+    tagged one stays too), every row is still read by PyIceberg's scan, the resume point
+    and the kept entries are intact, and the batch after is taken as the next one."""
+    from sparkonce.ledger import iceberg as ledger
+
+    s = IcebergLedgerStore(catalog(), "ns.t", schema=SCHEMA, keep_snapshots=3)
+    epoch = s.acquire(PIPE).epoch
+    commit(s, entry(0, epoch, 0, 5))
+    tagged = s.load().current_snapshot()
+    assert tagged is not None
+    s.load().manage_snapshots().create_tag(tagged.snapshot_id, "first").commit()
+    for seq in range(1, 8):
+        txn = commit(s, entry(seq, epoch, seq * 5, seq * 5 + 5))
+    assert txn.notes["expired"] == 1  # one per commit once the history is full
+    table = s.load()
+    kept = [snap.snapshot_id for snap in ledger.history(table)]
+    assert len(kept) == 3
+    assert {snap.snapshot_id for snap in table.snapshots()} == {*kept, tagged.snapshot_id}
+    assert table_values(s) == list(range(40))
+    assert [e.seq for e in s.entries(PIPE)] == [5, 6, 7]
+    last = s.last(PIPE)
+    assert last is not None and last.end_offsets == ranges(35, 40).ends()
+    commit(s, entry(8, epoch, 40, 45))
+    assert table_values(s) == list(range(45))
+
+
+def test_retention_sheds_a_long_history_a_bounded_number_per_commit(tmp_path: Path) -> None:
+    """A table with more history than kept: each commit expires at most EXPIRE_PER_COMMIT
+    of it, oldest first, until the main branch is down to keep_snapshots."""
+    from sparkonce.ledger import iceberg as ledger
+
+    make = lambda: sqlite_catalog(tmp_path)  # noqa: E731
+    s = store(make)
+    epoch = s.acquire(PIPE).epoch
+    for seq in range(7):
+        commit(s, entry(seq, epoch, seq, seq + 1))
+    first_ids = [snap.snapshot_id for snap in s.load().snapshots()]
+    keeping = IcebergLedgerStore(make(), "ns.t", schema=SCHEMA, keep_snapshots=2)
+    saved = ledger.EXPIRE_PER_COMMIT
+    ledger.EXPIRE_PER_COMMIT = 2
+    try:
+        commit(keeping, entry(7, epoch, 7, 8))  # 8 snapshots, 2 expired: the oldest two
+        left = {snap.snapshot_id for snap in keeping.load().snapshots()}
+        assert left == set(first_ids[2:]) | {keeping.load().current_snapshot().snapshot_id}  # type: ignore[union-attr]
+        counts = []
+        for seq in range(8, 12):  # 7, 6, 5, 4 snapshots before each: 2 expired each time
+            commit(keeping, entry(seq, epoch, seq, seq + 1))
+            counts.append(len(keeping.load().snapshots()))
+    finally:
+        ledger.EXPIRE_PER_COMMIT = saved
+    assert counts == [5, 4, 3, 2]
+    assert table_values(keeping) == list(range(12))
+
+
+def test_a_commit_whose_expiry_lost_a_race_to_another_expiry_commits_again(
+    tmp_path: Path,
+) -> None:
+    """Another writer expires a snapshot this batch's commit also expires, between the
+    commit's read and its swap: the commit is applied again on the newer metadata."""
+    from pyiceberg.table.update import RemoveSnapshotsUpdate
+
+    from sparkonce.ledger import iceberg as ledger
+
+    make = lambda: sqlite_catalog(tmp_path)  # noqa: E731
+    s = IcebergLedgerStore(make(), "ns.t", schema=SCHEMA, keep_snapshots=2)
+    epoch = s.acquire(PIPE).epoch
+    for seq in range(2):
+        commit(s, entry(seq, epoch, seq * 3, seq * 3 + 3))
+    oldest = min(s.load().snapshots(), key=lambda snap: snap.sequence_number or 0)
+    real = ledger.expired_by
+    raced: list[int] = []
+
+    def racing(meta: object, keep: int) -> list[int]:
+        ids = real(meta, keep)  # type: ignore[arg-type]
+        if ids and not raced:  # the other writer expires the same snapshot first
+            other = make().load_table("ns.t")
+            txn = other.transaction()
+            txn._apply((RemoveSnapshotsUpdate.model_validate({"snapshot-ids": ids}),), ())
+            txn.commit_transaction()
+            raced.extend(ids)
+        return ids
+
+    ledger.expired_by = racing
+    try:
+        commit(s, entry(2, epoch, 6, 9))
+    finally:
+        ledger.expired_by = real
+    assert raced == [oldest.snapshot_id]
+    table = s.load()
+    assert len(table.snapshots()) == 2 and oldest.snapshot_id not in {
+        snap.snapshot_id for snap in table.snapshots()
+    }
+    assert table_values(s) == list(range(9))
+    last = s.last(PIPE)
+    assert last is not None and last.seq == 2

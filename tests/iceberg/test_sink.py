@@ -260,3 +260,20 @@ def test_spark_s_files_need_optional_columns(tmp_path: Path) -> None:
     c.create_table("ns.strict", schema=pa.schema([pa.field("v", pa.int64(), nullable=False)]))
     with pytest.raises(ConfigError, match=r"required \(NOT NULL\) columns \['v'\]"):
         IcebergSink(catalog(tmp_path), "ns.strict").validate(strict)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "100"])
+def test_keep_snapshots_must_be_a_whole_number_of_at_least_one(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ConfigError, match=r"keep_snapshots must be a whole number >= 1"):
+        IcebergSink(catalog(tmp_path), "ns.out", keep_snapshots=bad)
+    unbounded = IcebergSink(catalog(tmp_path), "ns.out", keep_snapshots=None)
+    assert unbounded.store.keep_snapshots is None
+    assert IcebergSink(catalog(tmp_path), "ns.out").store.keep_snapshots == 100
+
+
+def test_a_moved_sink_keeps_its_retention(tmp_path: Path) -> None:
+    from sparkonce.sinks.inspect import inspector_for
+
+    sink = IcebergSink(catalog(tmp_path), "ns.out", keep_snapshots=7)
+    moved = inspector_for(sink).relocated(f"iceberg+sqlite:///{tmp_path}/other/catalog.db")
+    assert isinstance(moved, IcebergSink) and moved.store.keep_snapshots == 7

@@ -81,7 +81,11 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, Valida
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import ValidatableTableRequirement, update_table_metadata
+from pyiceberg.table.update import (
+    RemoveSnapshotsUpdate,
+    ValidatableTableRequirement,
+    update_table_metadata,
+)
 
 from sparkonce.errors import ConfigError, FencedError, LedgerError
 from sparkonce.ledger.base import BatchContext, LedgerEntry, LedgerStore, Owner, behind_end
@@ -92,6 +96,10 @@ log = logging.getLogger(__name__)
 
 PREFIX = "sparkonce."
 COMMIT_ATTEMPTS = 20  # catalog swaps lost to other writers before the commit gives up
+#: The most snapshots one batch commit expires. PyIceberg's removal compares every id to
+#: expire with every snapshot of the table, so a table that enables retention with a long
+#: history behind it sheds that history over several commits, each bounded.
+EXPIRE_PER_COMMIT = 100
 
 
 def key(pipeline: str, name: str) -> str:
@@ -190,6 +198,23 @@ def history(table: Table) -> Iterator[Snapshot]:
         snap = by_id.get(parent) if parent is not None else None
 
 
+def expired_by(meta: TableMetadata, keep: int) -> list[int]:
+    """The snapshots a commit expires to keep the newest ``keep`` of the main branch's
+    history (the current snapshot counts), oldest first and at most
+    :data:`EXPIRE_PER_COMMIT`. Snapshots off that history (other branches, snapshots left
+    behind by a rollback) and any snapshot a branch or tag points at are left alone."""
+    by_id = {s.snapshot_id: s for s in meta.snapshots}
+    line: list[int] = []
+    snap = by_id.get(meta.current_snapshot_id) if meta.current_snapshot_id is not None else None
+    while snap is not None:
+        line.append(snap.snapshot_id)
+        parent = snap.parent_snapshot_id
+        snap = by_id.get(parent) if parent is not None else None
+    held = {ref.snapshot_id for ref in meta.refs.values()}
+    old = [i for i in reversed(line[keep:]) if i not in held]
+    return old[:EXPIRE_PER_COMMIT]
+
+
 def transaction(table: Table) -> Transaction:
     """A transaction on ``table`` (:class:`OnceTransaction`)."""
     return OnceTransaction(table)
@@ -235,13 +260,23 @@ class IcebergLedgerStore(LedgerStore):
 
     ``catalog``: a PyIceberg catalog (``SqlCatalog``); ``identifier``: ``"ns.table"``.
     ``schema``: a pyarrow schema to create the table with when it does not exist yet
-    (None: the table must exist).
+    (None: the table must exist). ``keep_snapshots``: each batch commit also expires the
+    main branch's snapshots older than the newest ``keep_snapshots`` (:func:`expired_by`),
+    in the same catalog commit; None keeps them all.
     """
 
-    def __init__(self, catalog: Any, identifier: str, schema: Any = None) -> None:
+    def __init__(
+        self,
+        catalog: Any,
+        identifier: str,
+        schema: Any = None,
+        *,
+        keep_snapshots: int | None = None,
+    ) -> None:
         self.catalog = catalog
         self.identifier = identifier
         self.schema = schema
+        self.keep_snapshots = keep_snapshots
         # The table as the last batch commit of this store left it (None: none yet), for
         # what runs after the commit (the orphan sweep) without loading it again.
         self.committed: Table | None = None
@@ -460,9 +495,23 @@ class IcebergLedgerStore(LedgerStore):
                     )
                 else:
                     t.append(txn.data, snapshot_properties=summary)
+                if self.keep_snapshots is not None:
+                    # Expiry rides on the batch's own commit: the batch's snapshot is the
+                    # current one here, so it counts among those kept.
+                    old = expired_by(t.table_metadata, self.keep_snapshots)
+                    if old:
+                        t._apply((RemoveSnapshotsUpdate.model_validate({"snapshot-ids": old}),), ())
+                        txn.notes["expired"] = len(old)
                 self.committed = t.commit_transaction()
                 break
-            except (CommitFailedException, ValidationException) as exc:
+            except (CommitFailedException, ValidationException, ValueError) as exc:
+                # PyIceberg's ValueError here: a snapshot this commit expires was expired by
+                # another writer first, found when the catalog applies the commit on the
+                # newer metadata (nothing landed). Any other ValueError is not a race.
+                if isinstance(exc, ValueError) and not (
+                    txn.notes.get("expired") and "does not exist" in str(exc)
+                ):
+                    raise
                 # Neither landed (PyIceberg's word, and PipelineMoved is ours): an upsert's
                 # survivors were read from metadata that moved on; they go, and are redone.
                 for f in written:

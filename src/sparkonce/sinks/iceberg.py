@@ -42,6 +42,20 @@ files that hold one: see :mod:`sparkonce.ledger.iceberg_upsert` for the cost. Re
 before the epoch: keys or ``latest_by`` columns missing from the output or the table, a
 key or ``latest_by`` column of a type without an order (array, map, struct) or a float key.
 
+**Snapshot retention** (``keep_snapshots``, default :data:`KEEP_SNAPSHOTS`): each batch's
+commit also expires the main branch's snapshots older than the newest ``keep_snapshots``
+(the batch's own counts), in the same catalog commit, at most 100 at a time; snapshots a
+branch or tag points at stay. Iceberg's metadata file lists every snapshot and every commit
+rewrites it, so without retention a commit's time grows with the history (about 1 ms per
+snapshot here, ``docs/performance.md``); with it, it stays as it is at ``keep_snapshots``.
+Expiry loses no progress (the resume point is in the table's properties) and no rows (an
+append's files stay in the current snapshot; only the sweep deletes files, never one a
+kept or expired batch added). The files only expired snapshots used (their manifest lists,
+an upsert's replaced data files) stay on disk for Iceberg's own orphan-file maintenance to
+remove. Time travel reaches back ``keep_snapshots`` batches; a
+replay of a no-data batch older than that is not recognized, so keep more snapshots than
+the no-data batches a pipeline can run in a row. ``None`` keeps every snapshot.
+
 ``catalog``: a PyIceberg catalog (``pyiceberg.catalog.sql.SqlCatalog``); ``table``:
 ``"namespace.name"``. The table is created from the output's schema on first use when it
 does not exist. ``orphan_grace_seconds``: how old an unreferenced staging directory must be
@@ -80,6 +94,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkonce.ledger.base import BatchContext
 
 log = logging.getLogger(__name__)
+
+#: The snapshots an IcebergSink keeps by default: each batch commit expires older ones.
+KEEP_SNAPSHOTS = 100
 
 
 def _plain(t: Any) -> Any:
@@ -409,6 +426,7 @@ class IcebergSink(TransactionalSink):
         keys: tuple[str, ...] | list[str] = (),
         latest_by: str | tuple[str, ...] | list[str] | None = None,
         orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
+        keep_snapshots: int | None = KEEP_SNAPSHOTS,
     ) -> None:
         self.mode: WriteMode
         self.mode, self.keys = check_write_mode(mode, keys)
@@ -423,9 +441,18 @@ class IcebergSink(TransactionalSink):
             raise ConfigError(
                 f"IcebergSink orphan_grace_seconds must be >= 0, got {orphan_grace_seconds}."
             )
+        if keep_snapshots is not None and (
+            isinstance(keep_snapshots, bool)
+            or not isinstance(keep_snapshots, int)
+            or keep_snapshots < 1
+        ):
+            raise ConfigError(
+                f"IcebergSink keep_snapshots must be a whole number >= 1 (the newest snapshots "
+                f"each batch commit keeps) or None (keep every snapshot), got {keep_snapshots!r}."
+            )
         self.catalog = catalog
         self.table = table
-        self.store = IcebergLedgerStore(catalog, table)
+        self.store = IcebergLedgerStore(catalog, table, keep_snapshots=keep_snapshots)
         self.stager = IcebergStager(self.store, orphan_grace_seconds, self.keys, self.latest_by)
 
     def __reduce__(self) -> tuple[Any, ...]:

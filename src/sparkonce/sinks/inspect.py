@@ -450,6 +450,7 @@ class IcebergInspector(Inspector):
             keys=s.keys,
             latest_by=s.latest_by or None,
             orphan_grace_seconds=s.stager.grace_seconds,
+            keep_snapshots=s.store.keep_snapshots,
         )
 
     def fresh(self) -> Sink:
@@ -464,6 +465,7 @@ class IcebergInspector(Inspector):
             keys=s.keys,
             latest_by=s.latest_by or None,
             orphan_grace_seconds=s.stager.grace_seconds,
+            keep_snapshots=s.store.keep_snapshots,
         )
 
     def close(self) -> None:
