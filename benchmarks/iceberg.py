@@ -9,6 +9,8 @@ Run from the repository root (``make bench-iceberg`` runs the first and the thir
         --batch-records 40000 --seed-rows 800000 --out benchmarks/results/iceberg-upsert.json
     .venv/bin/python benchmarks/iceberg.py --mode snapshots --snapshots 10,100,1000,10000 \\
         --out benchmarks/results/iceberg-snapshots.json
+    .venv/bin/python benchmarks/iceberg.py --mode retention --snapshots 10,100,1000,10000 \\
+        --commits 10 --out benchmarks/results/iceberg-retention.json
 
 **append** and **upsert** share one setup (:func:`side_by_side`): one embedded log
 (``benchmarks/sinks.py``'s input: ``--records`` records over 4 partitions, cached in
@@ -61,6 +63,12 @@ transaction does per state), and how long the ledger reads that walk the snapsho
 take (the sweep's ``committed_dirs``, the store's ``entries``). ``--plain-transaction``
 commits through PyIceberg's own ``Transaction`` instead of the store's (the cost before
 :class:`~sparkonce.ledger.iceberg.OnceTransaction`).
+
+**retention** (no Spark, :func:`retention_run`): the commits of one pipeline that runs
+max(``--snapshots``) batches for real, through the same committer and a sink with
+``keep_snapshots=--keep``, each timed; at each N of ``--snapshots`` it reports the last
+``--commits`` commits' p50 and max, the snapshots the table holds, and the metadata file's
+size. Nothing is forged: the table's rows are counted at the end.
 
 Prints JSON; ``--out FILE`` also writes it (keeping the file's ``notes``).
 """
@@ -433,16 +441,22 @@ class SnapshotBench:
     """One pipeline's sink on a fresh table, with a committer that stages a small Parquet
     file per batch into the batch's staging directory (what Spark's tasks leave)."""
 
-    def __init__(self, work: Path, batch_rows: int) -> None:
+    def __init__(self, work: Path, batch_rows: int, keep_snapshots: int | None = None) -> None:
         import pyarrow as pa
 
         from sparkonce import IcebergSink
+        from sparkonce.ledger.iceberg import TABLE_PROPERTIES
 
         self.catalog = new_catalog(work)
         self.catalog.create_namespace("bench")
         self.schema = pa.schema([("record_id", pa.string()), ("value", pa.int64())])
-        self.catalog.create_table(TABLE, schema=self.schema)
-        self.sink = IcebergSink(self.catalog, TABLE, orphan_grace_seconds=0)
+        # As the sink creates a table (retention mode); the forged histories of the
+        # snapshots mode are made of fast appends, as a table without merging has them.
+        props = TABLE_PROPERTIES if keep_snapshots is not None else {}
+        self.catalog.create_table(TABLE, schema=self.schema, properties=props)
+        self.sink = IcebergSink(
+            self.catalog, TABLE, orphan_grace_seconds=0, keep_snapshots=keep_snapshots
+        )
         from sparkonce.commit.committer import Committer
 
         self.committer = Committer(*self.sink.committer_parts())  # the sink's own wiring
@@ -605,10 +619,60 @@ def commits_at(work: Path, n: int, shape: str, commits: int, batch_rows: int) ->
     }
 
 
+# -- retention --------------------------------------------------------------------------------
+def retention_run(args: argparse.Namespace) -> dict:
+    """Real batch commits, one after the other, through the sink's committer with
+    ``keep_snapshots=--keep``; each commit timed. Reported at each N of ``--snapshots``:
+    the commits numbered N-``--commits``+1..N (p50 and max), the snapshots the table then
+    holds, and its metadata file's size. The last N is the run's length."""
+    marks = sorted(int(n) for n in args.snapshots.split(","))
+    total, window = marks[-1], args.commits
+    took: list[float] = []
+    at: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-iceberg-retention-") as work:
+        bench = SnapshotBench(Path(work), args.batch_rows, keep_snapshots=args.keep)
+        started = time.perf_counter()
+        for i in range(1, total + 1):
+            c0 = time.perf_counter()
+            bench.commit()
+            took.append(time.perf_counter() - c0)
+            if i in marks:
+                table = bench.catalog.load_table(TABLE)
+                meta = Path(table.metadata_location.removeprefix("file://"))
+                last = took[max(0, i - window) : i]
+                snap = table.current_snapshot()
+                at[i] = {
+                    "commits": i,
+                    "commit_p50_s": pct(last, 50),
+                    "commit_max_s": round(max(last), 4),
+                    "snapshots_held": len(table.snapshots()),
+                    "metadata_mb": round(meta.stat().st_size / 1e6, 3),
+                    "manifests": len(snap.manifests(table.io)) if snap else 0,
+                    "rows": int(snap.summary["total-records"]) if snap and snap.summary else 0,
+                }
+                print(json.dumps(at[i]), file=sys.stderr)
+            elif i % 500 == 0:
+                print(
+                    f"{i}/{total} commits, {time.perf_counter() - started:.0f} s, "
+                    f"last p50 {pct(took[-window:], 50)} s",
+                    file=sys.stderr,
+                )
+        assert at[total]["rows"] == total * args.batch_rows, at[total]
+    return {
+        "keep_snapshots": args.keep,
+        "batch_rows": args.batch_rows,
+        "window_commits": window,
+        "seconds": round(sum(took), 1),
+        "results": [at[n] for n in marks],
+    }
+
+
 # -- main -------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("append", "upsert", "snapshots"), default="append")
+    ap.add_argument(
+        "--mode", choices=("append", "upsert", "snapshots", "retention"), default="append"
+    )
     ap.add_argument("--records", type=int, default=400_000)
     ap.add_argument("--batch-records", type=int, default=40_000)
     ap.add_argument("--rounds", type=int, default=2)
@@ -623,8 +687,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed-rows", type=int, default=800_000, help="upsert: the seed table")
     ap.add_argument("--snapshots", default="10,100,1000,10000", help="snapshots: the sizes")
-    ap.add_argument("--commits", type=int, default=9, help="snapshots: commits per size")
-    ap.add_argument("--batch-rows", type=int, default=1000, help="snapshots: rows per commit")
+    ap.add_argument(
+        "--commits",
+        type=int,
+        default=9,
+        help="snapshots: commits per size; retention: the commits each mark reports",
+    )
+    ap.add_argument(
+        "--batch-rows", type=int, default=1000, help="snapshots, retention: rows per commit"
+    )
+    ap.add_argument("--keep", type=int, default=100, help="retention: the sink's keep_snapshots")
     ap.add_argument(
         "--plain-transaction",
         action="store_true",
@@ -643,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.mode == "snapshots":
         result.update(snapshot_growth(args))
+    elif args.mode == "retention":
+        result.update(retention_run(args))
     else:
         variants = VARIANTS[args.mode] + OPTIONAL[args.mode]
         if args.variants:

@@ -383,3 +383,18 @@ def test_a_commit_whose_expiry_lost_a_race_to_another_expiry_commits_again(
     assert table_values(s) == list(range(9))
     last = s.last(PIPE)
     assert last is not None and last.seq == 2
+
+
+def test_a_table_the_store_creates_merges_its_manifests(tmp_path: Path) -> None:
+    """Each batch adds a manifest; on a table the sink created, PyIceberg merges them once
+    there are 100, so the manifest list a commit writes does not grow with every batch."""
+    s = IcebergLedgerStore(sqlite_catalog(tmp_path), "ns.t", schema=SCHEMA, keep_snapshots=5)
+    epoch = s.acquire(PIPE).epoch
+    for seq in range(120):
+        commit(s, entry(seq, epoch, seq, seq + 1))
+    table = s.load()
+    snap = table.current_snapshot()
+    assert snap is not None
+    assert len(snap.manifests(table.io)) <= 21  # 120 without merging
+    assert table_values(s) == list(range(120))
+    assert len(table.snapshots()) == 5

@@ -100,6 +100,11 @@ COMMIT_ATTEMPTS = 20  # catalog swaps lost to other writers before the commit gi
 #: expire with every snapshot of the table, so a table that enables retention with a long
 #: history behind it sheds that history over several commits, each bounded.
 EXPIRE_PER_COMMIT = 100
+#: The properties of a table the sink creates. Manifest merging: an append adds a manifest,
+#: and the manifest list each commit writes names every manifest of the table, so without
+#: merging a commit grows with the batches ever committed (fast appends). With it, PyIceberg
+#: merges the small manifests once there are 100 of them (Iceberg's default count).
+TABLE_PROPERTIES = {"commit.manifest-merge.enabled": "true"}
 
 
 def key(pipeline: str, name: str) -> str:
@@ -310,7 +315,9 @@ class IcebergLedgerStore(LedgerStore):
         if ns:
             self.catalog.create_namespace_if_not_exists(ns)
         try:
-            return self.catalog.create_table(self.identifier, schema=self.schema)
+            return self.catalog.create_table(
+                self.identifier, schema=self.schema, properties=TABLE_PROPERTIES
+            )
         except Exception:  # another run created it first
             return self.catalog.load_table(self.identifier)
 

@@ -54,7 +54,10 @@ kept or expired batch added). The files only expired snapshots used (their manif
 an upsert's replaced data files) stay on disk for Iceberg's own orphan-file maintenance to
 remove. Time travel reaches back ``keep_snapshots`` batches; a
 replay of a no-data batch older than that is not recognized, so keep more snapshots than
-the no-data batches a pipeline can run in a row. ``None`` keeps every snapshot.
+the no-data batches a pipeline can run in a row. ``None`` keeps every snapshot. A table
+the sink creates has manifest merging on (``commit.manifest-merge.enabled``): each batch
+adds a manifest, and without merging the manifest list every commit writes names them
+all; set that property on a table made elsewhere.
 
 ``catalog``: a PyIceberg catalog (``pyiceberg.catalog.sql.SqlCatalog``); ``table``:
 ``"namespace.name"``. The table is created from the output's schema on first use when it
