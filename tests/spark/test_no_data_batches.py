@@ -235,3 +235,36 @@ def test_a_no_data_batch_with_no_rows_is_not_counted_as_a_replay(
     assert f"{len(empty)} no-data batches with no rows to commit" in line, line
     rows, entries = _read(p.sink, p.name)
     assert len(rows) == RECORDS and not any(e.ranges.empty for e in entries)
+
+
+def test_a_restart_after_the_last_data_batch_runs_its_no_data_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The first run stops right after Spark recorded the last data batch's commit, before
+    it planned the no-data batch (no-data batches off: as a driver killed in that gap
+    leaves the checkpoint). The restart has no new input, yet must release the window the
+    last watermark closed: the last data batch runs again (skipped by the ledger) and the
+    no-data batch after it commits that window."""
+    p = _sqlite_pipeline(tmp_path, make_event_log(tmp_path / "log"), "windows", windows, "windows")
+    key = "spark.sql.streaming.noDataMicroBatches.enabled"
+    spark.conf.set(key, "false")
+    try:
+        first = p.run(spark, timeout=300)
+    finally:
+        spark.conf.set(key, "true")
+    want = expected_windows()
+    got = _rows_as_windows(_read(p.sink, p.name)[0])
+    assert first.batches_committed == RECORDS // LIMIT and got != want
+    # The windows the last data batch's watermark closed are missing, no others.
+    before = expected_windows(RECORDS - LIMIT)
+    assert got == before and len(want) - len(before) == 2
+
+    report = p.run(spark, timeout=300)
+    assert (report.batches_skipped, report.batches_committed) == (1, 1), report
+    rows, entries = _read(p.sink, p.name)
+    assert _rows_as_windows(rows) == want
+    assert entries[-1].ranges.empty and entries[-1].row_count == 2
+    assert check_chain(e.ranges for e in entries) == []
+    # Nothing is pending any more: a third run changes nothing and runs nothing again.
+    third = p.run(spark, timeout=300)
+    assert (third.batches_skipped, third.batches_committed) == (0, 0), third

@@ -462,6 +462,15 @@ def _run(
                 ", ".join(stray),
                 checkpoint.path,
             )
+        again = checkpoint.reopen_for_watermark()
+        if again is not None:
+            log.info(
+                "pipeline %s: batch %d moved the watermark and Spark planned no batch after "
+                "it; it runs again (skipped by the ledger, recomputed for its state) so that "
+                "Spark plans the no-data batch that releases the expired state",
+                pipeline.name,
+                again,
+            )
 
         report = RunReport(pipeline.name, owner.epoch, resumed)
         handler = _BatchHandler(pipeline, owner.epoch, checkpoint, report, on_batch, watch, faults)

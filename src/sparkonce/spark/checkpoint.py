@@ -156,6 +156,39 @@ class Checkpoint:
             self.files.delete(self._at("offsets", name))
         return stray
 
+    def reopen_for_watermark(self) -> int | None:
+        """Make Spark run its last batch again when that batch moved the watermark and no
+        batch was planned after it; returns that batch's id, or None (nothing changed).
+
+        A stateful query releases rows its watermark expires (closed windows, outer-join
+        rows with no match, state timeouts) in the *next* batch, a no-data batch when no
+        input follows. Spark plans that no-data batch only after a batch it ran in the same
+        process: a driver stopped after Spark recorded the last data batch's commit and
+        before it planned the no-data batch restarts with nothing to run, and the released
+        rows wait in the state for the next input (an ``availableNow`` run over a finished
+        input never emits them). Removing the last batch's commit record makes the restart
+        run that batch again, which the ledger skips as a replay while Spark recomputes it
+        for its state, and plans the no-data batch after it.
+
+        It applies only when the checkpoint has state, the last planned batch is the last
+        committed one, and its commit record's next watermark is ahead of the watermark the
+        batch ran with. Call it as the pipeline's owner, after taking the epoch: the batch
+        is in the ledger (Spark records a commit after the sink's batch function returned),
+        so running it again writes nothing twice."""
+        committed = self.batch_ids("commits")
+        if not committed or not self.has_state():
+            return None
+        last = committed[-1]
+        if self.batch_ids("offsets")[-1:] != [last]:
+            return None  # Spark runs the planned batch on its own, and plans after it
+        ran_with = _metadata(self.read_text("offsets", str(last)), "batchWatermarkMs")
+        next_mark = _metadata(self.read_text("commits", str(last)), "nextBatchWatermarkMs")
+        if ran_with is None or next_mark is None or next_mark <= ran_with:
+            return None
+        self.files.delete(self._at("commits", str(last)))
+        self.files.delete(self._at("commits", f".{last}.crc"))  # Hadoop's local checksum
+        return last
+
     def batch_ids(self, kind: str = "offsets") -> list[int]:
         return sorted(int(n) for n in self.files.list_names(self._at(kind)) if n.isdigit())
 
@@ -206,6 +239,18 @@ class Checkpoint:
 
 def _location(raw: str | Path) -> str:
     return location(raw, "checkpoint")
+
+
+def _metadata(text: str | None, field: str) -> int | None:
+    """An integer of the JSON line after the version line of an offset or commit log file
+    (``v1`` then ``{"batchWatermarkMs": ...}``), None when the file or the field is missing
+    or unreadable: the caller then leaves the checkpoint alone."""
+    lines = (text or "").splitlines()
+    try:
+        value = json.loads(lines[1]).get(field)
+    except (IndexError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
 
 
 def _canonical(offset: str) -> str:
