@@ -7,8 +7,8 @@
 #
 #   bash scripts/verify-campaign-join.sh [TRIALS] [VERIFY OPTIONS...]   (default 50)
 #
-# A throwaway broker is started from the pinned jars for each call and stopped at its end;
-# the input is produced again, identically (the same records at the same offsets), so a
+# A throwaway broker (a new data directory) is started from the pinned jars for each call
+# and stopped at its end; the input is produced again, identically (the same records at the same offsets), so a
 # later call resumes the report in benchmarks/results/verify-join.json. Trials run two at
 # a time, each on its own SQLite store (SPARKONCE_CAMPAIGN_STORES changes the count); both
 # read the same topics. db-drop applies (SQLite), so the default fault kinds all run.
@@ -20,6 +20,9 @@ NAME=verify-join
 WORK="$PWD/.cache/$NAME"
 PY=.venv/bin/python
 mkdir -p "$WORK"
+# A new broker each call: one left from an earlier call holds the topics already, and
+# producing into them again would double the input (the report would no longer resume).
+rm -rf ".services/$NAME"
 BOOT=$($PY -m tests.services.kafka start ".services/$NAME" | tail -1)
 trap '$PY -m tests.services.kafka stop ".services/$NAME"' EXIT
 for topic in orders payments; do
