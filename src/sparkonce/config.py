@@ -24,6 +24,12 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def is_count(value: object, least: int = 1) -> bool:
+    """Whether ``value`` is a whole number of at least ``least``: an ``int`` that is not a
+    ``bool`` (Python counts ``True`` as 1, which no option of sparkonce means)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def check_identifier(value: object, what: str) -> str:
     """A SQL identifier we can use unquoted in both SQLite and PostgreSQL."""
     if not isinstance(value, str) or not _IDENT_RE.fullmatch(value):

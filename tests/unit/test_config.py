@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkonce.config import StoreURL, Trigger, check_identifier, check_pipeline_name, mask_url
+from sparkonce.config import (
+    StoreURL,
+    Trigger,
+    check_identifier,
+    check_pipeline_name,
+    is_count,
+    mask_url,
+)
 from sparkonce.errors import ConfigError
 
 SECRET = "hunter2-S3cret"
@@ -250,3 +257,23 @@ def test_mask_url_hides_every_form_of_a_password(text: str, secret: str, shown: 
 )
 def test_mask_url_leaves_a_url_without_a_secret_alone(text: str) -> None:
     assert mask_url(text) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "least", "ok"),
+    [
+        (1, 1, True),
+        (7, 1, True),
+        (0, 0, True),
+        (0, 1, False),
+        (-2, 1, False),
+        (True, 1, False),
+        (2.0, 1, False),
+        ("3", 1, False),
+        (None, 1, False),
+    ],
+)
+def test_is_count_takes_whole_numbers_from_least_and_never_a_bool(
+    value: object, least: int, ok: bool
+) -> None:
+    assert is_count(value, least) is ok

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from sparkonce.config import is_count
 from sparkonce.errors import ConfigError, KafkaUnavailableError, TopicNotFoundError
 
 # KafkaUnavailableError lives in sparkonce.errors; it is importable from here too for
@@ -382,11 +383,7 @@ class KafkaConnection:
 
         if partitions < 1:
             raise ConfigError(f"topic {topic!r}: partitions must be >= 1, got {partitions}")
-        if replication_factor is not None and (
-            isinstance(replication_factor, bool)
-            or not isinstance(replication_factor, int)
-            or replication_factor < 1
-        ):
+        if replication_factor is not None and not is_count(replication_factor):
             raise ConfigError(
                 f"topic {topic!r}: replication_factor must be an integer >= 1 (or None for "
                 f"the cluster's default.replication.factor), got {replication_factor!r}"

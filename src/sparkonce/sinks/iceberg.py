@@ -78,7 +78,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urlparse
 
 from sparkonce.commit.base import Staged, Stager
-from sparkonce.config import Guarantee, OutputMode, WriteMode, check_write_mode, mask_url
+from sparkonce.config import (
+    Guarantee,
+    OutputMode,
+    WriteMode,
+    check_write_mode,
+    is_count,
+    mask_url,
+)
 from sparkonce.errors import ConfigError, SinkError
 from sparkonce.ledger.iceberg import DataFiles, IcebergLedgerStore
 from sparkonce.sinks.base import TransactionalSink
@@ -444,11 +451,7 @@ class IcebergSink(TransactionalSink):
             raise ConfigError(
                 f"IcebergSink orphan_grace_seconds must be >= 0, got {orphan_grace_seconds}."
             )
-        if keep_snapshots is not None and (
-            isinstance(keep_snapshots, bool)
-            or not isinstance(keep_snapshots, int)
-            or keep_snapshots < 1
-        ):
+        if keep_snapshots is not None and not is_count(keep_snapshots):
             raise ConfigError(
                 f"IcebergSink keep_snapshots must be a whole number >= 1 (the newest snapshots "
                 f"each batch commit keeps) or None (keep every snapshot), got {keep_snapshots!r}."
