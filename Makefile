@@ -128,6 +128,8 @@ bench-iceberg: setup
 		--batch-records 500000 --rounds 2 --out benchmarks/results/iceberg.json $(BENCH_ARGS)
 	$(PY) benchmarks/iceberg.py --mode snapshots --snapshots 10,100,1000,10000 \
 		--out benchmarks/results/iceberg-snapshots.json
+	$(PY) benchmarks/iceberg.py --mode retention --snapshots 100,1000,3000,10000 --young 100 \
+		--commits 20 --out benchmarks/results/iceberg-retention.json
 
 # Kafka pipelines side by side on 5 million records, each sparkonce sink against its
 # at-least-once counterpart: KafkaSink (read by KafkaSource) against Spark's Kafka sink (read

@@ -9,8 +9,8 @@ Run from the repository root (``make bench-iceberg`` runs the first and the thir
         --batch-records 40000 --seed-rows 800000 --out benchmarks/results/iceberg-upsert.json
     .venv/bin/python benchmarks/iceberg.py --mode snapshots --snapshots 10,100,1000,10000 \\
         --out benchmarks/results/iceberg-snapshots.json
-    .venv/bin/python benchmarks/iceberg.py --mode retention --snapshots 10,100,1000,10000 \\
-        --commits 10 --out benchmarks/results/iceberg-retention.json
+    .venv/bin/python benchmarks/iceberg.py --mode retention --snapshots 100,1000,3000,10000 \\
+        --young 100 --commits 20 --out benchmarks/results/iceberg-retention.json
 
 **append** and **upsert** share one setup (:func:`side_by_side`): one embedded log
 (``benchmarks/sinks.py``'s input: ``--records`` records over 4 partitions, cached in
@@ -64,11 +64,12 @@ take (the sweep's ``committed_dirs``, the store's ``entries``). ``--plain-transa
 commits through PyIceberg's own ``Transaction`` instead of the store's (the cost before
 :class:`~sparkonce.ledger.iceberg.OnceTransaction`).
 
-**retention** (no Spark, :func:`retention_run`): the commits of one pipeline that runs
-max(``--snapshots``) batches for real, through the same committer and a sink with
-``keep_snapshots=--keep``, each timed; at each N of ``--snapshots`` it reports the last
-``--commits`` commits' p50 and max, the snapshots the table holds, and the metadata file's
-size. Nothing is forged: the table's rows are counted at the end.
+**retention** (no Spark, :func:`retention_run`): one pipeline runs max(``--snapshots``)
+batches for real, through the same committer and a sink with ``keep_snapshots=--keep``;
+at each N of ``--snapshots`` it commits ``--commits`` batches in turn with a young
+pipeline (``--young`` batches, its own table), and reports the p50 of each, their ratio,
+their split, and the aged table's snapshots, metadata size and manifests. Nothing is
+forged: the aged table's rows are counted at the end.
 
 Prints JSON; ``--out FILE`` also writes it (keeping the file's ``notes``).
 """
@@ -621,49 +622,73 @@ def commits_at(work: Path, n: int, shape: str, commits: int, batch_rows: int) ->
 
 # -- retention --------------------------------------------------------------------------------
 def retention_run(args: argparse.Namespace) -> dict:
-    """Real batch commits, one after the other, through the sink's committer with
-    ``keep_snapshots=--keep``; each commit timed. Reported at each N of ``--snapshots``:
-    the commits numbered N-``--commits``+1..N (p50 and max), the snapshots the table then
-    holds, and its metadata file's size. The last N is the run's length."""
+    """Real batch commits of one pipeline through the sink's committer with
+    ``keep_snapshots=--keep``, against a young pipeline's, side by side.
+
+    The aged pipeline commits max(``--snapshots``) batches, one after the other. The young
+    one is a table of its own that has committed ``--young`` batches (past the retention's
+    fill, so it holds as many snapshots as the aged one will). At each N of ``--snapshots``
+    the two commit in turn, ``--commits`` batches each, and the row is the aged commits'
+    p50 over the young ones' (``aged_over_young``): load on the machine moves both alike.
+    A ratio near 1 at every N is a commit time that does not grow with the batches."""
     marks = sorted(int(n) for n in args.snapshots.split(","))
     total, window = marks[-1], args.commits
-    took: list[float] = []
-    at: dict[int, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-iceberg-retention-") as work:
-        bench = SnapshotBench(Path(work), args.batch_rows, keep_snapshots=args.keep)
-        started = time.perf_counter()
-        for i in range(1, total + 1):
-            c0 = time.perf_counter()
-            bench.commit()
-            took.append(time.perf_counter() - c0)
-            if i in marks:
-                table = bench.catalog.load_table(TABLE)
-                meta = Path(table.metadata_location.removeprefix("file://"))
-                last = took[max(0, i - window) : i]
-                snap = table.current_snapshot()
-                at[i] = {
-                    "commits": i,
-                    "commit_p50_s": pct(last, 50),
-                    "commit_max_s": round(max(last), 4),
-                    "snapshots_held": len(table.snapshots()),
-                    "metadata_mb": round(meta.stat().st_size / 1e6, 3),
-                    "manifests": len(snap.manifests(table.io)) if snap else 0,
-                    "rows": int(snap.summary["total-records"]) if snap and snap.summary else 0,
-                }
-                print(json.dumps(at[i]), file=sys.stderr)
-            elif i % 500 == 0:
-                print(
-                    f"{i}/{total} commits, {time.perf_counter() - started:.0f} s, "
-                    f"last p50 {pct(took[-window:], 50)} s",
-                    file=sys.stderr,
-                )
-        assert at[total]["rows"] == total * args.batch_rows, at[total]
+        for name in ("aged", "young"):
+            (Path(work) / name).mkdir()
+        aged = SnapshotBench(Path(work) / "aged", args.batch_rows, keep_snapshots=args.keep)
+        young = SnapshotBench(Path(work) / "young", args.batch_rows, keep_snapshots=args.keep)
+        for _ in range(args.young):
+            young.commit()
+        started, done = time.perf_counter(), 0
+        for mark in marks:
+            while done < mark - window:
+                aged.commit()
+                done += 1
+                if done % 500 == 0:
+                    print(
+                        f"{done}/{total} batches, {time.perf_counter() - started:.0f} s",
+                        file=sys.stderr,
+                    )
+            took: dict[str, list[float]] = {"aged": [], "young": []}
+            split: dict[str, dict[str, list[float]]] = {"aged": {}, "young": {}}
+            while done < mark:
+                for name, bench in (("aged", aged), ("young", young)):
+                    c0 = time.perf_counter()
+                    result = bench.commit()
+                    took[name].append(time.perf_counter() - c0)
+                    for k, v in result.timings.items():
+                        split[name].setdefault(k, []).append(v)
+                done += 1
+            table = aged.catalog.load_table(TABLE)
+            snap = table.current_snapshot()
+            meta = Path(table.metadata_location.removeprefix("file://"))
+            row = {
+                "batches": mark,
+                "aged_p50_s": pct(took["aged"], 50),
+                "young_p50_s": pct(took["young"], 50),
+                "aged_over_young": round(pct(took["aged"], 50) / pct(took["young"], 50), 3),
+                "aged_max_s": round(max(took["aged"]), 4),
+                "aged_split_p50_s": {k: pct(v, 50) for k, v in split["aged"].items()},
+                "young_split_p50_s": {k: pct(v, 50) for k, v in split["young"].items()},
+                "snapshots_held": len(table.snapshots()),
+                "metadata_mb": round(meta.stat().st_size / 1e6, 3),
+                "manifests": len(snap.manifests(table.io)) if snap else 0,
+            }
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        table = aged.catalog.load_table(TABLE)
+        counted = table.scan().to_arrow().num_rows
+        assert counted == total * args.batch_rows, (counted, total)
     return {
         "keep_snapshots": args.keep,
         "batch_rows": args.batch_rows,
         "window_commits": window,
-        "seconds": round(sum(took), 1),
-        "results": [at[n] for n in marks],
+        "young_batches": args.young,
+        "rows_counted": counted,
+        "seconds": round(time.perf_counter() - started, 1),
+        "results": rows,
     }
 
 
@@ -697,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-rows", type=int, default=1000, help="snapshots, retention: rows per commit"
     )
     ap.add_argument("--keep", type=int, default=100, help="retention: the sink's keep_snapshots")
+    ap.add_argument("--young", type=int, default=150, help="retention: the young one's batches")
     ap.add_argument(
         "--plain-transaction",
         action="store_true",
