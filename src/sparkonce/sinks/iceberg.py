@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -379,14 +380,18 @@ class IcebergStager(Stager):
         grace = self.grace_seconds if grace_seconds is None else grace_seconds
         now = time.time()
         gone: list[Path] = []
-        for d in root.iterdir():
-            m = _STAGED_NAME.match(d.name)
-            if m is None or not d.is_dir():
+        # One directory per batch ever staged stays (an append's files live there), so the
+        # listing grows with the batches; only names of a seq that a kept snapshot names
+        # are candidates, so the names are checked before any file is looked at.
+        for name in os.listdir(root):
+            m = _STAGED_NAME.match(name)
+            if m is None:
                 continue
-            seq = int(m.group(2))
-            if seq not in winners or winners[seq] == d.name:
-                continue
-            if now - d.stat().st_mtime < grace:
+            won = winners.get(int(m.group(2)), name)
+            if won == name:
+                continue  # not committed (or expired), or the batch's own directory
+            d = root / name
+            if not d.is_dir() or now - d.stat().st_mtime < grace:
                 continue
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
