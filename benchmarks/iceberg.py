@@ -621,7 +621,9 @@ def commits_at(work: Path, n: int, shape: str, commits: int, batch_rows: int) ->
 
 
 # -- retention --------------------------------------------------------------------------------
-def retention_run(args: argparse.Namespace) -> dict:
+def retention_run(
+    args: argparse.Namespace, on_mark: Callable[[dict[str, Any]], None] | None = None
+) -> dict:
     """Real batch commits of one pipeline through the sink's committer with
     ``keep_snapshots=--keep``, against a young pipeline's, side by side.
 
@@ -678,6 +680,8 @@ def retention_run(args: argparse.Namespace) -> dict:
             }
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
+            if on_mark is not None:  # what is measured so far, should the run be stopped
+                on_mark({"keep_snapshots": args.keep, "partial": True, "results": rows})
         table = aged.catalog.load_table(TABLE)
         counted = table.scan().to_arrow().num_rows
         assert counted == total * args.batch_rows, (counted, total)
@@ -742,7 +746,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "snapshots":
         result.update(snapshot_growth(args))
     elif args.mode == "retention":
-        result.update(retention_run(args))
+
+        def partial(measured: dict[str, Any]) -> None:
+            if args.out:
+                write_results(args.out, {**result, **measured})
+
+        result.update(retention_run(args, partial))
     else:
         variants = VARIANTS[args.mode] + OPTIONAL[args.mode]
         if args.variants:
