@@ -1,7 +1,8 @@
 """SIGKILL the driver of a two-topic join (several sources) at every crash point, then recover.
 
 The pipeline is tests/kafka/orders_payments.py's LEFT OUTER join of orders with payments
-(two KafkaSource topics) into PostgreSQL, append mode, run as a real driver process
+(two KafkaSource topics) into PostgreSQL (read back with psycopg) or into a Delta table
+(read back with pyarrow from the files its log names), append mode, run as a real driver process
 (``sparkonce run FILE``). The join reads three data batches, then a no-data batch (the
 watermark passed the unmatched orders; it emits 87 of them). Run 1 dies at ``before-commit``
 in batch 1, run 2 (same checkpoint) at ``after-rows`` in batch 2, run 3 at
@@ -15,6 +16,7 @@ from the two inputs, each row once, and the ledger is a gap-free chain over both
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from sparkonce.sinks import sink_from_url
 from sparkonce.verify.driver import Driver
 from tests.crash.conftest import kill_chain
 from tests.kafka import orders_payments as op
+from tests.kafka.test_source_set import delta_pairs
 
 pytestmark = pytest.mark.crash_lane  # make test runs the join in-process (tests/kafka)
 
@@ -53,13 +56,27 @@ pipeline = Pipeline(
 '''
 
 
+@pytest.mark.parametrize("family", ["postgres", "delta"])
 def test_kill_a_join_at_every_crash_point_then_recover(
+    request: pytest.FixtureRequest,
+    family: str,
     tmp_path: Path,
     kafka_broker: Any,
     kafka_topic: Callable[..., str],
-    pg_url: str,
     drivers: list[Driver],
 ) -> None:
+    if family == "postgres":
+        url: str = request.getfixturevalue("pg_url")
+
+        def pairs() -> Counter[tuple[int, int | None]]:
+            return op.read_pairs(url, "joined")
+    else:
+        request.getfixturevalue("spark")  # the ledger of a Delta table is read through Spark
+        url = f"delta://{tmp_path / 'tables'}"
+
+        def pairs() -> Counter[tuple[int, int | None]]:
+            return delta_pairs(tmp_path / "tables" / "joined")
+
     orders, payments = kafka_topic("orders", PARTITIONS), kafka_topic("pays", PARTITIONS)
     op.produce(kafka_broker.bootstrap, orders, payments, PARTITIONS)
     pipeline_file = tmp_path / "pipeline.py"
@@ -68,7 +85,7 @@ def test_kill_a_join_at_every_crash_point_then_recover(
             bootstrap=kafka_broker.bootstrap,
             orders=orders,
             payments=payments,
-            url=pg_url,
+            url=url,
             checkpoint=str(tmp_path / "chk"),
         )
     )
@@ -80,9 +97,9 @@ def test_kill_a_join_at_every_crash_point_then_recover(
     committed = [0]
 
     def check(_run: int, point: CrashPoint) -> None:
-        seen = op.read_pairs(pg_url, "joined")
+        seen = pairs()
         assert not +(seen - want), f"after the kill at {point}: {seen - want} beyond the oracle"
-        ledger = _ledger(pg_url)
+        ledger = _ledger(url)
         assert len(ledger) >= committed[0], f"the ledger shrank after the kill at {point}"
         committed[0] = len(ledger)
 
@@ -100,9 +117,9 @@ def test_kill_a_join_at_every_crash_point_then_recover(
     assert "no-data batch already committed" in last.log_path.read_text(errors="replace"), (
         last.log_tail()
     )
-    got = op.read_pairs(pg_url, "joined")
+    got = pairs()
     assert got == want, f"missing {want - got}, extra {got - want}\n{last.log_tail()}"
-    ledger = _ledger(pg_url)
+    ledger = _ledger(url)
     assert check_chain(e.ranges for e in ledger) == []
     assert [e.seq for e in ledger] == list(range(len(ledger)))
     assert all({r.topic for r in e.ranges.ranges} == {orders, payments} for e in ledger)
