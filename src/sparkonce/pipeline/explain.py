@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.outputs.output_set import SINGLE_OUTPUT
-from sparkonce.pipeline.plan import PlanFacts, has_watermark, plan_facts, stateful_operators
+from sparkonce.pipeline.plan import PlanFacts, plan_facts, stateful_operators
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -107,7 +107,7 @@ class Explanation:
 def explain(pipeline: PipelineSpec, spark: SparkSession) -> Explanation:
     """The guarantee of ``pipeline`` as configured (see the module docstring). Builds the
     transform's query over the source to read Spark's analyzed plan; starts nothing."""
-    from sparkonce.pipeline.query import aligned_reads, transform_outputs
+    from sparkonce.pipeline.query import aligned_reads, aligned_source, transform_outputs
 
     frames = transform_outputs(pipeline, spark)
     per_output = {name: plan_facts(df) for name, df in frames.items()}
@@ -116,7 +116,7 @@ def explain(pipeline: PipelineSpec, spark: SparkSession) -> Explanation:
         facts = facts.merged(f)
     sinks = _sinks(pipeline)
     parts: list[Part] = [*_source_parts(pipeline), _transform_part(facts)]
-    if pipeline.source.aligned() is not None and any(map(has_watermark, frames.values())):
+    if aligned_source(pipeline.source, frames.values()) is not None:
         limits = ", ".join(f"{k}={v}" for k, v in pipeline.source.read_limits().items())
         parts.append(
             Part(

@@ -10,7 +10,7 @@ Used by the runner (:mod:`sparkonce.pipeline.runner`) and by :meth:`Pipeline.exp
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkonce.errors import ConfigError, SparkOnceError
@@ -52,11 +52,26 @@ def transform_outputs(
     whole, shared out in proportion to each partition's backlog), and says so in a warning.
     """
     outs = _transform_over(pipeline, pipeline.source, spark, start)
-    aligned = pipeline.source.aligned()
-    if aligned is not None and any(has_watermark(df) for df in outs.values()):
+    aligned = aligned_source(pipeline.source, outs.values())
+    if aligned is not None:
         log.warning("pipeline %s: %s", pipeline.name, aligned_reads(pipeline.source))
         outs = _transform_over(pipeline, aligned, spark, start)
     return outs
+
+
+def aligned_source(source: Source, frames: Iterable[DataFrame]) -> Source | None:
+    """The source a query over ``frames`` (the transform's outputs over ``source``) must read
+    instead of ``source``: its :meth:`~sparkonce.sources.base.Source.aligned` twin when the
+    plan has an event-time watermark, else None (read ``source`` as it is). Driver.
+
+    The one rule for how a query's input is cut into batches: the runner applies it, and so
+    does verify's reference run (:func:`sparkonce.verify.reference.record`), since a
+    watermarked stateful query's output depends on where batch boundaries fall.
+    """
+    aligned = source.aligned()
+    if aligned is None or not any(has_watermark(df) for df in frames):
+        return None
+    return aligned
 
 
 def aligned_reads(source: Source) -> str:

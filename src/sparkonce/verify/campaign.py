@@ -147,10 +147,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sparkonce.errors import ConfigError, VerificationError
+from sparkonce.errors import ConfigError, SparkOnceError, VerificationError
 from sparkonce.files import join, location
 from sparkonce.ledger.base import LedgerEntry, Owner
 from sparkonce.offsets import check_chain
@@ -189,9 +190,11 @@ from sparkonce.verify.reference import ENTRY as REFERENCE_ENTRY
 from sparkonce.verify.reference import (
     ReferenceCheck,
     ReferenceMismatchError,
+    first_batch_apart,
     load_output_references,
     load_reference,
     output_semantics,
+    planned_batches,
     read_output_schemas,
     sink_semantics,
 )
@@ -583,7 +586,6 @@ class Campaign(Injection):
                 f"sparkonce commit logic) failed (exit {code}). Last lines of "
                 f"{driver.log_path}:\n{driver.log_tail()}"
             )
-        shutil.rmtree(checkpoint, ignore_errors=True)
         if self.multi:
             schemas = read_output_schemas(rows_file)
             self._reference_columns = {n: list(d["columns"]) for n, d in schemas.items()}
@@ -619,6 +621,9 @@ class Campaign(Injection):
                     *self._single_dead_letter_extra(rows),
                 ),
             )
+        if not check.matched:
+            check = replace(check, batches_apart=self._batches_apart(checkpoint))
+        shutil.rmtree(checkpoint, ignore_errors=True)
         self.reference = check
         if not check.matched:
             message = check.message(self.pipeline_file, driver.log_path)
@@ -629,6 +634,17 @@ class Campaign(Injection):
             f"{driver.seconds:.1f} s; the failure-free run matches it"
         )
         return check
+
+    def _batches_apart(self, checkpoint: Path) -> str:
+        """Where the reference run's planned batches (its checkpoint's offset log) first
+        differ from the failure-free run's ledger ("" if they agree or cannot be read)."""
+        try:
+            planned = planned_batches(checkpoint, self.pipeline.source)
+            ledger = [entry.ranges for entry in self._ledgers()[0]]
+        except SparkOnceError as exc:
+            self.on_event(f"reference: its batches were not compared with the ledger: {exc}")
+            return ""
+        return first_batch_apart(planned, ledger) or ""
 
     # -- one trial ---------------------------------------------------------------------
     def trial_seed(self, trial: int) -> str:

@@ -9,7 +9,12 @@ more without any of it:
 - the source's plain stream (``source.stream(spark, None)``: the input, not the
   code under test; for several sources, each member's, as ``{name: DataFrame}``)
   goes through ``pipeline.transform``, with the pipeline's output mode,
-  ``availableNow`` and a fresh checkpoint of its own;
+  ``availableNow`` and a fresh checkpoint of its own. A plan with an event-time
+  watermark reads the source's aligned twin instead, by the runner's own rule
+  (:func:`sparkonce.pipeline.query.aligned_source`): such a query's output depends
+  on where batch boundaries fall (a late record is dropped or kept by the
+  watermark of the batch it lands in), so the reference must cut the input into
+  the batches the runner plans. The rule is how the input is read, not commit code;
 - ``writeStream.foreachBatch`` appends each micro-batch's rows (``toArrow``, in
   canonical form, see :mod:`sparkonce.verify.compare`) as one JSON line
   ``{"batch": ID, "rows": [...]}`` to a file: no sink, no ledger, no runner;
@@ -18,7 +23,9 @@ more without any of it:
   per key in batch order, and Spark's complete output mode keeps the last batch.
 
 The failure-free sparkonce run must equal that reference; if it does not, the
-campaign fails before any trial (:class:`ReferenceMismatchError`). The trials
+campaign fails before any trial (:class:`ReferenceMismatchError`); if the two runs
+planned other batches (:func:`first_batch_apart`, the reference's offset log against
+the ledger), the message names the first and blames the boundaries, not the sink. The trials
 then compare with the failure-free run, which the check proved equal to the
 reference and which reads back in the sink's own representation.
 
@@ -60,6 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparkonce.errors import ConfigError, PipelineError, VerificationError
+from sparkonce.offsets import BatchRanges
 from sparkonce.outputs.combine import nullable_type
 from sparkonce.verify.checks import suspect_columns, without
 from sparkonce.verify.compare import RowDiff, canonical_value, diff_rows
@@ -68,6 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from sparkonce.pipeline.pipeline import Pipeline
+    from sparkonce.sources.base import Source
 
 log = logging.getLogger("sparkonce.verify.reference")
 
@@ -256,12 +265,15 @@ def record(pipeline: Pipeline, spark: SparkSession, out: Path, checkpoint: Path)
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import DataFrame
 
-    from sparkonce.sources.source_set import SourceSet
+    from sparkonce.pipeline.query import aligned_source
 
-    source = pipeline.source
-    # Several sources: each member's plain stream, by name, as the transform takes them.
-    streams = source.streams(spark, None) if isinstance(source, SourceSet) else None
-    result = pipeline.transform(streams if streams is not None else source.stream(spark, None))
+    result = _transform(pipeline, pipeline.source, spark)
+    frames = result.values() if isinstance(result, Mapping) else [result]
+    aligned = aligned_source(
+        pipeline.source, [df for df in frames if isinstance(df, DataFrame) and df.isStreaming]
+    )
+    if aligned is not None:  # the runner's read rule: its batches, not Spark's plain ones
+        result = _transform(pipeline, aligned, spark)
     recorder: BatchRecorder | OutputsRecorder
     if pipeline.outputs is not None:
         result, recorder = _outputs_query(pipeline, result, out, checkpoint)
@@ -292,6 +304,16 @@ def record(pipeline: Pipeline, spark: SparkSession, out: Path, checkpoint: Path)
                 f"failed: {str(exc).strip().splitlines()[0][:500]}"
             ) from exc
     return recorder.batches
+
+
+def _transform(pipeline: Pipeline, source: Source, spark: SparkSession) -> object:
+    """``pipeline.transform`` over ``source``'s plain stream (several sources: each member's,
+    by name, as the transform takes them)."""
+    from sparkonce.sources.source_set import SourceSet
+
+    if isinstance(source, SourceSet):
+        return pipeline.transform(source.streams(spark, None))
+    return pipeline.transform(source.stream(spark, None))
 
 
 # -- in the campaign's process -------------------------------------------------------------
@@ -439,6 +461,9 @@ class ReferenceCheck:
     rows_file: str
     outputs: dict[str, OutputCheck] = field(default_factory=dict)
     suspects: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Where the two runs' batches first differ (:func:`first_batch_apart`), "" if they agree
+    # or could not be read: then the difference may come from batch boundaries alone.
+    batches_apart: str = ""
 
     @property
     def matched(self) -> bool:
@@ -513,16 +538,28 @@ class ReferenceCheck:
             body = d.describe("reference", "sparkonce")
             head = f": {d.counts()}.\n"
             batches = f"{self.batches} micro-batches, {self.semantics} semantics applied"
+        if self.batches_apart:
+            why = (
+                f"\nThe two runs cut the input into other batches ({self.batches_apart}), and "
+                "the output of a query with an event-time watermark depends on where batch "
+                "boundaries fall (a late record is dropped or kept by the batch it lands in), "
+                "so this need not be a bug in the sink. Both read the source by the same rule: "
+                "check that nothing wrote to the source while verify ran."
+            )
+        else:
+            why = (
+                f"\nWith no fault injected, the sink of {pipeline_file} shows other rows than "
+                f"Spark's own engine produced ({batches} by the reference): a bug in the sink "
+                "or in sparkonce's commit logic, or a non-deterministic transform."
+            )
         return (
             "failure-free sparkonce run differs from Spark's plain foreachBatch reference"
             + head
             + body
             + self._hint()
-            + f"\nWith no fault injected, the sink of {pipeline_file} shows other rows than "
-            f"Spark's own engine produced ({batches} by the reference): a bug in the sink or in "
-            "sparkonce's commit logic, or a non-deterministic transform. The trials were not "
-            f"run, since they compare with the failure-free run. Reference rows: "
-            f"{self.rows_file}; its log: {log_file}."
+            + why
+            + " The trials were not run, since they compare with the failure-free run. "
+            f"Reference rows: {self.rows_file}; its log: {log_file}."
         )
 
     def _hint(self) -> str:
@@ -580,6 +617,41 @@ def _compare(
     return diff, () if diff.matched else suspect_columns(reference, shown, keys)
 
 
+def planned_batches(checkpoint: Path, source: Source) -> list[BatchRanges]:
+    """The input ranges of each batch with data that the reference run planned, in batch
+    order, from its checkpoint's offset log (by the source's own reading of its offsets)."""
+    from sparkonce.spark.checkpoint import Checkpoint
+
+    chk = Checkpoint(checkpoint)
+    out = []
+    for bid in chk.batch_ids():
+        current = chk.source_offset(bid, source)
+        if current is None:
+            continue
+        ranges = source.batch_ranges(chk.previous_offset(bid, source), current)
+        if not ranges.empty:
+            out.append(ranges)
+    return out
+
+
+def first_batch_apart(
+    reference: Sequence[BatchRanges], ledger: Sequence[BatchRanges]
+) -> str | None:
+    """Where two runs' batches with data first differ, as a sentence; None if they agree.
+    Empty ranges are left out: a partition with nothing to read is no boundary."""
+
+    def shown(b: BatchRanges) -> str:
+        return str(BatchRanges(tuple(r for r in b.ranges if not r.empty)))
+
+    ours = [b for b in ledger if not b.empty]
+    for i in range(max(len(reference), len(ours))):
+        ref = shown(reference[i]) if i < len(reference) else "(none)"
+        got = shown(ours[i]) if i < len(ours) else "(none)"
+        if ref != got:
+            return f"batch {i} with data: reference {ref}, sparkonce {got}"
+    return None
+
+
 def load_reference(path: Path, pipeline: Pipeline) -> tuple[list[dict[str, Any]], int]:
     """(rows a reader of the sink would see, batches) from a reference file."""
     batches = read_batches(path)
@@ -609,9 +681,11 @@ __all__ = [
     "ReferenceCheck",
     "ReferenceMismatchError",
     "apply_semantics",
+    "first_batch_apart",
     "load_output_references",
     "load_reference",
     "output_semantics",
+    "planned_batches",
     "project",
     "read_batches",
     "read_output_batches",
