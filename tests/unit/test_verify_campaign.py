@@ -406,6 +406,50 @@ def test_reference_is_compared_on_the_columns_the_sink_shows() -> None:
     assert (empty.diff.missing, empty.diff.extra) == (2, 0)
 
 
+def test_reference_names_the_first_batch_its_plan_differs_from_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """The reference's batches from its offset log (a no-data batch left out) against the
+    failure-free run's ledger; when they differ, the message says so instead of blaming
+    the sink."""
+    from dataclasses import replace
+
+    from sparkonce import EmbeddedLogSource
+    from sparkonce.offsets import BatchRanges
+    from sparkonce.verify import ReferenceCheck
+    from sparkonce.verify.reference import first_batch_apart, planned_batches
+
+    ends = [{"0": [0, 4], "1": [0, 4]}, {"0": [4, 8], "1": [4, 4]}, {"0": [8, 8], "1": [4, 4]}]
+    (tmp_path / "offsets").mkdir()
+    for n, end in enumerate(ends):
+        line = json.dumps({"events": end})
+        (tmp_path / "offsets" / str(n)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{line}\n')
+    planned = planned_batches(tmp_path, EmbeddedLogSource(tmp_path, "events"))
+    assert [str(b) for b in planned] == [
+        "events[0]:0..4 events[1]:0..4",
+        "events[0]:4..8 events[1]:4..4",
+    ]
+    assert first_batch_apart(planned, planned) is None
+    ledger = [
+        BatchRanges.from_json_obj({"events": e})
+        for e in [{"0": [0, 7], "1": [0, 2]}, {"0": [7, 8], "1": [2, 4]}]
+    ]
+    apart = first_batch_apart(planned, ledger)
+    assert apart == (
+        "batch 0 with data: reference events[0]:0..4 events[1]:0..4, "
+        "sparkonce events[0]:0..7 events[1]:0..2"
+    )
+    assert first_batch_apart(planned, ledger[:0]) == (
+        "batch 0 with data: reference events[0]:0..4 events[1]:0..4, sparkonce (none)"
+    )
+    check = ReferenceCheck.compare([{"v": 1}, {"v": 2}], [{"v": 1}], batches=3)
+    assert "a bug in the sink or in sparkonce's commit logic" in check.message("p.py", "r.log")
+    message = replace(check, batches_apart=apart).message("p.py", "r.log")
+    assert f"cut the input into other batches ({apart})" in message
+    assert "depends on where batch boundaries fall" in message
+    assert "commit logic" not in message
+
+
 def test_report_has_a_reference_section(tmp_path: Path) -> None:
     from types import SimpleNamespace
 

@@ -47,6 +47,12 @@ def windows(df):
         .select(F.col("window.start").alias("start"), F.col("window.end").alias("end"), "n")
     )
 
+def dedup(df):
+    events = df.select(
+        "record_id", F.timestamp_seconds(F.col("value").cast("string").cast("long")).alias("ts")
+    )
+    return events.withWatermark("ts", "30 seconds").dropDuplicates(["record_id", "ts"])
+
 pipeline = Pipeline(
     name="reference-test",
     source=EmbeddedLogSource({log!r}, "events", max_records_per_partition={per_partition}),
@@ -214,3 +220,41 @@ def test_sparkonce_verify_passes_on_an_append_window_pipeline(tmp_path: Path) ->
     assert len(report["trials"]) == 2 and all(t["passed"] for t in report["trials"])
     assert [t["fault"]["kind"] for t in report["trials"]] == ["crash-point", "kill"]
     assert all(t["fault_fired"] for t in report["trials"])
+
+
+@pytest.mark.campaign_lane
+def test_reference_reads_a_watermarked_query_as_the_runner_does(tmp_path: Path) -> None:
+    """A watermarked dedup over two partitions of unequal backlog, 4 records a partition a
+    batch: the runner reads through the source's aligned twin (the batch's 8 records shared
+    out by backlog), and so must the reference, or it cuts other batches and drops other
+    records as late, and the failure-free run looks wrong.
+
+    Partition 0 holds 20 events 5 s apart, partition 1 four events 25 s apart, over the same
+    100 s. With a cap per partition, batch 0 reads all of partition 1 (up to 75 s), the
+    watermark goes to 45 s, and partition 0's records at 40 s and 45 s, read two batches
+    later, are dropped (22 rows). Shared out by backlog (7 and 2, then 7 and 2, then the
+    rest), no record is late (24 rows).
+    """
+    from sparkonce.log import IdempotentProducer, Topic
+    from sparkonce.verify import Campaign
+
+    base = 1_700_000_040
+    root = tmp_path / "log"
+    topic = Topic.create(root, "events", 2)
+    with topic, IdempotentProducer(topic, "test-producer") as producer:
+        for i in range(20):
+            producer.send(str(base + 5 * i).encode(), b"a", partition=0)
+        for i in range(4):
+            producer.send(str(base + 25 * i).encode(), b"b", partition=1)
+    sink = f"SQLiteSink('sqlite:///{tmp_path / 'sink.db'}', 'events_out')"
+    pipeline = write_pipeline(
+        tmp_path, root, transform="dedup", sink=sink, mode="append", per_partition=4
+    )
+    campaign = Campaign(pipeline, workdir=tmp_path / "work", seed=1, kinds=["crash-point"])
+    try:
+        campaign.run_oracle()  # ReferenceMismatchError when the reference cuts other batches
+    finally:
+        campaign.close()
+    check = campaign.reference
+    assert check is not None and check.matched
+    assert (check.diff.expected_rows, check.diff.actual_rows) == (24, 24)
