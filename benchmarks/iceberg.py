@@ -455,9 +455,7 @@ class SnapshotBench:
         # snapshots mode are made of fast appends, as a table without merging has them.
         props = TABLE_PROPERTIES if keep_snapshots is not None else {}
         self.catalog.create_table(TABLE, schema=self.schema, properties=props)
-        self.sink = IcebergSink(
-            self.catalog, TABLE, orphan_grace_seconds=0, keep_snapshots=keep_snapshots
-        )
+        self.sink = IcebergSink(self.catalog, TABLE, keep_snapshots=keep_snapshots)
         from sparkonce.commit.committer import Committer
 
         self.committer = Committer(*self.sink.committer_parts())  # the sink's own wiring

@@ -277,3 +277,42 @@ def test_a_moved_sink_keeps_its_retention(tmp_path: Path) -> None:
     sink = IcebergSink(catalog(tmp_path), "ns.out", keep_snapshots=7)
     moved = inspector_for(sink).relocated(f"iceberg+sqlite:///{tmp_path}/other/catalog.db")
     assert isinstance(moved, IcebergSink) and moved.store.keep_snapshots == 7
+
+
+def test_commits_sweep_at_most_once_per_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep after a commit lists one directory per batch ever staged, so a pipeline's
+    commits run it at most once per SWEEP_EVERY_SECONDS (grace 0: after every commit). An
+    orphan old enough is deleted by the first commit's sweep, kept through commits within
+    the interval, and deleted by the first commit after it."""
+    import os
+
+    from sparkonce.sinks import iceberg as mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: clock[0])
+    sink = IcebergSink(catalog(tmp_path), "ns.out", orphan_grace_seconds=120)
+    sink.validate_arrow(batch(0, 1)[1].schema)
+    epoch = sink.acquire(PIPE).epoch
+    sink.open()
+    assert sink._committer is not None
+
+    def orphaned(i: int) -> Path:
+        """Batch i committed from one directory, with a failed attempt's beside it, old."""
+        ctx, rows = batch(i, epoch)
+        lost = stage_files(sink, ctx, i, rows).notes["dir"]
+        won = stage_files(sink, ctx, i, rows)
+        assert sink._committer is not None
+        assert not sink._committer.commit_with(ctx, lambda _seq: won).skipped
+        os.utime(lost, (0, 0))  # past the grace period
+        return lost
+
+    first = orphaned(0)  # the first commit sweeps, before this orphan was made old
+    clock[0] += 10
+    second = orphaned(1)  # 10 s later: no sweep
+    assert first.is_dir() and second.is_dir()
+    clock[0] += mod.SWEEP_EVERY_SECONDS
+    third = orphaned(2)  # past the interval: this commit sweeps the two older orphans
+    assert not first.exists() and not second.exists() and third.is_dir()
+    assert values(sink) == list(range(30))

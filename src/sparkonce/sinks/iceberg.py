@@ -18,7 +18,8 @@ exactly that directory's committed files (PyIceberg's ``add_files``) in the tran
 that records the batch's entry: one snapshot. Nothing of the rows passes through the
 driver; it reads the files' footers only. Files of failed attempts are deleted by the
 batch's abort; those of crashed attempts, zombies and replays skipped inside the commit are
-never referenced, and the orphan sweep (:meth:`IcebergStager.sweep`, after every commit)
+never referenced, and the orphan sweep (:meth:`IcebergStager.sweep`, after a commit, at
+most once a minute)
 deletes them, never a running pipeline's in-flight batch.
 
 What is refused before the epoch (``ConfigError`` from :meth:`IcebergSink.validate`): an
@@ -172,6 +173,8 @@ STAGING_DIR = "data/sparkonce"
 WRITE_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 #: How old an unreferenced staging directory must be before the sweep deletes it.
 ORPHAN_GRACE_SECONDS = 15 * 60
+#: How often, at most, a pipeline's commits sweep orphan staging directories.
+SWEEP_EVERY_SECONDS = 60.0
 _STAGED_NAME = re.compile(r"^(\d+)-(\d+)-([0-9a-f]{32})$")
 
 
@@ -233,6 +236,7 @@ class IcebergStager(Stager):
         self.keys = keys  # empty: an append
         self.latest_by = latest_by
         self._writing: Path | None = None  # the directory of the attempt being staged
+        self._swept_at: float | None = None  # time.monotonic() of this stager's last sweep
 
     def one_row_per_key(self, ctx: BatchContext, df: DataFrame) -> DataFrame:
         """Upsert: refuse a NULL key, a repeated key without ``latest_by`` and a tie on
@@ -343,6 +347,15 @@ class IcebergStager(Stager):
 
     def after_commit(self, ctx: BatchContext) -> None:
         self._writing = None
+        # The sweep lists the staging root, one directory per batch ever staged (an append's
+        # files live there), so it costs more with every batch; and nothing younger than the
+        # grace period may go anyway. So it runs at most once per SWEEP_EVERY_SECONDS (or
+        # the grace period, if shorter: 0 sweeps after every commit).
+        now = time.monotonic()
+        every = min(self.grace_seconds, SWEEP_EVERY_SECONDS)
+        if self._swept_at is not None and now - self._swept_at < every:
+            return
+        self._swept_at = now
         try:
             self.sweep(ctx.pipeline, self.store.committed)
         except Exception as exc:  # best effort: the next commit sweeps again
@@ -548,7 +561,8 @@ class IcebergSink(TransactionalSink):
 
     def sweep_orphans(self, pipeline: str, grace_seconds: float | None = None) -> list[Path]:
         """Delete ``pipeline``'s staging directories no snapshot references (see
-        :meth:`IcebergStager.sweep`, which runs after every commit); return them."""
+        :meth:`IcebergStager.sweep`, which runs after a commit, at most once a minute); return
+        them."""
         return self.stager.sweep(pipeline, grace_seconds=grace_seconds)
 
     def validate_arrow(self, schema: pa.Schema) -> None:
