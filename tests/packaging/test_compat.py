@@ -207,7 +207,9 @@ def test_an_end_of_the_ranges_runs_the_demo_and_the_slice(
         said = _ok([py.with_name("sparkonce"), "demo"], env, demo, 600)
         assert "PASS: every record took effect exactly once" in said, said[-3000:]
 
-    pick = ["-k", "not delta"] if end in JARS_REFUSED else []
+    # The venv holds sparkonce[postgres,kafka], not the iceberg extra (PyIceberg is not in
+    # the ends' lock files): the slice's Iceberg scenario is left out at both ends.
+    pick = ["-k", "not iceberg and not delta" if end in JARS_REFUSED else "not iceberg"]
     slice_out = _ok(
         [
             py,
